@@ -1,0 +1,206 @@
+// The backend op interface: everything the model, optimizer and trainer compute goes through it.
+//
+// Two implementations: cpu/ (the fp32/fp64 reference, the oracle) and cuda/ (bf16 activations,
+// fp32 accumulation). Every op runs on the backend's current compute stream, in issue order;
+// streams are ordered by events only. Ops never synchronize with the host except the ones named
+// read_* / synchronize / rebuild_metadata, and each of those counts one sync by cause in syncs().
+//
+// Conventions for every op below:
+//  - Tensors are contiguous, row-major, on this backend's device (ids/indices int32).
+//  - "Activation" tensors have dtype act_dtype(); parameters, gradients, optimizer state and
+//    scalar accumulators have master_dtype(); the CPU backend runs with act == master (f32, or
+//    f64 for finite-difference tests).
+//  - Outputs are written unless marked "+=" (accumulated into). Output tensors are allocated by
+//    the caller with the documented shapes; the op checks shapes and throws on mismatch.
+//  - All ops are deterministic: the same inputs give bitwise-identical outputs.
+// Thread safety: one host thread drives a backend instance.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "framework/core/sync_counter.h"
+#include "framework/core/tensor.h"
+#include "framework/data/packed_batch.h"
+
+namespace hp {
+
+// The device-resident view of a PackedBatch, uploaded once per batch (no sync) and read by every
+// layer. `host` points at the batch it came from, which must outlive this object.
+struct BatchMeta {
+  const PackedBatch* host = nullptr;
+  Tensor inputs;      // [N] i32
+  Tensor targets;     // [N] i32, -1 ignored
+  Tensor positions;   // [N] i32
+  Tensor cu_seqlens;  // [n_seqs+1] i32
+  int64_t n_seqs = 0;
+  int32_t max_seqlen = 0;
+  std::shared_ptr<void> backend_extra;  // backend-private derived structures (e.g. tile maps)
+};
+
+// RoPE cos/sin tables, [max_positions, head_dim/2] each, master dtype, on the device. YaRN's
+// attention factor is folded into both, so q and k rotated by the table carry it.
+struct RopeTable {
+  Tensor cos;
+  Tensor sin;
+};
+
+struct AttentionShape {
+  int n_heads = 0;     // query heads
+  int n_kv_heads = 0;  // key/value heads (GQA: n_heads % n_kv_heads == 0)
+  int head_dim = 0;
+  int window = 0;      // 0: full causal; W > 0: keys j with i - W < j <= i
+  double scale = 0;    // usually 1/sqrt(head_dim)
+};
+
+enum class GluKind { kSwiGLU, kGptOss };
+struct GluParams {
+  GluKind kind = GluKind::kSwiGLU;
+  double alpha = 1.702;  // GPT-OSS only
+  double limit = 7.0;    // GPT-OSS only
+};
+
+struct AdamWParams {
+  double lr = 0;
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double eps = 1e-8;
+  double weight_decay = 0;
+  int64_t step = 1;         // 1-based, for bias correction
+  double grad_scale = 1.0;  // multiplies the gradient first (global-norm clipping)
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  virtual Device device() const = 0;
+  virtual std::string name() const = 0;
+  virtual DType act_dtype() const = 0;
+  virtual DType master_dtype() const = 0;
+  SyncCounter& syncs() { return syncs_; }
+
+  // ---- memory -----------------------------------------------------------------------------
+  virtual Allocator& allocator() = 0;
+  Tensor empty(Shape shape, DType dtype) { return Tensor::empty(allocator(), std::move(shape), dtype); }
+  Tensor zeros(Shape shape, DType dtype);
+  virtual void fill(Tensor& t, double value) = 0;
+  // Same dtype and numel; src and dst may live on different devices (stream-ordered, no sync).
+  virtual void copy(const Tensor& src, Tensor& dst) = 0;
+  // Same numel, same device, any float dtypes (rounding to nearest even).
+  virtual void convert(const Tensor& src, Tensor& dst) = 0;
+  // New device tensor holding a host tensor's contents (no sync).
+  Tensor upload(const Tensor& host);
+  // Blocking read into a host tensor; counts one sync of `cause`.
+  virtual void read_to_host(const Tensor& src, Tensor& host_dst, SyncCause cause) = 0;
+  // Waits for all issued work; counts one sync of `cause`.
+  virtual void synchronize(SyncCause cause) = 0;
+
+  // ---- packed batch metadata (rule 1) --------------------------------------------------------
+  virtual BatchMeta upload_batch(const PackedBatch& batch) = 0;
+  // The per-layer baseline: rebuilds cu_seqlens from positions on the device and reads
+  // max_seqlen back. Counts one sync of cause metadata.
+  virtual void rebuild_metadata(BatchMeta& meta) = 0;
+
+  // ---- dense math ---------------------------------------------------------------------------
+  // c = alpha * op(a) @ op(b) + beta * c, 2-D. op(x) = x^T when the flag is set.
+  virtual void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c,
+                    double alpha, double beta) = 0;
+  // y[M,N] += b[N] broadcast over rows.
+  virtual void add_bias(Tensor& y, const Tensor& bias) = 0;
+  // db[N] += sum over rows of dy[M,N].
+  virtual void bias_grad(const Tensor& dy, Tensor& db) = 0;
+  // out = a + b (out may alias a or b).
+  virtual void add(const Tensor& a, const Tensor& b, Tensor& out) = 0;
+  // y += alpha * x.
+  virtual void axpy(double alpha, const Tensor& x, Tensor& y) = 0;
+
+  // ---- normalization and position ---------------------------------------------------------
+  // Rows of x[M,D]: y = x / sqrt(mean(x^2) + eps) * w; rstd[M] keeps 1/sqrt(...) for backward.
+  virtual void rmsnorm_fwd(const Tensor& x, const Tensor& w, double eps, Tensor& y, Tensor& rstd) = 0;
+  // dx written; dw += .
+  virtual void rmsnorm_bwd(const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dy,
+                           Tensor& dx, Tensor& dw) = 0;
+  // In place on the first `n_rot_heads` heads of x[N,H,D]: half-split rotation by the angle of
+  // positions[t]. inverse = true applies the transpose (the backward of the forward rotation).
+  virtual void rope(Tensor& x, int n_rot_heads, const Tensor& positions, const RopeTable& table,
+                    bool inverse) = 0;
+
+  // ---- attention ----------------------------------------------------------------------------
+  // qkv[N, Hq + 2*Hkv, D] holds q heads, then k heads, then v heads. Causal within each sequence
+  // of meta (never across), optional sliding window, optional sinks[Hq] (learned logits that join
+  // the softmax denominator). out[N,Hq,D]; lse[N,Hq] (master dtype) = log(exp(sink) + sum exp(z)).
+  virtual void attention_fwd(const Tensor& qkv, const Tensor& sinks, const BatchMeta& meta,
+                             const AttentionShape& shape, Tensor& out, Tensor& lse) = 0;
+  // dqkv[N, Hq+2Hkv, D] written; dsinks[Hq] += (ignored when sinks is undefined).
+  virtual void attention_bwd(const Tensor& qkv, const Tensor& sinks, const BatchMeta& meta,
+                             const AttentionShape& shape, const Tensor& out, const Tensor& lse,
+                             const Tensor& dout, Tensor& dqkv, Tensor& dsinks) = 0;
+
+  // ---- feed-forward activations -------------------------------------------------------------
+  // h[M, 2F] = [g | u] -> a[M, F]. SwiGLU: silu(g)*u. GPT-OSS: g=min(g,L), u=clamp(u,-L,L),
+  // a = g*sigmoid(alpha*g)*(u+1).
+  virtual void glu_fwd(const Tensor& h, const GluParams& p, Tensor& a) = 0;
+  // dh[M, 2F] written.
+  virtual void glu_bwd(const Tensor& h, const Tensor& da, const GluParams& p, Tensor& dh) = 0;
+
+  // ---- mixture-of-experts routing (rule 3) --------------------------------------------------
+  // For each row of logits[N,E]: the k largest (ties: lower expert id first), idx[N,k] in
+  // descending logit order, w[N,k] = softmax over the k picked logits.
+  virtual void router_topk(const Tensor& logits, int k, Tensor& idx, Tensor& w) = 0;
+  // dlogits[N,E] written: the softmax-over-picked backward at the picked entries, 0 elsewhere.
+  virtual void router_topk_bwd(const Tensor& idx, const Tensor& w, const Tensor& dw,
+                               Tensor& dlogits) = 0;
+  // Load-balancing loss coef*E*sum_e f_e*P_e with f_e = counts[e]/(N*k) and P_e the mean over the
+  // N rows of softmax(logits)_e. loss[1] += value; dlogits[N,E] += its gradient.
+  virtual void router_aux_loss(const Tensor& logits, const Tensor& counts, int k, double coef,
+                               Tensor& loss, Tensor& dlogits) = 0;
+  // counts[n_bins] = number of each id in ids[M].
+  virtual void histogram(const Tensor& ids, int n_bins, Tensor& counts) = 0;
+  // offsets[n+1]: offsets[0] = 0, offsets[i+1] = offsets[i] + counts[i].
+  virtual void exclusive_scan(const Tensor& counts, Tensor& offsets) = 0;
+  // Stable sort of assignments a = 0..M-1 by ids[a], using offsets from exclusive_scan:
+  // sorted_to_assign[j] = a at sorted position j; assign_to_sorted[a] = j.
+  virtual void sort_by_id(const Tensor& ids, const Tensor& offsets, Tensor& sorted_to_assign,
+                          Tensor& assign_to_sorted) = 0;
+  // out[j] = x[sorted_to_assign[j] / k]   (x[N,D], out[M,D]).
+  virtual void permute_rows(const Tensor& x, const Tensor& sorted_to_assign, int k, Tensor& out) = 0;
+  // dx[N,D] += sum over j with sorted_to_assign[j]/k == t of dout[j].
+  virtual void permute_rows_bwd(const Tensor& dout, const Tensor& sorted_to_assign, int k,
+                                Tensor& dx) = 0;
+  // out[t] = sum_s w[t,s] * y[assign_to_sorted[t*k+s]]   (y[M,D], w[N,k], out[N,D]).
+  virtual void unpermute_combine(const Tensor& y, const Tensor& assign_to_sorted, const Tensor& w,
+                                 Tensor& out) = 0;
+  // dy[M,D] written; dw[N,k] written.
+  virtual void unpermute_combine_bwd(const Tensor& dout, const Tensor& y,
+                                     const Tensor& assign_to_sorted, const Tensor& w, Tensor& dy,
+                                     Tensor& dw) = 0;
+
+  // ---- embedding and loss -------------------------------------------------------------------
+  // out[N,D] = table[ids[t]].
+  virtual void embedding_fwd(const Tensor& table, const Tensor& ids, Tensor& out) = 0;
+  // dtable[V,D] += scatter of dout rows.
+  virtual void embedding_bwd(const Tensor& dout, const Tensor& ids, Tensor& dtable) = 0;
+  // Rows of logits[n,V] with targets[n] (-1: ignored). loss[1] += sum of -log softmax at the
+  // target over valid rows; logits are overwritten by grad_scale * (softmax - onehot) for valid
+  // rows and 0 for ignored rows.
+  virtual void cross_entropy(Tensor& logits, const Tensor& targets, double grad_scale,
+                             Tensor& loss) = 0;
+
+  // ---- optimizer ----------------------------------------------------------------------------
+  // acc[1] += sum(x^2) (acc in master dtype).
+  virtual void sum_squares(const Tensor& x, Tensor& acc) = 0;
+  // Decoupled-weight-decay Adam with bias correction on master/m/v; grad is scaled by
+  // p.grad_scale first. When `working` is defined it receives master converted to its dtype.
+  virtual void adamw(Tensor& master, const Tensor& grad, Tensor& m, Tensor& v,
+                     const AdamWParams& p, Tensor& working) = 0;
+
+ protected:
+  SyncCounter syncs_;
+};
+
+// The CPU reference backend; dtype is kF32 (training) or kF64 (gradient checks).
+std::unique_ptr<Backend> make_cpu_backend(DType dtype = DType::kF32);
+
+}  // namespace hp

@@ -1,0 +1,29 @@
+#include "framework/model/params.h"
+
+namespace hp {
+
+Param& ParamRegistry::add(Param p) {
+  HP_CHECK(find(p.name) == nullptr, "parameter ", p.name, " registered twice");
+  params_.push_back(std::make_unique<Param>(std::move(p)));
+  return *params_.back();
+}
+
+Param& ParamRegistry::get(const std::string& name) {
+  for (auto& p : params_)
+    if (p->name == name) return *p;
+  HP_FAIL(ErrorKind::kInternal, "no parameter named ", name);
+}
+
+const Param* ParamRegistry::find(const std::string& name) const {
+  for (auto& p : params_)
+    if (p->name == name) return p.get();
+  return nullptr;
+}
+
+int64_t ParamRegistry::local_numel() const {
+  int64_t n = 0;
+  for (auto& p : params_) n += p->numel();
+  return n;
+}
+
+}  // namespace hp

@@ -1,0 +1,50 @@
+// The parameter registry: every trainable tensor with its hierarchical name
+// ("layers.3.attn.wqkv", "layers.3.moe.w1"), its role, and its buffers.
+//
+// Expert parameters are stored stacked, [E, ...] globally; a rank holds the contiguous block of
+// experts [expert_begin, expert_begin + E_local) of its ep group. Everything else is replicated.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "framework/core/tensor.h"
+
+namespace hp {
+
+enum class ParamGroup { kDense, kExpert };
+
+struct Param {
+  std::string name;
+  Shape shape;         // local shape (experts: [E_local, ...])
+  Shape global_shape;  // experts: [E, ...]; otherwise == shape
+  int64_t expert_begin = 0;
+  ParamGroup group = ParamGroup::kDense;
+  double init_std = 0.0;    // > 0: N(0, init_std); else constant init_value
+  double init_value = 0.0;
+  bool weight_decay = true;  // matrices decay; biases, norms and sinks do not
+
+  Tensor master;  // master dtype (fp32; fp64 in gradient checks)
+  Tensor work;    // act dtype copy the model computes with (aliases master when dtypes match)
+  Tensor grad;    // master dtype, accumulated by backward
+  Tensor m, v;    // AdamW moments, master dtype
+
+  int64_t numel() const { return shape_numel(shape); }
+  int64_t global_numel() const { return shape_numel(global_shape); }
+};
+
+class ParamRegistry {
+ public:
+  Param& add(Param p);
+  Param& get(const std::string& name);
+  const Param* find(const std::string& name) const;
+  std::vector<std::unique_ptr<Param>>& all() { return params_; }
+  const std::vector<std::unique_ptr<Param>>& all() const { return params_; }
+  int64_t local_numel() const;
+
+ private:
+  std::vector<std::unique_ptr<Param>> params_;
+};
+
+}  // namespace hp
