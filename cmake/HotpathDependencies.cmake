@@ -16,11 +16,20 @@ target_compile_definitions(hotpath_hdf5 INTERFACE ${HDF5_C_DEFINITIONS})
 
 find_package(Boost 1.74 REQUIRED COMPONENTS program_options)
 
-# CPU BLAS for the reference backend's matmul (OpenBLAS; any CBLAS works).
-find_path(CBLAS_INCLUDE_DIR NAMES cblas.h PATH_SUFFIXES openblas x86_64-linux-gnu/openblas-pthread)
+# CPU BLAS for the reference backend's matmul. The OpenMP build of OpenBLAS runs its GEMMs in
+# the same thread team as the backend's own OpenMP loops; the pthreads build would add a second
+# set of spinning threads competing for the same cores. Any CBLAS works as a fallback.
+find_path(CBLAS_INCLUDE_DIR NAMES cblas.h
+          PATHS /usr/include/x86_64-linux-gnu/openblas-openmp /usr/include/aarch64-linux-gnu/openblas-openmp
+          NO_DEFAULT_PATH)
+find_library(CBLAS_LIBRARY NAMES openblas
+             PATHS /usr/lib/x86_64-linux-gnu/openblas-openmp /usr/lib/aarch64-linux-gnu/openblas-openmp
+             NO_DEFAULT_PATH)
+find_path(CBLAS_INCLUDE_DIR NAMES cblas.h PATH_SUFFIXES openblas)
 find_library(CBLAS_LIBRARY NAMES openblas cblas blas)
+message(STATUS "CBLAS: ${CBLAS_LIBRARY}")
 if(NOT CBLAS_INCLUDE_DIR OR NOT CBLAS_LIBRARY)
-  message(FATAL_ERROR "no CBLAS found; on Debian install libopenblas-dev")
+  message(FATAL_ERROR "no CBLAS found; on Debian install libopenblas-openmp-dev")
 endif()
 add_library(hotpath_cblas INTERFACE)
 target_include_directories(hotpath_cblas SYSTEM INTERFACE ${CBLAS_INCLUDE_DIR})

@@ -15,3 +15,17 @@ Tensor Backend::upload(const Tensor& host) {
 }
 
 }  // namespace hp
+
+namespace hp {
+
+void Backend::qk_norm_fwd(const Tensor&, const Tensor&, const Tensor&, int64_t, int64_t, double,
+                          Tensor&, Tensor&) {
+  HP_FAIL(ErrorKind::kInternal, "backend ", name(), " has no qk_norm_fwd (config key qk_norm)");
+}
+
+void Backend::qk_norm_bwd(const Tensor&, const Tensor&, const Tensor&, int64_t, int64_t,
+                          const Tensor&, const Tensor&, Tensor&, Tensor&, Tensor&) {
+  HP_FAIL(ErrorKind::kInternal, "backend ", name(), " has no qk_norm_bwd (config key qk_norm)");
+}
+
+}  // namespace hp

@@ -127,6 +127,16 @@ class Backend {
   virtual void rope(Tensor& x, int n_rot_heads, const Tensor& positions, const RopeTable& table,
                     bool inverse) = 0;
 
+  // Qwen3's per-head RMSNorm of q and k inside qkv[N, Hq+2Hkv, D]: q heads use qw[D], k heads
+  // kw[D]; out[N, Hq+2Hkv, D] gets the normalized q and k heads and a copy of the v heads;
+  // rstd[N, Hq+Hkv] (master dtype).
+  virtual void qk_norm_fwd(const Tensor& qkv, const Tensor& qw, const Tensor& kw, int64_t n_heads,
+                           int64_t n_kv_heads, double eps, Tensor& out, Tensor& rstd);
+  // din written (v heads: dout copied); dqw += , dkw += .
+  virtual void qk_norm_bwd(const Tensor& qkv, const Tensor& qw, const Tensor& kw, int64_t n_heads,
+                           int64_t n_kv_heads, const Tensor& rstd, const Tensor& dout, Tensor& din,
+                           Tensor& dqw, Tensor& dkw);
+
   // ---- attention ----------------------------------------------------------------------------
   // qkv[N, Hq + 2*Hkv, D] holds q heads, then k heads, then v heads. Causal within each sequence
   // of meta (never across), optional sliding window, optional sinks[Hq] (learned logits that join

@@ -1,0 +1,1152 @@
+// The CPU reference backend: host memory, CBLAS for matmul, plain loops elsewhere, OpenMP over
+// independent rows. Every reduction runs in an order fixed by the data alone (serial, or partial
+// sums over fixed chunks added in chunk order), never by thread scheduling, so results are
+// bitwise reproducible whatever the thread count. Arguments are validated before any parallel
+// region: an exception must not leave an OpenMP region.
+#include <cblas.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+#include <type_traits>
+#include <vector>
+
+#include "framework/backend/backend.h"
+#include "framework/backend/cpu/cpu_kernels.h"
+
+namespace hp {
+namespace {
+
+constexpr int64_t kRowChunk = 256;         // rows per partial sum of a column reduction
+constexpr int64_t kFlatChunk = 1 << 14;    // elements per partial sum of a flat reduction
+constexpr int64_t kParallelMin = 1 << 14;  // smaller element loops stay serial
+
+// ---- argument checks ----------------------------------------------------------------------------
+
+void check_cpu(const char* op, const char* name, const Tensor& t) {
+  HP_CHECK(t.defined(), op, ": tensor '", name, "' is undefined");
+  HP_CHECK(t.device() == Device::kCPU, op, ": tensor '", name, "' must live on the cpu, got ",
+           t.desc());
+}
+
+void check_tensor(const char* op, const char* name, const Tensor& t, DType dtype,
+                  const Shape& shape) {
+  check_cpu(op, name, t);
+  HP_CHECK(t.dtype() == dtype && t.shape() == shape, op, ": tensor '", name, "' is ", t.desc(),
+           ", expected ", dtype_name(dtype), shape_str(shape));
+}
+
+void check_ndim(const char* op, const char* name, const Tensor& t, DType dtype, int ndim) {
+  check_cpu(op, name, t);
+  HP_CHECK(t.dtype() == dtype && t.ndim() == ndim, op, ": tensor '", name, "' is ", t.desc(),
+           ", expected a ", ndim, "-d ", dtype_name(dtype), " tensor");
+}
+
+// Counts and offsets may be i32 or i64.
+void check_count_tensor(const char* op, const char* name, const Tensor& t, int64_t n) {
+  check_cpu(op, name, t);
+  HP_CHECK(
+      (t.dtype() == DType::kI32 || t.dtype() == DType::kI64) && t.ndim() == 1 && t.numel() == n, op,
+      ": tensor '", name, "' is ", t.desc(), ", expected i32[", n, "] or i64[", n, "]");
+}
+
+int64_t load_count(const Tensor& t, int64_t i) {
+  return t.dtype() == DType::kI32 ? t.data<int32_t>()[i] : t.data<int64_t>()[i];
+}
+
+void store_count(Tensor& t, int64_t i, int64_t v) {
+  if (t.dtype() == DType::kI32) {
+    t.data<int32_t>()[i] = static_cast<int32_t>(v);
+  } else {
+    t.data<int64_t>()[i] = v;
+  }
+}
+
+// Every id in [0, limit).
+void check_ids(const char* op, const char* name, const Tensor& ids, int64_t limit) {
+  const int32_t* p = ids.data<int32_t>();
+  for (int64_t i = 0; i < ids.numel(); ++i) {
+    HP_CHECK(p[i] >= 0 && p[i] < limit, op, ": ", name, "[", i, "] = ", p[i],
+             " is out of range [0, ", limit, ") (tensor ", ids.desc(), ")");
+  }
+}
+
+// ---- element conversions ------------------------------------------------------------------------
+
+// Rounds to float with round-to-odd: truncate toward zero, then set the last bit if inexact.
+// Rounding that result to bf16 (nearest even) equals rounding the double to bf16 directly, which
+// double rounding through a nearest-even float would not (float keeps > 8 + 2 significand bits).
+float round_to_odd_float(double d) {
+  float f = static_cast<float>(d);
+  if (std::isfinite(d) && static_cast<double>(f) != d) {
+    if (std::fabs(static_cast<double>(f)) > std::fabs(d)) f = std::nextafter(f, 0.0f);
+    uint32_t u;
+    std::memcpy(&u, &f, 4);
+    u |= 1u;
+    std::memcpy(&f, &u, 4);
+  }
+  return f;
+}
+
+template <typename S>
+double to_f64(S v) {
+  return static_cast<double>(v);
+}
+template <>
+double to_f64<bf16>(bf16 v) {
+  return static_cast<double>(static_cast<float>(v));
+}
+
+template <typename D>
+D from_f64(double v) {
+  return static_cast<D>(v);
+}
+template <>
+bf16 from_f64<bf16>(double v) {
+  return bf16(round_to_odd_float(v));
+}
+
+// Calls f(T{}) with T the C++ type of a float dtype.
+template <typename F>
+void dispatch_float(const char* op, const Tensor& t, F&& f) {
+  switch (t.dtype()) {
+    case DType::kF32:
+      f(float{});
+      break;
+    case DType::kF64:
+      f(double{});
+      break;
+    case DType::kBF16:
+      f(bf16{});
+      break;
+    default:
+      HP_CHECK(false, op, ": tensor ", t.desc(), " is not of a float dtype");
+  }
+}
+
+// Same for f32/f64 only (the arithmetic ops).
+template <typename F>
+void dispatch_f32_f64(const char* op, const Tensor& t, F&& f) {
+  switch (t.dtype()) {
+    case DType::kF32:
+      f(float{});
+      break;
+    case DType::kF64:
+      f(double{});
+      break;
+    default:
+      HP_CHECK(false, op, ": tensor ", t.desc(), " must be f32 or f64");
+  }
+}
+
+// ---- fixed-order reductions ---------------------------------------------------------------------
+
+// Column sums over rows: returns s[0..n) with s = sum over rows r of what row_fn(r, acc) adds into
+// acc. Rows are cut into chunks of kRowChunk, each chunk summed serially in double, the chunk sums
+// added in chunk order.
+template <typename RowFn>
+std::vector<double> reduce_rows(int64_t rows, int64_t n, RowFn row_fn) {
+  std::vector<double> sum(static_cast<size_t>(n), 0.0);
+  if (rows == 0 || n == 0) return sum;
+  const int64_t chunks = (rows + kRowChunk - 1) / kRowChunk;
+  std::vector<double> part(static_cast<size_t>(chunks * n), 0.0);
+#pragma omp parallel for schedule(static) if (rows * n > kParallelMin)
+  for (int64_t c = 0; c < chunks; ++c) {
+    double* acc = part.data() + c * n;
+    const int64_t end = std::min(rows, (c + 1) * kRowChunk);
+    for (int64_t r = c * kRowChunk; r < end; ++r) row_fn(r, acc);
+  }
+#pragma omp parallel for schedule(static) if (chunks * n > kParallelMin)
+  for (int64_t j = 0; j < n; ++j) {
+    double s = 0;
+    for (int64_t c = 0; c < chunks; ++c) s += part[c * n + j];
+    sum[j] = s;
+  }
+  return sum;
+}
+
+// out[j] += s[j]
+template <typename T>
+void add_sums(const std::vector<double>& s, T* out) {
+  for (size_t j = 0; j < s.size(); ++j) out[j] += static_cast<T>(s[j]);
+}
+
+// Sum of per-row values in row order (values computed in parallel when rows * row_elems is
+// large enough to pay for the threads).
+template <typename RowFn>
+double sum_rows(int64_t rows, int64_t row_elems, RowFn row_value) {
+  std::vector<double> v(static_cast<size_t>(rows));
+#pragma omp parallel for schedule(static) if (rows * row_elems > kParallelMin)
+  for (int64_t r = 0; r < rows; ++r) v[r] = row_value(r);
+  double s = 0;
+  for (double x : v) s += x;
+  return s;
+}
+
+template <typename T>
+T sigmoid(T x) {
+  return T(1) / (T(1) + std::exp(-x));
+}
+
+// One row of RMSNorm: y = x r w with r = 1 / sqrt(mean(x^2) + eps); returns r. y may alias x.
+template <typename T>
+T rmsnorm_row_fwd(const T* x, const T* w, int64_t d, double eps, T* y) {
+  double ss = 0;
+  for (int64_t j = 0; j < d; ++j) ss += static_cast<double>(x[j]) * x[j];
+  const T r = static_cast<T>(1.0 / std::sqrt(ss / static_cast<double>(d) + eps));
+  for (int64_t j = 0; j < d; ++j) y[j] = x[j] * r * w[j];
+  return r;
+}
+
+// Its backward: dr/dx_j = -r^3 x_j / D, so dx_j = r (w_j dy_j - x_j r^2 (sum_k dy_k w_k x_k) / D).
+// dx may alias dy.
+template <typename T>
+void rmsnorm_row_bwd(const T* x, const T* w, T r, const T* dy, int64_t d, T* dx) {
+  double s = 0;
+  for (int64_t j = 0; j < d; ++j) s += static_cast<double>(dy[j]) * w[j] * x[j];
+  const T c = static_cast<T>(s / static_cast<double>(d)) * r * r;
+  for (int64_t j = 0; j < d; ++j) dx[j] = r * (w[j] * dy[j] - x[j] * c);
+}
+
+// ---- the backend --------------------------------------------------------------------------------
+
+template <typename T>
+class CpuBackend final : public Backend {
+ public:
+  static constexpr DType kDType = cpu::DTypeOf<T>::kValue;
+
+  Device device() const override { return Device::kCPU; }
+  std::string name() const override { return str_cat("cpu-", dtype_name(kDType)); }
+  DType act_dtype() const override { return kDType; }
+  DType master_dtype() const override { return kDType; }
+  Allocator& allocator() override { return host_allocator(); }
+
+  // ---- memory ---------------------------------------------------------------------------------
+
+  void fill(Tensor& t, double value) override {
+    check_cpu("fill", "t", t);
+    const int64_t n = t.numel();
+    switch (t.dtype()) {
+      case DType::kF32:
+        fill_typed(t.data<float>(), n, static_cast<float>(value));
+        break;
+      case DType::kF64:
+        fill_typed(t.data<double>(), n, value);
+        break;
+      case DType::kBF16:
+        fill_typed(t.data<bf16>(), n, from_f64<bf16>(value));
+        break;
+      case DType::kI32:
+        HP_CHECK(value == std::floor(value) && std::fabs(value) <= 2147483647.0, "fill: value ",
+                 value, " is not an i32 for tensor ", t.desc());
+        fill_typed(t.data<int32_t>(), n, static_cast<int32_t>(value));
+        break;
+      case DType::kI64:
+        HP_CHECK(value == std::floor(value) && std::fabs(value) < 9.2e18, "fill: value ", value,
+                 " is not an i64 for tensor ", t.desc());
+        fill_typed(t.data<int64_t>(), n, static_cast<int64_t>(value));
+        break;
+    }
+  }
+
+  void copy(const Tensor& src, Tensor& dst) override {
+    check_cpu("copy", "src", src);
+    check_cpu("copy", "dst", dst);
+    HP_CHECK(src.dtype() == dst.dtype() && src.numel() == dst.numel(), "copy: src ", src.desc(),
+             " and dst ", dst.desc(), " must have the same dtype and numel");
+    if (src.nbytes() > 0 && src.raw() != dst.raw())
+      std::memmove(dst.raw(), src.raw(), src.nbytes());
+  }
+
+  void convert(const Tensor& src, Tensor& dst) override {
+    check_cpu("convert", "src", src);
+    check_cpu("convert", "dst", dst);
+    HP_CHECK(src.numel() == dst.numel(), "convert: src ", src.desc(), " and dst ", dst.desc(),
+             " differ in numel");
+    if (src.dtype() == dst.dtype()) {
+      dispatch_float("convert", src, [](auto) {});
+      copy(src, dst);
+      return;
+    }
+    const int64_t n = src.numel();
+    dispatch_float("convert", src, [&](auto s_tag) {
+      using S = decltype(s_tag);
+      dispatch_float("convert", dst, [&](auto d_tag) {
+        using D = decltype(d_tag);
+        const S* s = src.data<S>();
+        D* d = dst.data<D>();
+#pragma omp parallel for schedule(static) if (n > kParallelMin)
+        for (int64_t i = 0; i < n; ++i) d[i] = from_f64<D>(to_f64(s[i]));
+      });
+    });
+  }
+
+  void read_to_host(const Tensor& src, Tensor& host_dst, SyncCause cause) override {
+    copy(src, host_dst);
+    syncs_.add(cause);
+  }
+
+  void synchronize(SyncCause cause) override { syncs_.add(cause); }
+
+  // ---- packed batch metadata ------------------------------------------------------------------
+
+  BatchMeta upload_batch(const PackedBatch& batch) override {
+    const size_t n = batch.inputs.size();
+    HP_CHECK(batch.targets.size() == n && batch.positions.size() == n,
+             "upload_batch: inputs, targets and positions have ", n, ", ", batch.targets.size(),
+             " and ", batch.positions.size(), " entries; they must match");
+    HP_CHECK(!batch.cu_seqlens.empty() && batch.cu_seqlens.front() == 0 &&
+                 static_cast<size_t>(batch.cu_seqlens.back()) == n,
+             "upload_batch: cu_seqlens must run from 0 to the token count ", n);
+    BatchMeta meta;
+    meta.host = &batch;
+    // Host memory is this backend's device memory: the host copies are the device tensors.
+    meta.inputs = Tensor::host_from(batch.inputs, DType::kI32);
+    meta.targets = Tensor::host_from(batch.targets, DType::kI32);
+    meta.positions = Tensor::host_from(batch.positions, DType::kI32);
+    meta.cu_seqlens = Tensor::host_from(batch.cu_seqlens, DType::kI32);
+    meta.n_seqs = batch.num_seqs();
+    meta.max_seqlen = batch.max_seqlen;
+    return meta;
+  }
+
+  void rebuild_metadata(BatchMeta& meta) override {
+    check_ndim("rebuild_metadata", "positions", meta.positions, DType::kI32, 1);
+    const int64_t n = meta.positions.numel();
+    const int32_t* pos = meta.positions.data<int32_t>();
+    std::vector<int32_t> cu{0};
+    for (int64_t t = 1; t < n; ++t) {
+      if (pos[t] == 0) cu.push_back(static_cast<int32_t>(t));
+    }
+    if (n > 0) cu.push_back(static_cast<int32_t>(n));
+    int32_t max_len = 0;
+    for (size_t s = 0; s + 1 < cu.size(); ++s) max_len = std::max(max_len, cu[s + 1] - cu[s]);
+    meta.cu_seqlens = Tensor::host_from(cu, DType::kI32);
+    meta.n_seqs = static_cast<int64_t>(cu.size()) - 1;
+    meta.max_seqlen = max_len;
+    syncs_.add(SyncCause::kMetadata);  // the device path reads max_seqlen back
+  }
+
+  // ---- dense math -----------------------------------------------------------------------------
+
+  void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c, double alpha,
+            double beta) override {
+    check_ndim("gemm", "a", a, kDType, 2);
+    check_ndim("gemm", "b", b, kDType, 2);
+    check_ndim("gemm", "c", c, kDType, 2);
+    const int64_t m = trans_a ? a.dim(1) : a.dim(0);
+    const int64_t k = trans_a ? a.dim(0) : a.dim(1);
+    const int64_t kb = trans_b ? b.dim(1) : b.dim(0);
+    const int64_t n = trans_b ? b.dim(0) : b.dim(1);
+    HP_CHECK(k == kb && c.dim(0) == m && c.dim(1) == n, "gemm: op(a) of ", a.desc(),
+             (trans_a ? " (transposed)" : ""), " times op(b) of ", b.desc(),
+             (trans_b ? " (transposed)" : ""), " does not fit c ", c.desc());
+    if (m == 0 || n == 0) return;
+    T* cp = c.data<T>();
+    if (k == 0) {  // op(a) @ op(b) is all zeros
+      for (int64_t i = 0; i < m * n; ++i) cp[i] = beta == 0 ? T(0) : static_cast<T>(beta) * cp[i];
+      return;
+    }
+    const auto ta = trans_a ? CblasTrans : CblasNoTrans;
+    const auto tb = trans_b ? CblasTrans : CblasNoTrans;
+    const auto lda = static_cast<int>(a.dim(1));
+    const auto ldb = static_cast<int>(b.dim(1));
+    if constexpr (std::is_same_v<T, float>) {
+      cblas_sgemm(CblasRowMajor, ta, tb, static_cast<int>(m), static_cast<int>(n),
+                  static_cast<int>(k), static_cast<float>(alpha), a.data<float>(), lda,
+                  b.data<float>(), ldb, static_cast<float>(beta), cp, static_cast<int>(n));
+    } else {
+      cblas_dgemm(CblasRowMajor, ta, tb, static_cast<int>(m), static_cast<int>(n),
+                  static_cast<int>(k), alpha, a.data<double>(), lda, b.data<double>(), ldb, beta,
+                  cp, static_cast<int>(n));
+    }
+  }
+
+  void add_bias(Tensor& y, const Tensor& bias) override {
+    check_ndim("add_bias", "y", y, kDType, 2);
+    const int64_t m = y.dim(0), n = y.dim(1);
+    check_tensor("add_bias", "bias", bias, kDType, {n});
+    T* yp = y.data<T>();
+    const T* bp = bias.data<T>();
+#pragma omp parallel for schedule(static) if (m * n > kParallelMin)
+    for (int64_t r = 0; r < m; ++r) cpu::axpy(T(1), bp, yp + r * n, n);
+  }
+
+  void bias_grad(const Tensor& dy, Tensor& db) override {
+    check_ndim("bias_grad", "dy", dy, kDType, 2);
+    const int64_t m = dy.dim(0), n = dy.dim(1);
+    check_tensor("bias_grad", "db", db, kDType, {n});
+    const T* dyp = dy.data<T>();
+    add_sums(reduce_rows(m, n,
+                         [&](int64_t r, double* acc) {
+                           const T* row = dyp + r * n;
+                           for (int64_t j = 0; j < n; ++j) acc[j] += row[j];
+                         }),
+             db.data<T>());
+  }
+
+  void add(const Tensor& a, const Tensor& b, Tensor& out) override {
+    check_cpu("add", "a", a);
+    check_cpu("add", "b", b);
+    check_cpu("add", "out", out);
+    HP_CHECK(a.dtype() == b.dtype() && a.dtype() == out.dtype() && a.numel() == b.numel() &&
+                 a.numel() == out.numel(),
+             "add: a ", a.desc(), ", b ", b.desc(), " and out ", out.desc(),
+             " must have one dtype and one numel");
+    const int64_t n = a.numel();
+    dispatch_f32_f64("add", a, [&](auto tag) {
+      using S = decltype(tag);
+      const S* ap = a.data<S>();
+      const S* bp = b.data<S>();
+      S* op = out.data<S>();
+#pragma omp parallel for schedule(static) if (n > kParallelMin)
+      for (int64_t i = 0; i < n; ++i) op[i] = ap[i] + bp[i];
+    });
+  }
+
+  void axpy(double alpha, const Tensor& x, Tensor& y) override {
+    check_cpu("axpy", "x", x);
+    check_cpu("axpy", "y", y);
+    HP_CHECK(x.dtype() == y.dtype() && x.numel() == y.numel(), "axpy: x ", x.desc(), " and y ",
+             y.desc(), " must have one dtype and one numel");
+    const int64_t n = x.numel();
+    dispatch_f32_f64("axpy", x, [&](auto tag) {
+      using S = decltype(tag);
+      const S* xp = x.data<S>();
+      S* yp = y.data<S>();
+      const S al = static_cast<S>(alpha);
+#pragma omp parallel for schedule(static) if (n > kParallelMin)
+      for (int64_t i = 0; i < n; ++i) yp[i] += al * xp[i];
+    });
+  }
+
+  // ---- normalization and position -------------------------------------------------------------
+
+  void rmsnorm_fwd(const Tensor& x, const Tensor& w, double eps, Tensor& y, Tensor& rstd) override {
+    const char* op = "rmsnorm_fwd";
+    check_ndim(op, "x", x, kDType, 2);
+    const int64_t m = x.dim(0), d = x.dim(1);
+    check_tensor(op, "w", w, kDType, {d});
+    check_tensor(op, "y", y, kDType, {m, d});
+    check_tensor(op, "rstd", rstd, kDType, {m});
+    HP_CHECK(d > 0 && eps >= 0, op, ": needs a positive width and eps >= 0, got x ", x.desc(),
+             ", eps ", eps);
+    const T* xp = x.data<T>();
+    const T* wp = w.data<T>();
+    T* yp = y.data<T>();
+    T* rp = rstd.data<T>();
+#pragma omp parallel for schedule(static) if (m * d > kParallelMin)
+    for (int64_t r = 0; r < m; ++r) rp[r] = rmsnorm_row_fwd(xp + r * d, wp, d, eps, yp + r * d);
+  }
+
+  // dw_j = sum over rows of dy_j x_j r.
+  void rmsnorm_bwd(const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dy,
+                   Tensor& dx, Tensor& dw) override {
+    const char* op = "rmsnorm_bwd";
+    check_ndim(op, "x", x, kDType, 2);
+    const int64_t m = x.dim(0), d = x.dim(1);
+    check_tensor(op, "w", w, kDType, {d});
+    check_tensor(op, "rstd", rstd, kDType, {m});
+    check_tensor(op, "dy", dy, kDType, {m, d});
+    check_tensor(op, "dx", dx, kDType, {m, d});
+    check_tensor(op, "dw", dw, kDType, {d});
+    const T* xp = x.data<T>();
+    const T* wp = w.data<T>();
+    const T* rp = rstd.data<T>();
+    const T* dyp = dy.data<T>();
+    T* dxp = dx.data<T>();
+    // dw first: dx may alias dy.
+    add_sums(reduce_rows(m, d,
+                         [&](int64_t r, double* acc) {
+                           const T* xr = xp + r * d;
+                           const T* dyr = dyp + r * d;
+                           const double rs = rp[r];
+                           for (int64_t j = 0; j < d; ++j) {
+                             acc[j] += static_cast<double>(dyr[j]) * xr[j] * rs;
+                           }
+                         }),
+             dw.data<T>());
+#pragma omp parallel for schedule(static) if (m * d > kParallelMin)
+    for (int64_t r = 0; r < m; ++r) {
+      rmsnorm_row_bwd(xp + r * d, wp, rp[r], dyp + r * d, d, dxp + r * d);
+    }
+  }
+
+  void rope(Tensor& x, int n_rot_heads, const Tensor& positions, const RopeTable& table,
+            bool inverse) override {
+    const char* op = "rope";
+    check_ndim(op, "x", x, kDType, 3);
+    const int64_t n = x.dim(0), h = x.dim(1), d = x.dim(2);
+    HP_CHECK(d % 2 == 0 && n_rot_heads >= 0 && n_rot_heads <= h, op,
+             ": needs an even head_dim and 0 <= n_rot_heads <= heads, got x ", x.desc(),
+             ", n_rot_heads ", n_rot_heads);
+    const int64_t half = d / 2;
+    check_tensor(op, "positions", positions, DType::kI32, {n});
+    check_ndim(op, "table.cos", table.cos, kDType, 2);
+    const int64_t n_pos = table.cos.dim(0);
+    check_tensor(op, "table.cos", table.cos, kDType, {n_pos, half});
+    check_tensor(op, "table.sin", table.sin, kDType, {n_pos, half});
+    check_ids(op, "positions", positions, n_pos);
+    T* xp = x.data<T>();
+    const int32_t* pos = positions.data<int32_t>();
+    const T* cs = table.cos.data<T>();
+    const T* sn = table.sin.data<T>();
+    const T sign = inverse ? T(-1) : T(1);
+#pragma omp parallel for schedule(static) if (n * n_rot_heads * d > kParallelMin)
+    for (int64_t t = 0; t < n; ++t) {
+      const T* c = cs + pos[t] * half;
+      const T* s = sn + pos[t] * half;
+      for (int64_t hh = 0; hh < n_rot_heads; ++hh) {
+        T* x1 = xp + (t * h + hh) * d;
+        T* x2 = x1 + half;
+        for (int64_t i = 0; i < half; ++i) {
+          const T a = x1[i], b = x2[i], si = sign * s[i];
+          x1[i] = a * c[i] - b * si;
+          x2[i] = b * c[i] + a * si;
+        }
+      }
+    }
+  }
+
+  void qk_norm_fwd(const Tensor& qkv, const Tensor& qw, const Tensor& kw, int64_t n_heads,
+                   int64_t n_kv_heads, double eps, Tensor& out, Tensor& rstd) override {
+    const char* op = "qk_norm_fwd";
+    const int64_t n = check_qk_norm(op, qkv, qw, kw, n_heads, n_kv_heads);
+    const int64_t h = qkv.dim(1), d = qkv.dim(2), h_norm = n_heads + n_kv_heads;
+    check_tensor(op, "out", out, kDType, qkv.shape());
+    check_tensor(op, "rstd", rstd, kDType, {n, h_norm});
+    const T* xp = qkv.data<T>();
+    T* yp = out.data<T>();
+    T* rp = rstd.data<T>();
+#pragma omp parallel for schedule(static) if (n * h * d > kParallelMin)
+    for (int64_t t = 0; t < n; ++t) {
+      for (int64_t hh = 0; hh < h; ++hh) {
+        const T* x = xp + (t * h + hh) * d;
+        T* y = yp + (t * h + hh) * d;
+        if (hh < h_norm) {
+          const T* w = hh < n_heads ? qw.data<T>() : kw.data<T>();
+          rp[t * h_norm + hh] = rmsnorm_row_fwd(x, w, d, eps, y);
+        } else if (y != x) {
+          std::memcpy(y, x, static_cast<size_t>(d) * sizeof(T));
+        }
+      }
+    }
+  }
+
+  void qk_norm_bwd(const Tensor& qkv, const Tensor& qw, const Tensor& kw, int64_t n_heads,
+                   int64_t n_kv_heads, const Tensor& rstd, const Tensor& dout, Tensor& din,
+                   Tensor& dqw, Tensor& dkw) override {
+    const char* op = "qk_norm_bwd";
+    const int64_t n = check_qk_norm(op, qkv, qw, kw, n_heads, n_kv_heads);
+    const int64_t h = qkv.dim(1), d = qkv.dim(2), h_norm = n_heads + n_kv_heads;
+    check_tensor(op, "rstd", rstd, kDType, {n, h_norm});
+    check_tensor(op, "dout", dout, kDType, qkv.shape());
+    check_tensor(op, "din", din, kDType, qkv.shape());
+    check_tensor(op, "dqw", dqw, kDType, {d});
+    check_tensor(op, "dkw", dkw, kDType, {d});
+    const T* xp = qkv.data<T>();
+    const T* rp = rstd.data<T>();
+    const T* dyp = dout.data<T>();
+    T* dxp = din.data<T>();
+    // Weight gradients first (din may alias dout): [dqw | dkw] as one 2D-wide column sum.
+    const std::vector<double> dw = reduce_rows(n, 2 * d, [&](int64_t t, double* acc) {
+      for (int64_t hh = 0; hh < h_norm; ++hh) {
+        const T* x = xp + (t * h + hh) * d;
+        const T* dy = dyp + (t * h + hh) * d;
+        const double r = rp[t * h_norm + hh];
+        double* a = acc + (hh < n_heads ? 0 : d);
+        for (int64_t j = 0; j < d; ++j) a[j] += static_cast<double>(dy[j]) * x[j] * r;
+      }
+    });
+    for (int64_t j = 0; j < d; ++j) {
+      dqw.data<T>()[j] += static_cast<T>(dw[j]);
+      dkw.data<T>()[j] += static_cast<T>(dw[d + j]);
+    }
+#pragma omp parallel for schedule(static) if (n * h * d > kParallelMin)
+    for (int64_t t = 0; t < n; ++t) {
+      for (int64_t hh = 0; hh < h; ++hh) {
+        const T* dy = dyp + (t * h + hh) * d;
+        T* dx = dxp + (t * h + hh) * d;
+        if (hh < h_norm) {
+          const T* w = hh < n_heads ? qw.data<T>() : kw.data<T>();
+          rmsnorm_row_bwd(xp + (t * h + hh) * d, w, rp[t * h_norm + hh], dy, d, dx);
+        } else if (dx != dy) {
+          std::memcpy(dx, dy, static_cast<size_t>(d) * sizeof(T));
+        }
+      }
+    }
+  }
+
+  // ---- attention ------------------------------------------------------------------------------
+
+  void attention_fwd(const Tensor& qkv, const Tensor& sinks, const BatchMeta& meta,
+                     const AttentionShape& shape, Tensor& out, Tensor& lse) override {
+    const char* op = "attention_fwd";
+    const cpu::AttnLayout layout = attention_layout(op, qkv, sinks, meta, shape);
+    check_tensor(op, "out", out, kDType, {layout.n_tokens, layout.hq, layout.d});
+    check_tensor(op, "lse", lse, kDType, {layout.n_tokens, layout.hq});
+    cpu::attention_fwd<T>(layout, qkv.data<T>(), sinks.defined() ? sinks.data<T>() : nullptr,
+                          out.data<T>(), lse.data<T>());
+  }
+
+  void attention_bwd(const Tensor& qkv, const Tensor& sinks, const BatchMeta& meta,
+                     const AttentionShape& shape, const Tensor& out, const Tensor& lse,
+                     const Tensor& dout, Tensor& dqkv, Tensor& dsinks) override {
+    const char* op = "attention_bwd";
+    const cpu::AttnLayout layout = attention_layout(op, qkv, sinks, meta, shape);
+    const int64_t n = layout.n_tokens;
+    check_tensor(op, "out", out, kDType, {n, layout.hq, layout.d});
+    check_tensor(op, "lse", lse, kDType, {n, layout.hq});
+    check_tensor(op, "dout", dout, kDType, {n, layout.hq, layout.d});
+    check_tensor(op, "dqkv", dqkv, kDType, qkv.shape());
+    if (sinks.defined()) check_tensor(op, "dsinks", dsinks, kDType, {layout.hq});
+    cpu::attention_bwd<T>(layout, qkv.data<T>(), sinks.defined() ? sinks.data<T>() : nullptr,
+                          out.data<T>(), lse.data<T>(), dout.data<T>(), dqkv.data<T>(),
+                          sinks.defined() ? dsinks.data<T>() : nullptr);
+  }
+
+  // ---- feed-forward activations ---------------------------------------------------------------
+
+  void glu_fwd(const Tensor& h, const GluParams& p, Tensor& a) override {
+    const char* op = "glu_fwd";
+    check_ndim(op, "h", h, kDType, 2);
+    const int64_t m = h.dim(0), f = h.dim(1) / 2;
+    HP_CHECK(h.dim(1) % 2 == 0, op, ": h ", h.desc(), " needs an even width [g | u]");
+    check_tensor(op, "a", a, kDType, {m, f});
+    const T* hp = h.data<T>();
+    T* ap = a.data<T>();
+    const bool gpt_oss = p.kind == GluKind::kGptOss;
+    const T alpha = static_cast<T>(p.alpha), limit = static_cast<T>(p.limit);
+#pragma omp parallel for schedule(static) if (m * f > kParallelMin)
+    for (int64_t r = 0; r < m; ++r) {
+      const T* g = hp + r * 2 * f;
+      const T* u = g + f;
+      T* ar = ap + r * f;
+      for (int64_t j = 0; j < f; ++j) {
+        if (gpt_oss) {
+          const T gc = std::min(g[j], limit);
+          const T uc = std::min(std::max(u[j], -limit), limit);
+          ar[j] = gc * sigmoid(alpha * gc) * (uc + T(1));
+        } else {
+          ar[j] = g[j] * sigmoid(g[j]) * u[j];
+        }
+      }
+    }
+  }
+
+  // SwiGLU: da/dg = u (s + g s (1 - s)), da/du = g s with s = sigmoid(g). GPT-OSS, with
+  // s = sigmoid(alpha gc): da/dgc = (uc + 1)(s + alpha gc s (1 - s)), da/duc = gc s; the clamps
+  // pass the gradient inside their closed ranges (g <= L, -L <= u <= L) and block it outside.
+  void glu_bwd(const Tensor& h, const Tensor& da, const GluParams& p, Tensor& dh) override {
+    const char* op = "glu_bwd";
+    check_ndim(op, "h", h, kDType, 2);
+    const int64_t m = h.dim(0), f = h.dim(1) / 2;
+    HP_CHECK(h.dim(1) % 2 == 0, op, ": h ", h.desc(), " needs an even width [g | u]");
+    check_tensor(op, "da", da, kDType, {m, f});
+    check_tensor(op, "dh", dh, kDType, h.shape());
+    const T* hp = h.data<T>();
+    const T* dap = da.data<T>();
+    T* dhp = dh.data<T>();
+    const bool gpt_oss = p.kind == GluKind::kGptOss;
+    const T alpha = static_cast<T>(p.alpha), limit = static_cast<T>(p.limit);
+#pragma omp parallel for schedule(static) if (m * f > kParallelMin)
+    for (int64_t r = 0; r < m; ++r) {
+      const T* g = hp + r * 2 * f;
+      const T* u = g + f;
+      const T* dar = dap + r * f;
+      T* dg = dhp + r * 2 * f;
+      T* du = dg + f;
+      for (int64_t j = 0; j < f; ++j) {
+        if (gpt_oss) {
+          const T gc = std::min(g[j], limit);
+          const T uc = std::min(std::max(u[j], -limit), limit);
+          const T s = sigmoid(alpha * gc);
+          const T dgc = dar[j] * (uc + T(1)) * (s + alpha * gc * s * (T(1) - s));
+          const T duc = dar[j] * gc * s;
+          dg[j] = g[j] <= limit ? dgc : T(0);
+          du[j] = (u[j] >= -limit && u[j] <= limit) ? duc : T(0);
+        } else {
+          const T s = sigmoid(g[j]);
+          dg[j] = dar[j] * u[j] * (s + g[j] * s * (T(1) - s));
+          du[j] = dar[j] * g[j] * s;
+        }
+      }
+    }
+  }
+
+  // ---- mixture-of-experts routing -------------------------------------------------------------
+
+  void router_topk(const Tensor& logits, int k, Tensor& idx, Tensor& w) override {
+    const char* op = "router_topk";
+    check_ndim(op, "logits", logits, kDType, 2);
+    const int64_t n = logits.dim(0), e = logits.dim(1);
+    HP_CHECK(k >= 1 && k <= e, op, ": k = ", k, " must lie in [1, ", e, "] for logits ",
+             logits.desc());
+    check_tensor(op, "idx", idx, DType::kI32, {n, k});
+    check_tensor(op, "w", w, kDType, {n, k});
+    const T* lp = logits.data<T>();
+    int32_t* ip = idx.data<int32_t>();
+    T* wp = w.data<T>();
+#pragma omp parallel if (n * e > kParallelMin)
+    {
+      std::vector<int32_t> order(static_cast<size_t>(e));
+#pragma omp for schedule(static)
+      for (int64_t r = 0; r < n; ++r) {
+        const T* l = lp + r * e;
+        std::iota(order.begin(), order.end(), 0);
+        // A strict total order: larger logit first, then lower expert id.
+        std::partial_sort(order.begin(), order.begin() + k, order.end(), [l](int32_t a, int32_t b) {
+          return l[a] > l[b] || (l[a] == l[b] && a < b);
+        });
+        const T mx = l[order[0]];
+        double denom = 0;
+        for (int s = 0; s < k; ++s) denom += std::exp(static_cast<double>(l[order[s]] - mx));
+        for (int s = 0; s < k; ++s) {
+          ip[r * k + s] = order[s];
+          wp[r * k + s] = static_cast<T>(std::exp(static_cast<double>(l[order[s]] - mx)) / denom);
+        }
+      }
+    }
+  }
+
+  // Softmax backward over the picked logits: dl_s = w_s (dw_s - sum_r w_r dw_r).
+  void router_topk_bwd(const Tensor& idx, const Tensor& w, const Tensor& dw,
+                       Tensor& dlogits) override {
+    const char* op = "router_topk_bwd";
+    check_ndim(op, "idx", idx, DType::kI32, 2);
+    const int64_t n = idx.dim(0), k = idx.dim(1);
+    check_tensor(op, "w", w, kDType, {n, k});
+    check_tensor(op, "dw", dw, kDType, {n, k});
+    check_ndim(op, "dlogits", dlogits, kDType, 2);
+    const int64_t e = dlogits.dim(1);
+    check_tensor(op, "dlogits", dlogits, kDType, {n, e});
+    check_ids(op, "idx", idx, e);
+    const int32_t* ip = idx.data<int32_t>();
+    const T* wp = w.data<T>();
+    const T* dwp = dw.data<T>();
+    T* dl = dlogits.data<T>();
+#pragma omp parallel for schedule(static) if (n * e > kParallelMin)
+    for (int64_t r = 0; r < n; ++r) {
+      T* dr = dl + r * e;
+      std::fill(dr, dr + e, T(0));
+      const T* wr = wp + r * k;
+      const T* dwr = dwp + r * k;
+      const T s = cpu::dot(wr, dwr, k);
+      for (int64_t j = 0; j < k; ++j) dr[ip[r * k + j]] = wr[j] * (dwr[j] - s);
+    }
+  }
+
+  // loss = coef E / N * sum_t sum_e f_e p_te, so dloss/dlogit_tj = coef E / N * p_tj (f_j - c_t)
+  // with c_t = sum_e f_e p_te.
+  void router_aux_loss(const Tensor& logits, const Tensor& counts, int k, double coef, Tensor& loss,
+                       Tensor& dlogits) override {
+    const char* op = "router_aux_loss";
+    check_ndim(op, "logits", logits, kDType, 2);
+    const int64_t n = logits.dim(0), e = logits.dim(1);
+    check_count_tensor(op, "counts", counts, e);
+    check_tensor(op, "loss", loss, kDType, {1});
+    check_tensor(op, "dlogits", dlogits, kDType, {n, e});
+    HP_CHECK(k >= 1, op, ": k = ", k, " must be positive");
+    if (n == 0) return;
+    std::vector<double> f(static_cast<size_t>(e));
+    for (int64_t j = 0; j < e; ++j) {
+      f[j] = static_cast<double>(load_count(counts, j)) / static_cast<double>(n * k);
+    }
+    const double g = coef * static_cast<double>(e) / static_cast<double>(n);
+    const T* lp = logits.data<T>();
+    T* dl = dlogits.data<T>();
+    const double total = sum_rows(n, e, [&](int64_t r) {
+      const T* l = lp + r * e;
+      T* d = dl + r * e;
+      T mx = l[0];
+      for (int64_t j = 1; j < e; ++j) mx = std::max(mx, l[j]);
+      double denom = 0;
+      for (int64_t j = 0; j < e; ++j) denom += std::exp(static_cast<double>(l[j] - mx));
+      double c = 0;
+      for (int64_t j = 0; j < e; ++j) c += f[j] * std::exp(static_cast<double>(l[j] - mx)) / denom;
+      for (int64_t j = 0; j < e; ++j) {
+        const double pj = std::exp(static_cast<double>(l[j] - mx)) / denom;
+        d[j] += static_cast<T>(g * pj * (f[j] - c));
+      }
+      return c;
+    });
+    loss.data<T>()[0] += static_cast<T>(g * total);
+  }
+
+  void histogram(const Tensor& ids, int n_bins, Tensor& counts) override {
+    const char* op = "histogram";
+    check_ndim(op, "ids", ids, DType::kI32, 1);
+    HP_CHECK(n_bins >= 0, op, ": n_bins = ", n_bins, " is negative");
+    check_count_tensor(op, "counts", counts, n_bins);
+    check_ids(op, "ids", ids, n_bins);
+    std::vector<int64_t> c(static_cast<size_t>(n_bins), 0);
+    const int32_t* ip = ids.data<int32_t>();
+    for (int64_t i = 0; i < ids.numel(); ++i) ++c[ip[i]];
+    for (int b = 0; b < n_bins; ++b) store_count(counts, b, c[b]);
+  }
+
+  void exclusive_scan(const Tensor& counts, Tensor& offsets) override {
+    const char* op = "exclusive_scan";
+    check_cpu(op, "counts", counts);
+    check_count_tensor(op, "counts", counts, counts.numel());
+    check_count_tensor(op, "offsets", offsets, counts.numel() + 1);
+    int64_t acc = 0;
+    store_count(offsets, 0, 0);
+    for (int64_t i = 0; i < counts.numel(); ++i) {
+      acc += load_count(counts, i);
+      store_count(offsets, i + 1, acc);
+    }
+  }
+
+  // Counting sort: a cursor per id starts at its offset; assignments are placed in index order,
+  // which makes the sort stable.
+  void sort_by_id(const Tensor& ids, const Tensor& offsets, Tensor& sorted_to_assign,
+                  Tensor& assign_to_sorted) override {
+    const char* op = "sort_by_id";
+    check_ndim(op, "ids", ids, DType::kI32, 1);
+    const int64_t m = ids.numel();
+    check_cpu(op, "offsets", offsets);
+    check_count_tensor(op, "offsets", offsets, offsets.numel());
+    const int64_t n_bins = offsets.numel() - 1;
+    HP_CHECK(n_bins >= 0 && load_count(offsets, 0) == 0 && load_count(offsets, n_bins) == m, op,
+             ": offsets ", offsets.desc(), " must run from 0 to the id count ", m);
+    check_tensor(op, "sorted_to_assign", sorted_to_assign, DType::kI32, {m});
+    check_tensor(op, "assign_to_sorted", assign_to_sorted, DType::kI32, {m});
+    check_ids(op, "ids", ids, n_bins);
+    std::vector<int64_t> cursor(static_cast<size_t>(n_bins)), limit(static_cast<size_t>(n_bins));
+    for (int64_t b = 0; b < n_bins; ++b) {
+      cursor[b] = load_count(offsets, b);
+      limit[b] = load_count(offsets, b + 1);
+    }
+    const int32_t* ip = ids.data<int32_t>();
+    int32_t* s2a = sorted_to_assign.data<int32_t>();
+    int32_t* a2s = assign_to_sorted.data<int32_t>();
+    for (int64_t a = 0; a < m; ++a) {
+      const int64_t j = cursor[ip[a]]++;
+      HP_CHECK(j < limit[ip[a]], op, ": more ids equal to ", ip[a],
+               " than offsets allow; offsets do not match the ids");
+      s2a[j] = static_cast<int32_t>(a);
+      a2s[a] = static_cast<int32_t>(j);
+    }
+  }
+
+  void permute_rows(const Tensor& x, const Tensor& sorted_to_assign, int k, Tensor& out) override {
+    const char* op = "permute_rows";
+    check_ndim(op, "x", x, kDType, 2);
+    const int64_t n = x.dim(0), d = x.dim(1);
+    HP_CHECK(k >= 1, op, ": k = ", k, " must be positive");
+    check_ndim(op, "sorted_to_assign", sorted_to_assign, DType::kI32, 1);
+    const int64_t m = sorted_to_assign.numel();
+    check_tensor(op, "out", out, kDType, {m, d});
+    check_ids(op, "sorted_to_assign", sorted_to_assign, n * k);
+    const T* xp = x.data<T>();
+    const int32_t* s2a = sorted_to_assign.data<int32_t>();
+    T* out_p = out.data<T>();
+#pragma omp parallel for schedule(static) if (m * d > kParallelMin)
+    for (int64_t j = 0; j < m; ++j) {
+      std::memcpy(out_p + j * d, xp + (s2a[j] / k) * d, static_cast<size_t>(d) * sizeof(T));
+    }
+  }
+
+  // Inverts the permutation so each token sums its k rows in assignment order.
+  void permute_rows_bwd(const Tensor& dout, const Tensor& sorted_to_assign, int k,
+                        Tensor& dx) override {
+    const char* op = "permute_rows_bwd";
+    check_ndim(op, "dx", dx, kDType, 2);
+    const int64_t n = dx.dim(0), d = dx.dim(1);
+    HP_CHECK(k >= 1, op, ": k = ", k, " must be positive");
+    check_ndim(op, "sorted_to_assign", sorted_to_assign, DType::kI32, 1);
+    const int64_t m = sorted_to_assign.numel();
+    check_tensor(op, "dout", dout, kDType, {m, d});
+    check_ids(op, "sorted_to_assign", sorted_to_assign, n * k);
+    const std::vector<int64_t> inv = invert(op, sorted_to_assign, n * k);
+    const T* dp = dout.data<T>();
+    T* dxp = dx.data<T>();
+#pragma omp parallel for schedule(static) if (n * d > kParallelMin)
+    for (int64_t t = 0; t < n; ++t) {
+      for (int64_t s = 0; s < k; ++s) {
+        const int64_t j = inv[t * k + s];
+        if (j >= 0) cpu::axpy(T(1), dp + j * d, dxp + t * d, d);
+      }
+    }
+  }
+
+  void unpermute_combine(const Tensor& y, const Tensor& assign_to_sorted, const Tensor& w,
+                         Tensor& out) override {
+    const char* op = "unpermute_combine";
+    check_ndim(op, "y", y, kDType, 2);
+    const int64_t m = y.dim(0), d = y.dim(1);
+    check_ndim(op, "w", w, kDType, 2);
+    const int64_t n = w.dim(0), k = w.dim(1);
+    check_tensor(op, "assign_to_sorted", assign_to_sorted, DType::kI32, {n * k});
+    check_tensor(op, "out", out, kDType, {n, d});
+    check_ids(op, "assign_to_sorted", assign_to_sorted, m);
+    const T* yp = y.data<T>();
+    const int32_t* a2s = assign_to_sorted.data<int32_t>();
+    const T* wp = w.data<T>();
+    T* out_p = out.data<T>();
+#pragma omp parallel for schedule(static) if (n * d > kParallelMin)
+    for (int64_t t = 0; t < n; ++t) {
+      T* o = out_p + t * d;
+      std::fill(o, o + d, T(0));
+      for (int64_t s = 0; s < k; ++s) cpu::axpy(wp[t * k + s], yp + a2s[t * k + s] * d, o, d);
+    }
+  }
+
+  void unpermute_combine_bwd(const Tensor& dout, const Tensor& y, const Tensor& assign_to_sorted,
+                             const Tensor& w, Tensor& dy, Tensor& dw) override {
+    const char* op = "unpermute_combine_bwd";
+    check_ndim(op, "y", y, kDType, 2);
+    const int64_t m = y.dim(0), d = y.dim(1);
+    check_ndim(op, "w", w, kDType, 2);
+    const int64_t n = w.dim(0), k = w.dim(1);
+    check_tensor(op, "dout", dout, kDType, {n, d});
+    check_tensor(op, "assign_to_sorted", assign_to_sorted, DType::kI32, {n * k});
+    check_tensor(op, "dy", dy, kDType, {m, d});
+    check_tensor(op, "dw", dw, kDType, {n, k});
+    check_ids(op, "assign_to_sorted", assign_to_sorted, m);
+    invert(op, assign_to_sorted, m);  // each row of y feeds one assignment at most
+    const T* dop = dout.data<T>();
+    const T* yp = y.data<T>();
+    const int32_t* a2s = assign_to_sorted.data<int32_t>();
+    const T* wp = w.data<T>();
+    T* dyp = dy.data<T>();
+    T* dwp = dw.data<T>();
+    std::fill(dyp, dyp + m * d, T(0));
+#pragma omp parallel for schedule(static) if (n * d > kParallelMin)
+    for (int64_t t = 0; t < n; ++t) {
+      const T* g = dop + t * d;
+      for (int64_t s = 0; s < k; ++s) {
+        const int64_t j = a2s[t * k + s];
+        T* dyr = dyp + j * d;
+        for (int64_t c = 0; c < d; ++c) dyr[c] = wp[t * k + s] * g[c];
+        dwp[t * k + s] = cpu::dot(g, yp + j * d, d);
+      }
+    }
+  }
+
+  // ---- embedding and loss ---------------------------------------------------------------------
+
+  void embedding_fwd(const Tensor& table, const Tensor& ids, Tensor& out) override {
+    const char* op = "embedding_fwd";
+    check_ndim(op, "table", table, kDType, 2);
+    const int64_t v = table.dim(0), d = table.dim(1);
+    check_ndim(op, "ids", ids, DType::kI32, 1);
+    const int64_t n = ids.numel();
+    check_tensor(op, "out", out, kDType, {n, d});
+    check_ids(op, "ids", ids, v);
+    const T* tp = table.data<T>();
+    const int32_t* ip = ids.data<int32_t>();
+    T* out_p = out.data<T>();
+#pragma omp parallel for schedule(static) if (n * d > kParallelMin)
+    for (int64_t t = 0; t < n; ++t) {
+      std::memcpy(out_p + t * d, tp + ip[t] * d, static_cast<size_t>(d) * sizeof(T));
+    }
+  }
+
+  // Tokens are grouped by id with a stable counting sort, so each table row adds its tokens'
+  // rows in token order and rows are independent of each other.
+  void embedding_bwd(const Tensor& dout, const Tensor& ids, Tensor& dtable) override {
+    const char* op = "embedding_bwd";
+    check_ndim(op, "dtable", dtable, kDType, 2);
+    const int64_t v = dtable.dim(0), d = dtable.dim(1);
+    check_ndim(op, "ids", ids, DType::kI32, 1);
+    const int64_t n = ids.numel();
+    check_tensor(op, "dout", dout, kDType, {n, d});
+    check_ids(op, "ids", ids, v);
+    const int32_t* ip = ids.data<int32_t>();
+    std::vector<int64_t> start(static_cast<size_t>(v + 1), 0);
+    for (int64_t t = 0; t < n; ++t) ++start[ip[t] + 1];
+    for (int64_t i = 0; i < v; ++i) start[i + 1] += start[i];
+    std::vector<int64_t> order(static_cast<size_t>(n));
+    {
+      std::vector<int64_t> cursor(start.begin(), start.end() - 1);
+      for (int64_t t = 0; t < n; ++t) order[cursor[ip[t]]++] = t;
+    }
+    const T* dp = dout.data<T>();
+    T* tp = dtable.data<T>();
+#pragma omp parallel for schedule(dynamic, 64) if (n * d > kParallelMin)
+    for (int64_t row = 0; row < v; ++row) {
+      for (int64_t r = start[row]; r < start[row + 1]; ++r) {
+        cpu::axpy(T(1), dp + order[r] * d, tp + row * d, d);
+      }
+    }
+  }
+
+  void cross_entropy(Tensor& logits, const Tensor& targets, double grad_scale,
+                     Tensor& loss) override {
+    const char* op = "cross_entropy";
+    check_ndim(op, "logits", logits, kDType, 2);
+    const int64_t n = logits.dim(0), v = logits.dim(1);
+    check_tensor(op, "targets", targets, DType::kI32, {n});
+    check_tensor(op, "loss", loss, kDType, {1});
+    const int32_t* tg = targets.data<int32_t>();
+    for (int64_t r = 0; r < n; ++r) {
+      HP_CHECK(tg[r] == -1 || (tg[r] >= 0 && tg[r] < v), op, ": targets[", r, "] = ", tg[r],
+               " is neither -1 nor in [0, ", v, ") (logits ", logits.desc(), ")");
+    }
+    T* lp = logits.data<T>();
+    const double total = sum_rows(n, v, [&](int64_t r) -> double {
+      T* l = lp + r * v;
+      if (tg[r] < 0) {
+        std::fill(l, l + v, T(0));
+        return 0.0;
+      }
+      T mx = l[0];
+      for (int64_t j = 1; j < v; ++j) mx = std::max(mx, l[j]);
+      double denom = 0;
+      for (int64_t j = 0; j < v; ++j) denom += std::exp(static_cast<double>(l[j] - mx));
+      const double lse = static_cast<double>(mx) + std::log(denom);
+      const double row_loss = lse - static_cast<double>(l[tg[r]]);
+      for (int64_t j = 0; j < v; ++j) {
+        l[j] = static_cast<T>(grad_scale * std::exp(static_cast<double>(l[j]) - lse));
+      }
+      l[tg[r]] -= static_cast<T>(grad_scale);
+      return row_loss;
+    });
+    loss.data<T>()[0] += static_cast<T>(total);
+  }
+
+  // ---- optimizer ------------------------------------------------------------------------------
+
+  void sum_squares(const Tensor& x, Tensor& acc) override {
+    const char* op = "sum_squares";
+    check_cpu(op, "x", x);
+    check_tensor(op, "acc", acc, kDType, {1});
+    const int64_t n = x.numel();
+    const int64_t chunks = (n + kFlatChunk - 1) / kFlatChunk;
+    std::vector<double> part(static_cast<size_t>(chunks), 0.0);
+    dispatch_float(op, x, [&](auto tag) {
+      using S = decltype(tag);
+      const S* xp = x.data<S>();
+#pragma omp parallel for schedule(static) if (chunks > 1)
+      for (int64_t c = 0; c < chunks; ++c) {
+        double s = 0;
+        const int64_t end = std::min(n, (c + 1) * kFlatChunk);
+        for (int64_t i = c * kFlatChunk; i < end; ++i) {
+          const double v = to_f64(xp[i]);
+          s += v * v;
+        }
+        part[c] = s;
+      }
+    });
+    double total = 0;
+    for (double s : part) total += s;
+    acc.data<T>()[0] += static_cast<T>(total);
+  }
+
+  void adamw(Tensor& master, const Tensor& grad, Tensor& m, Tensor& v, const AdamWParams& p,
+             Tensor& working) override {
+    const char* op = "adamw";
+    check_cpu(op, "master", master);
+    HP_CHECK(master.dtype() == kDType, op, ": master ", master.desc(), " must be ",
+             dtype_name(kDType));
+    check_tensor(op, "grad", grad, kDType, master.shape());
+    check_tensor(op, "m", m, kDType, master.shape());
+    check_tensor(op, "v", v, kDType, master.shape());
+    HP_CHECK(p.step >= 1, op, ": step ", p.step, " must be >= 1 (it is 1-based)");
+    const double b1 = p.beta1, b2 = p.beta2;
+    const double bc1 = 1.0 - std::pow(b1, static_cast<double>(p.step));
+    const double bc2 = 1.0 - std::pow(b2, static_cast<double>(p.step));
+    const int64_t n = master.numel();
+    T* wp = master.data<T>();
+    const T* gp = grad.data<T>();
+    T* mp = m.data<T>();
+    T* vp = v.data<T>();
+#pragma omp parallel for schedule(static) if (n > kParallelMin)
+    for (int64_t i = 0; i < n; ++i) {
+      const double g = static_cast<double>(gp[i]) * p.grad_scale;
+      const double mi = b1 * mp[i] + (1.0 - b1) * g;
+      const double vi = b2 * vp[i] + (1.0 - b2) * g * g;
+      mp[i] = static_cast<T>(mi);
+      vp[i] = static_cast<T>(vi);
+      const double w = wp[i];
+      const double update = (mi / bc1) / (std::sqrt(vi / bc2) + p.eps) + p.weight_decay * w;
+      wp[i] = static_cast<T>(w - p.lr * update);
+    }
+    if (working.defined() &&
+        !(working.raw() == master.raw() && working.dtype() == master.dtype())) {
+      convert(master, working);
+    }
+  }
+
+ private:
+  template <typename S>
+  static void fill_typed(S* p, int64_t n, S value) {
+#pragma omp parallel for schedule(static) if (n > kParallelMin)
+    for (int64_t i = 0; i < n; ++i) p[i] = value;
+  }
+
+  // inv[a] = j where perm[j] = a, -1 where no j; throws if perm hits a value twice.
+  static std::vector<int64_t> invert(const char* op, const Tensor& perm, int64_t size) {
+    std::vector<int64_t> inv(static_cast<size_t>(size), -1);
+    const int32_t* pp = perm.data<int32_t>();
+    for (int64_t j = 0; j < perm.numel(); ++j) {
+      HP_CHECK(inv[pp[j]] < 0, op, ": index ", pp[j], " appears twice in ", perm.desc());
+      inv[pp[j]] = j;
+    }
+    return inv;
+  }
+
+  // Validates qk_norm's common arguments; returns the token count.
+  int64_t check_qk_norm(const char* op, const Tensor& qkv, const Tensor& qw, const Tensor& kw,
+                        int64_t n_heads, int64_t n_kv_heads) const {
+    check_ndim(op, "qkv", qkv, kDType, 3);
+    HP_CHECK(n_heads > 0 && n_kv_heads > 0 && qkv.dim(1) == n_heads + 2 * n_kv_heads, op, ": qkv ",
+             qkv.desc(), " does not hold n_heads + 2 n_kv_heads = ", n_heads, " + 2*", n_kv_heads,
+             " heads");
+    check_tensor(op, "qw", qw, kDType, {qkv.dim(2)});
+    check_tensor(op, "kw", kw, kDType, {qkv.dim(2)});
+    return qkv.dim(0);
+  }
+
+  // Validates the packed attention arguments and returns the kernel geometry.
+  cpu::AttnLayout attention_layout(const char* op, const Tensor& qkv, const Tensor& sinks,
+                                   const BatchMeta& meta, const AttentionShape& shape) const {
+    HP_CHECK(shape.n_heads > 0 && shape.n_kv_heads > 0 && shape.n_heads % shape.n_kv_heads == 0 &&
+                 shape.head_dim > 0 && shape.window >= 0 && std::isfinite(shape.scale),
+             op, ": bad shape n_heads=", shape.n_heads, " n_kv_heads=", shape.n_kv_heads,
+             " head_dim=", shape.head_dim, " window=", shape.window, " scale=", shape.scale);
+    check_ndim(op, "qkv", qkv, kDType, 3);
+    const int64_t n = qkv.dim(0);
+    check_tensor(op, "qkv", qkv, kDType, {n, shape.n_heads + 2 * shape.n_kv_heads, shape.head_dim});
+    if (sinks.defined()) check_tensor(op, "sinks", sinks, kDType, {shape.n_heads});
+    check_ndim(op, "meta.cu_seqlens", meta.cu_seqlens, DType::kI32, 1);
+    const int64_t n_seqs = meta.cu_seqlens.numel() - 1;
+    HP_CHECK(n_seqs >= 0 && n_seqs == meta.n_seqs, op, ": meta.cu_seqlens ", meta.cu_seqlens.desc(),
+             " does not hold meta.n_seqs + 1 = ", meta.n_seqs + 1, " offsets");
+    const int32_t* cu = meta.cu_seqlens.data<int32_t>();
+    HP_CHECK(cu[0] == 0 && cu[n_seqs] == n, op, ": meta.cu_seqlens runs from ", cu[0], " to ",
+             cu[n_seqs], ", expected 0 to the token count of qkv ", qkv.desc());
+    for (int64_t s = 0; s < n_seqs; ++s) {
+      HP_CHECK(cu[s] <= cu[s + 1], op, ": meta.cu_seqlens decreases at ", s);
+    }
+    cpu::AttnLayout layout;
+    layout.n_tokens = n;
+    layout.n_seqs = n_seqs;
+    layout.cu_seqlens = cu;
+    layout.hq = shape.n_heads;
+    layout.hkv = shape.n_kv_heads;
+    layout.d = shape.head_dim;
+    layout.window = shape.window;
+    layout.scale = shape.scale;
+    return layout;
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cpu_backend(DType dtype) {
+  switch (dtype) {
+    case DType::kF32:
+      return std::make_unique<CpuBackend<float>>();
+    case DType::kF64:
+      return std::make_unique<CpuBackend<double>>();
+    default:
+      break;
+  }
+  HP_FAIL(ErrorKind::kUser, "make_cpu_backend: dtype must be f32 or f64, got ", dtype_name(dtype));
+}
+
+}  // namespace hp

@@ -1,0 +1,59 @@
+// Deterministic column sums: out[c] += scale * sum_r value(r, c), in two passes (per-chunk
+// partials in a fixed partition of the rows, then a fixed-order sum of the partials), so that
+// results do not depend on scheduling.
+#pragma once
+
+#include "framework/backend/cuda/cuda_common.cuh"
+#include "framework/core/tensor.h"
+
+namespace hp {
+namespace cuda {
+
+constexpr int kColSumX = 32, kColSumY = 8;
+
+template <typename F>
+__global__ void column_partial_kernel(F value, int64_t rows, int64_t cols, int64_t rows_per_chunk,
+                                      float* partial) {
+  __shared__ float red[kColSumY][kColSumX + 1];
+  const int64_t c = blockIdx.x * (int64_t)kColSumX + threadIdx.x;
+  const int64_t r0 = blockIdx.y * rows_per_chunk;
+  const int64_t r1 = min(rows, r0 + rows_per_chunk);
+  float acc = 0.f;
+  if (c < cols)
+    for (int64_t r = r0 + threadIdx.y; r < r1; r += kColSumY) acc += value(r, c);
+  red[threadIdx.y][threadIdx.x] = acc;
+  __syncthreads();
+  if (threadIdx.y == 0 && c < cols) {
+    float s = 0.f;
+#pragma unroll
+    for (int i = 0; i < kColSumY; ++i) s += red[i][threadIdx.x];
+    partial[blockIdx.y * cols + c] = s;
+  }
+}
+
+__global__ void column_finish_kernel(const float* partial, int64_t n_chunks, int64_t cols,
+                                     float scale, float* out);
+
+template <typename F>
+void column_sum_add(F value, int64_t rows, int64_t cols, float scale, float* out, Allocator& alloc,
+                    cudaStream_t stream) {
+  if (rows == 0 || cols == 0) return;
+  const int64_t col_blocks = (cols + kColSumX - 1) / kColSumX;
+  int64_t n_chunks = 2048 / col_blocks;
+  const int64_t max_chunks = (rows + 63) / 64;
+  if (n_chunks > max_chunks) n_chunks = max_chunks;
+  if (n_chunks < 1) n_chunks = 1;
+  const int64_t rows_per_chunk = (rows + n_chunks - 1) / n_chunks;
+  n_chunks = (rows + rows_per_chunk - 1) / rows_per_chunk;
+  Tensor partial = Tensor::empty(alloc, {n_chunks, cols}, DType::kF32);
+  dim3 grid(static_cast<unsigned>(col_blocks), static_cast<unsigned>(n_chunks));
+  column_partial_kernel<<<grid, dim3(kColSumX, kColSumY), 0, stream>>>(
+      value, rows, cols, rows_per_chunk, partial.data<float>());
+  CUDA_CHECK_LAUNCH();
+  column_finish_kernel<<<grid_for(cols, 256), 256, 0, stream>>>(partial.data<float>(), n_chunks,
+                                                                cols, scale, out);
+  CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace cuda
+}  // namespace hp

@@ -1,0 +1,61 @@
+// Caching device allocator: size-bucketed free lists over cudaMalloc.
+//
+// A freed block goes back to its bucket and is handed out again without cudaMalloc/cudaFree
+// (both of which synchronize the device). Reuse is safe for work on one compute stream: stream
+// order puts every use of the old tensor before every use of the new one. A tensor used on
+// another stream must keep its storage alive (or be ordered by an event) until that use is done.
+// On a cudaMalloc failure the cache is emptied (cudaFree) and the allocation retried once.
+// Thread safety: allocate/deallocate may be called from any thread.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <unordered_map>
+#include <vector>
+
+#include "framework/core/tensor.h"
+
+namespace hp {
+
+struct CudaAllocatorStats {
+  size_t bytes_in_use = 0;  // handed out, rounded to buckets
+  size_t bytes_cached = 0;  // free blocks held in the cache
+  size_t peak_in_use = 0;
+  int64_t device_mallocs = 0;  // cudaMalloc calls (cache misses)
+  int64_t cache_hits = 0;
+};
+
+class CudaCachingAllocator final : public Allocator {
+ public:
+  explicit CudaCachingAllocator(int device_ordinal) : device_(device_ordinal) {}
+  ~CudaCachingAllocator() override;
+
+  void* allocate(size_t bytes) override;
+  void deallocate(void* p, size_t bytes) override;
+  Device device() const override { return Device::kCUDA; }
+
+  // Returns every cached (free) block to the driver.
+  void release_cached();
+  CudaAllocatorStats stats() const;
+  int device_ordinal() const { return device_; }
+
+  // Bucket size for a request: 512-byte granularity below 1 MiB, then four buckets per power of
+  // two (at most 25% slack).
+  static size_t bucket_size(size_t bytes);
+
+ private:
+  void release_cached_locked();
+
+  int device_;
+  mutable std::mutex mu_;
+  std::map<size_t, std::vector<void*>> free_;  // bucket size -> free blocks
+  std::unordered_map<void*, size_t> live_;     // handed-out block -> bucket size
+  CudaAllocatorStats stats_;
+};
+
+// The process-wide allocator of one device (lives until exit, so tensors may outlive backends).
+CudaCachingAllocator& cuda_device_allocator(int device_ordinal);
+
+}  // namespace hp

@@ -1,0 +1,828 @@
+// The CUDA backend: argument checks and dispatch to the kernels of this directory, cuBLAS for
+// GEMMs, the batch-metadata upload (one pinned staging buffer, one async copy) and the per-layer
+// rebuild baseline.
+#include "framework/backend/cuda/cuda_backend.h"
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "framework/backend/cuda/cuda_allocator.h"
+#include "framework/backend/cuda/cuda_check.h"
+#include "framework/backend/cuda/cuda_kernels.h"
+
+namespace hp {
+
+int cuda_device_count() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError();  // no driver or no device: not an error for the caller
+    return 0;
+  }
+  return n;
+}
+
+namespace {
+
+using cuda::AttnTile;
+
+constexpr uint64_t kBatchExtraMagic = 0x68705f6375646121ull;  // tags extras made by this backend
+
+// Backend-private part of a BatchMeta: the device buffer behind its views and the tile map.
+struct CudaBatchExtra {
+  uint64_t magic = kBatchExtraMagic;
+  int device = -1;
+  Tensor buffer;  // owns the device memory of inputs/targets/positions/cu_seqlens/tiles
+  const AttnTile* tiles = nullptr;
+  int n_tiles = 0;
+};
+
+// ---- argument checks
+// ------------------------------------------------------------------------------
+
+void check_dev(const char* op, const char* name, const Tensor& t) {
+  HP_CHECK(t.defined(), op, ": tensor '", name, "' is undefined");
+  HP_CHECK(t.device() == Device::kCUDA, op, ": tensor '", name, "' must live on the GPU, got ",
+           t.desc());
+}
+
+void check_tensor(const char* op, const char* name, const Tensor& t, DType dtype,
+                  const Shape& shape) {
+  check_dev(op, name, t);
+  HP_CHECK(t.dtype() == dtype && t.shape() == shape, op, ": tensor '", name, "' is ", t.desc(),
+           ", expected ", dtype_name(dtype), shape_str(shape));
+}
+
+bool is_f32_or_bf16(DType t) { return t == DType::kF32 || t == DType::kBF16; }
+
+// A float tensor (f32 or bf16) of the given shape (empty shape: any).
+void check_float(const char* op, const char* name, const Tensor& t, const Shape& shape = {}) {
+  check_dev(op, name, t);
+  HP_CHECK(is_f32_or_bf16(t.dtype()), op, ": tensor '", name, "' is ", t.desc(),
+           ", expected f32 or bf16");
+  if (!shape.empty())
+    HP_CHECK(t.shape() == shape, op, ": tensor '", name, "' is ", t.desc(), ", expected shape ",
+             shape_str(shape));
+}
+
+void check_ndim(const char* op, const char* name, const Tensor& t, int ndim) {
+  check_float(op, name, t);
+  HP_CHECK(t.ndim() == ndim, op, ": tensor '", name, "' is ", t.desc(), ", expected ", ndim, "-d");
+}
+
+void check_same_dtype(const char* op, const Tensor& a, const Tensor& b) {
+  HP_CHECK(a.dtype() == b.dtype(), op, ": tensors ", a.desc(), " and ", b.desc(),
+           " must share a dtype");
+}
+
+void check_i32(const char* op, const char* name, const Tensor& t, int64_t numel) {
+  check_dev(op, name, t);
+  HP_CHECK(t.dtype() == DType::kI32 && t.numel() == numel, op, ": tensor '", name, "' is ",
+           t.desc(), ", expected i32 with ", numel, " elements");
+}
+
+bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
+// ---- pinned staging for batch uploads
+// ---------------------------------------------------------------
+
+// A ring of pinned host buffers. A slot is reused only once the copy that last read it has
+// finished (checked with cudaEventQuery, which never blocks); when none is free a new slot is
+// added, so upload_batch never waits for the device.
+class PinnedStaging {
+ public:
+  ~PinnedStaging() {
+    for (Slot& s : slots_) {
+      if (s.event) cudaEventDestroy(s.event);
+      if (s.ptr) cudaFreeHost(s.ptr);
+    }
+  }
+
+  // A free slot of at least `bytes`; the caller fills it, enqueues its copy, then calls
+  // mark_in_flight(slot, stream).
+  int acquire(size_t bytes) {
+    int candidate = -1;
+    for (size_t i = 0; i < slots_.size(); ++i) {
+      if (!is_free(slots_[i])) continue;
+      if (slots_[i].capacity >= bytes) return static_cast<int>(i);
+      if (candidate < 0) candidate = static_cast<int>(i);
+    }
+    if (candidate < 0) {
+      slots_.push_back(Slot{});
+      candidate = static_cast<int>(slots_.size()) - 1;
+      CUDA_CHECK(cudaEventCreateWithFlags(&slots_[candidate].event, cudaEventDisableTiming));
+    }
+    Slot& s = slots_[candidate];
+    if (s.ptr) CUDA_CHECK(cudaFreeHost(s.ptr));  // rare: a free slot that is too small
+    s.ptr = nullptr;
+    size_t cap = 1 << 16;
+    while (cap < bytes) cap *= 2;
+    CUDA_CHECK(cudaHostAlloc(&s.ptr, cap, cudaHostAllocDefault));
+    s.capacity = cap;
+    return candidate;
+  }
+
+  void* data(int slot) { return slots_[slot].ptr; }
+
+  void mark_in_flight(int slot, cudaStream_t stream) {
+    CUDA_CHECK(cudaEventRecord(slots_[slot].event, stream));
+    slots_[slot].used = true;
+  }
+
+ private:
+  struct Slot {
+    void* ptr = nullptr;
+    size_t capacity = 0;
+    cudaEvent_t event = nullptr;
+    bool used = false;
+  };
+
+  static bool is_free(const Slot& s) {
+    if (!s.used) return true;
+    const cudaError_t st = cudaEventQuery(s.event);
+    if (st == cudaSuccess) return true;
+    if (st == cudaErrorNotReady) {
+      cudaGetLastError();  // "not ready" is a state, not an error
+      return false;
+    }
+    CUDA_CHECK(st);
+    return false;
+  }
+
+  std::vector<Slot> slots_;
+};
+
+// ---- the backend
+// ------------------------------------------------------------------------------------
+
+class CudaBackend final : public Backend {
+ public:
+  explicit CudaBackend(int device) : device_(device), alloc_(&cuda_device_allocator(device)) {
+    const int count = cuda_device_count();
+    if (device < 0 || device >= count)
+      HP_USER_ERROR(ErrorKind::kConfig, "CUDA device ", device, " requested but ", count,
+                    " device(s) are visible");
+    CUDA_CHECK(cudaSetDevice(device));
+    CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    CUBLAS_CHECK(cublasCreate(&cublas_));
+    CUBLAS_CHECK(cublasSetStream(cublas_, stream_));
+    // An explicit workspace keeps cuBLAS from allocating on its own and its results reproducible.
+    cublas_workspace_ = Tensor::empty(*alloc_, {kCublasWorkspaceBytes / 4}, DType::kI32);
+    CUBLAS_CHECK(cublasSetWorkspace(cublas_, cublas_workspace_.raw(), cublas_workspace_.nbytes()));
+    CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&info_host_), 4 * sizeof(int32_t),
+                             cudaHostAllocDefault));
+  }
+
+  ~CudaBackend() override {
+    // Destructors must not throw: errors are ignored, the device is left as it is.
+    cudaStreamSynchronize(stream_);
+    cublasDestroy(cublas_);
+    cudaStreamDestroy(stream_);
+    cudaFreeHost(info_host_);
+  }
+
+  Device device() const override { return Device::kCUDA; }
+  std::string name() const override { return str_cat("cuda:", device_); }
+  DType act_dtype() const override { return DType::kBF16; }
+  DType master_dtype() const override { return DType::kF32; }
+  Allocator& allocator() override { return *alloc_; }
+
+  cudaStream_t stream() const { return stream_; }
+  int device_ordinal() const { return device_; }
+
+  // ---- memory
+  // -------------------------------------------------------------------------------------
+
+  void fill(Tensor& t, double value) override {
+    check_dev("fill", "t", t);
+    cuda::launch_fill(t.raw(), t.dtype(), t.numel(), value, stream_);
+  }
+
+  void copy(const Tensor& src, Tensor& dst) override {
+    HP_CHECK(src.defined() && dst.defined(), "copy: undefined tensor");
+    HP_CHECK(src.dtype() == dst.dtype() && src.numel() == dst.numel(), "copy: src ", src.desc(),
+             " and dst ", dst.desc(), " must have the same dtype and numel");
+    if (src.nbytes() == 0 || src.raw() == dst.raw()) return;
+    // Unified addressing tells host from device; pageable host memory is staged by the driver.
+    CUDA_CHECK(cudaMemcpyAsync(dst.raw(), src.raw(), src.nbytes(), cudaMemcpyDefault, stream_));
+  }
+
+  void convert(const Tensor& src, Tensor& dst) override {
+    check_float("convert", "src", src);
+    check_float("convert", "dst", dst);
+    HP_CHECK(src.numel() == dst.numel(), "convert: src ", src.desc(), " and dst ", dst.desc(),
+             " differ in numel");
+    if (src.raw() == dst.raw() && src.dtype() == dst.dtype()) return;
+    cuda::launch_convert(src.raw(), src.dtype(), dst.raw(), dst.dtype(), src.numel(), stream_);
+  }
+
+  void read_to_host(const Tensor& src, Tensor& host_dst, SyncCause cause) override {
+    HP_CHECK(host_dst.defined() && host_dst.device() == Device::kCPU, "read_to_host: destination ",
+             host_dst.desc(), " must be a host tensor");
+    copy(src, host_dst);
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+    syncs_.add(cause);
+  }
+
+  void synchronize(SyncCause cause) override {
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+    syncs_.add(cause);
+  }
+
+  // ---- packed batch metadata
+  // ------------------------------------------------------------------------
+
+  // One pinned staging buffer holds inputs | targets | positions | cu_seqlens | tile map; one
+  // async copy moves it to one device buffer, which the BatchMeta's tensors view. No sync.
+  BatchMeta upload_batch(const PackedBatch& batch) override {
+    const int64_t n = static_cast<int64_t>(batch.inputs.size());
+    HP_CHECK(static_cast<int64_t>(batch.targets.size()) == n &&
+                 static_cast<int64_t>(batch.positions.size()) == n,
+             "upload_batch: inputs, targets and positions have ", n, ", ", batch.targets.size(),
+             " and ", batch.positions.size(), " entries; they must match");
+    HP_CHECK(
+        !batch.cu_seqlens.empty() && batch.cu_seqlens.front() == 0 && batch.cu_seqlens.back() == n,
+        "upload_batch: cu_seqlens must run from 0 to the token count ", n);
+    HP_CHECK(n < std::numeric_limits<int32_t>::max(), "upload_batch: ", n, " tokens is too many");
+    const int64_t n_seqs = batch.num_seqs();
+    std::vector<AttnTile> tiles;
+    tiles.reserve(static_cast<size_t>(n / cuda::kAttnTile + n_seqs + 1));
+    for (int64_t s = 0; s < n_seqs; ++s) {
+      const int32_t b = batch.cu_seqlens[s], e = batch.cu_seqlens[s + 1];
+      HP_CHECK(b <= e, "upload_batch: cu_seqlens decreases at sequence ", s);
+      for (int32_t t = b; t < e; t += cuda::kAttnTile)
+        tiles.push_back(AttnTile{t, std::min(t + cuda::kAttnTile, e), b, e});
+    }
+
+    // Layout in 32-bit words; the tile map starts 16-byte aligned.
+    const int64_t off_targets = n, off_positions = 2 * n, off_cu = 3 * n;
+    const int64_t off_tiles = (off_cu + n_seqs + 1 + 3) / 4 * 4;
+    const int64_t words = off_tiles + 4 * static_cast<int64_t>(tiles.size());
+
+    auto extra = std::make_shared<CudaBatchExtra>();
+    extra->device = device_;
+    extra->buffer = Tensor::empty(*alloc_, {std::max<int64_t>(words, 1)}, DType::kI32);
+    const int slot = staging_.acquire(static_cast<size_t>(words) * 4);
+    int32_t* host = static_cast<int32_t*>(staging_.data(slot));
+    std::memcpy(host, batch.inputs.data(), n * 4);
+    std::memcpy(host + off_targets, batch.targets.data(), n * 4);
+    std::memcpy(host + off_positions, batch.positions.data(), n * 4);
+    std::memcpy(host + off_cu, batch.cu_seqlens.data(), (n_seqs + 1) * 4);
+    std::memcpy(host + off_tiles, tiles.data(), tiles.size() * sizeof(AttnTile));
+    CUDA_CHECK(cudaMemcpyAsync(extra->buffer.raw(), host, static_cast<size_t>(words) * 4,
+                               cudaMemcpyHostToDevice, stream_));
+    staging_.mark_in_flight(slot, stream_);
+
+    const std::shared_ptr<Storage>& st = extra->buffer.storage();
+    BatchMeta meta;
+    meta.host = &batch;
+    meta.inputs = Tensor(st, 0, {n}, DType::kI32);
+    meta.targets = Tensor(st, off_targets, {n}, DType::kI32);
+    meta.positions = Tensor(st, off_positions, {n}, DType::kI32);
+    meta.cu_seqlens = Tensor(st, off_cu, {n_seqs + 1}, DType::kI32);
+    meta.n_seqs = n_seqs;
+    meta.max_seqlen = batch.max_seqlen;
+    extra->tiles = reinterpret_cast<const AttnTile*>(extra->buffer.data<int32_t>() + off_tiles);
+    extra->n_tiles = static_cast<int>(tiles.size());
+    meta.backend_extra = extra;
+    return meta;
+  }
+
+  // The per-layer baseline: cu_seqlens, max_seqlen and the tile map derived from positions on the
+  // device, max_seqlen (with the sequence and tile counts) read back by one blocking copy.
+  void rebuild_metadata(BatchMeta& meta) override {
+    check_dev("rebuild_metadata", "positions", meta.positions);
+    HP_CHECK(meta.positions.dtype() == DType::kI32 && meta.positions.ndim() == 1,
+             "rebuild_metadata: positions ", meta.positions.desc(), " must be i32[N]");
+    const int64_t n = meta.positions.numel();
+    const int64_t off_tiles = (n + 1 + 3) / 4 * 4;
+    const int64_t off_info = off_tiles + 4 * n;
+    auto extra = std::make_shared<CudaBatchExtra>();
+    extra->device = device_;
+    extra->buffer = Tensor::empty(*alloc_, {off_info + 4}, DType::kI32);
+    int32_t* base = extra->buffer.data<int32_t>();
+    AttnTile* tiles = reinterpret_cast<AttnTile*>(base + off_tiles);
+    cuda::launch_rebuild_metadata(meta.positions.data<int32_t>(), n, base, tiles, base + off_info,
+                                  *alloc_, stream_);
+    CUDA_CHECK(cudaMemcpyAsync(info_host_, base + off_info, 3 * sizeof(int32_t),
+                               cudaMemcpyDeviceToHost, stream_));
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+    syncs_.add(SyncCause::kMetadata);
+    const int64_t n_seqs = info_host_[0];
+    meta.cu_seqlens = Tensor(extra->buffer.storage(), 0, {n_seqs + 1}, DType::kI32);
+    meta.n_seqs = n_seqs;
+    meta.max_seqlen = info_host_[1];
+    extra->tiles = tiles;
+    extra->n_tiles = info_host_[2];
+    meta.backend_extra = extra;
+  }
+
+  // ---- dense math
+  // -----------------------------------------------------------------------------------
+
+  // Row-major C[m,n] = op(A) op(B) is column-major C^T[n,m] = op(B)^T op(A)^T: cuBLAS gets B
+  // first, and a row-major matrix is its own transpose read column-major, so each operand keeps
+  // its transpose flag.
+  void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c, double alpha,
+            double beta) override {
+    const char* op = "gemm";
+    check_ndim(op, "a", a, 2);
+    check_ndim(op, "b", b, 2);
+    check_ndim(op, "c", c, 2);
+    check_same_dtype(op, a, b);
+    HP_CHECK(a.dtype() == DType::kBF16 || c.dtype() == DType::kF32, op,
+             ": f32 operands need an f32 c, got ", c.desc());
+    const int64_t m = trans_a ? a.dim(1) : a.dim(0);
+    const int64_t k = trans_a ? a.dim(0) : a.dim(1);
+    const int64_t kb = trans_b ? b.dim(1) : b.dim(0);
+    const int64_t n = trans_b ? b.dim(0) : b.dim(1);
+    HP_CHECK(k == kb && c.dim(0) == m && c.dim(1) == n, "gemm: op(a) of ", a.desc(),
+             (trans_a ? " (transposed)" : ""), " times op(b) of ", b.desc(),
+             (trans_b ? " (transposed)" : ""), " does not fit c ", c.desc());
+    constexpr int64_t kMaxInt = std::numeric_limits<int>::max();
+    HP_CHECK(m <= kMaxInt && n <= kMaxInt && k <= kMaxInt, "gemm: dimensions exceed int range");
+    if (m == 0 || n == 0) return;
+    if (k == 0) {  // op(a) op(b) is all zeros: c = beta c
+      if (beta == 0) {
+        fill(c, 0.0);
+      } else {
+        cuda::launch_axpy(beta - 1.0, c.raw(), c.dtype(), c.raw(), c.dtype(), c.numel(), stream_);
+      }
+      return;
+    }
+    const float alpha_f = static_cast<float>(alpha), beta_f = static_cast<float>(beta);
+    const cudaDataType ab_type = a.dtype() == DType::kBF16 ? CUDA_R_16BF : CUDA_R_32F;
+    const cudaDataType c_type = c.dtype() == DType::kBF16 ? CUDA_R_16BF : CUDA_R_32F;
+    CUBLAS_CHECK(cublasGemmEx(
+        cublas_, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, trans_a ? CUBLAS_OP_T : CUBLAS_OP_N,
+        static_cast<int>(n), static_cast<int>(m), static_cast<int>(k), &alpha_f, b.raw(), ab_type,
+        static_cast<int>(b.dim(1)), a.raw(), ab_type, static_cast<int>(a.dim(1)), &beta_f, c.raw(),
+        c_type, static_cast<int>(n), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  }
+
+  void add_bias(Tensor& y, const Tensor& bias) override {
+    check_ndim("add_bias", "y", y, 2);
+    check_float("add_bias", "bias", bias, {y.dim(1)});
+    cuda::launch_add_bias(y.raw(), y.dtype(), bias.raw(), bias.dtype(), y.dim(0), y.dim(1),
+                          stream_);
+  }
+
+  void bias_grad(const Tensor& dy, Tensor& db) override {
+    check_ndim("bias_grad", "dy", dy, 2);
+    check_tensor("bias_grad", "db", db, DType::kF32, {dy.dim(1)});
+    cuda::launch_bias_grad(dy.raw(), dy.dtype(), dy.dim(0), dy.dim(1), db.data<float>(), *alloc_,
+                           stream_);
+  }
+
+  void add(const Tensor& a, const Tensor& b, Tensor& out) override {
+    check_float("add", "a", a);
+    check_float("add", "b", b);
+    check_float("add", "out", out);
+    HP_CHECK(a.dtype() == b.dtype() && a.dtype() == out.dtype() && a.numel() == b.numel() &&
+                 a.numel() == out.numel(),
+             "add: a ", a.desc(), ", b ", b.desc(), " and out ", out.desc(),
+             " must have one dtype and one numel");
+    cuda::launch_add(a.raw(), b.raw(), out.raw(), a.dtype(), a.numel(), stream_);
+  }
+
+  void axpy(double alpha, const Tensor& x, Tensor& y) override {
+    check_float("axpy", "x", x);
+    check_float("axpy", "y", y);
+    HP_CHECK(x.numel() == y.numel(), "axpy: x ", x.desc(), " and y ", y.desc(), " differ in numel");
+    cuda::launch_axpy(alpha, x.raw(), x.dtype(), y.raw(), y.dtype(), x.numel(), stream_);
+  }
+
+  // ---- normalization and position
+  // -----------------------------------------------------------------
+
+  void rmsnorm_fwd(const Tensor& x, const Tensor& w, double eps, Tensor& y, Tensor& rstd) override {
+    const char* op = "rmsnorm_fwd";
+    check_ndim(op, "x", x, 2);
+    const int64_t m = x.dim(0), d = x.dim(1);
+    HP_CHECK(d > 0 && eps >= 0, op, ": needs a positive width and eps >= 0, got x ", x.desc());
+    check_float(op, "w", w, {d});
+    check_tensor(op, "y", y, x.dtype(), {m, d});
+    check_tensor(op, "rstd", rstd, DType::kF32, {m});
+    cuda::launch_rmsnorm_fwd(x.raw(), x.dtype(), w.raw(), w.dtype(), static_cast<float>(eps),
+                             y.raw(), rstd.data<float>(), m, d, stream_);
+  }
+
+  void rmsnorm_bwd(const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dy,
+                   Tensor& dx, Tensor& dw) override {
+    const char* op = "rmsnorm_bwd";
+    check_ndim(op, "x", x, 2);
+    const int64_t m = x.dim(0), d = x.dim(1);
+    check_float(op, "w", w, {d});
+    check_tensor(op, "rstd", rstd, DType::kF32, {m});
+    check_tensor(op, "dy", dy, x.dtype(), {m, d});
+    check_tensor(op, "dx", dx, x.dtype(), {m, d});
+    check_tensor(op, "dw", dw, DType::kF32, {d});
+    cuda::launch_rmsnorm_bwd(x.raw(), x.dtype(), w.raw(), w.dtype(), rstd.data<float>(), dy.raw(),
+                             dx.raw(), dw.data<float>(), m, d, *alloc_, stream_);
+  }
+
+  void rope(Tensor& x, int n_rot_heads, const Tensor& positions, const RopeTable& table,
+            bool inverse) override {
+    const char* op = "rope";
+    check_ndim(op, "x", x, 3);
+    const int64_t n = x.dim(0), h = x.dim(1), d = x.dim(2);
+    HP_CHECK(d % 2 == 0 && n_rot_heads >= 0 && n_rot_heads <= h, op,
+             ": needs an even head_dim and 0 <= n_rot_heads <= heads, got x ", x.desc(),
+             ", n_rot_heads ", n_rot_heads);
+    check_i32(op, "positions", positions, n);
+    check_dev(op, "table.cos", table.cos);
+    HP_CHECK(table.cos.ndim() == 2, op, ": table.cos ", table.cos.desc(), " must be 2-d");
+    const int64_t n_pos = table.cos.dim(0);
+    check_tensor(op, "table.cos", table.cos, DType::kF32, {n_pos, d / 2});
+    check_tensor(op, "table.sin", table.sin, DType::kF32, {n_pos, d / 2});
+    cuda::launch_rope(x.raw(), x.dtype(), n, static_cast<int>(h), n_rot_heads, static_cast<int>(d),
+                      positions.data<int32_t>(), table.cos.data<float>(), table.sin.data<float>(),
+                      n_pos, inverse, stream_);
+  }
+
+  void qk_norm_fwd(const Tensor& qkv, const Tensor& qw, const Tensor& kw, int64_t n_heads,
+                   int64_t n_kv_heads, double eps, Tensor& out, Tensor& rstd) override {
+    const char* op = "qk_norm_fwd";
+    check_qk_norm(op, qkv, qw, kw, n_heads, n_kv_heads);
+    const int64_t n = qkv.dim(0);
+    check_tensor(op, "out", out, qkv.dtype(), qkv.shape());
+    check_tensor(op, "rstd", rstd, DType::kF32, {n, n_heads + n_kv_heads});
+    cuda::launch_qk_norm_fwd(qkv.raw(), qkv.dtype(), qw.raw(), kw.raw(), qw.dtype(), n,
+                             static_cast<int>(qkv.dim(1)), static_cast<int>(n_heads),
+                             static_cast<int>(n_kv_heads), static_cast<int>(qkv.dim(2)),
+                             static_cast<float>(eps), out.raw(), rstd.data<float>(), stream_);
+  }
+
+  void qk_norm_bwd(const Tensor& qkv, const Tensor& qw, const Tensor& kw, int64_t n_heads,
+                   int64_t n_kv_heads, const Tensor& rstd, const Tensor& dout, Tensor& din,
+                   Tensor& dqw, Tensor& dkw) override {
+    const char* op = "qk_norm_bwd";
+    check_qk_norm(op, qkv, qw, kw, n_heads, n_kv_heads);
+    const int64_t n = qkv.dim(0), d = qkv.dim(2);
+    check_tensor(op, "rstd", rstd, DType::kF32, {n, n_heads + n_kv_heads});
+    check_tensor(op, "dout", dout, qkv.dtype(), qkv.shape());
+    check_tensor(op, "din", din, qkv.dtype(), qkv.shape());
+    check_tensor(op, "dqw", dqw, DType::kF32, {d});
+    check_tensor(op, "dkw", dkw, DType::kF32, {d});
+    cuda::launch_qk_norm_bwd(qkv.raw(), qkv.dtype(), qw.raw(), kw.raw(), qw.dtype(), n,
+                             static_cast<int>(qkv.dim(1)), static_cast<int>(n_heads),
+                             static_cast<int>(n_kv_heads), static_cast<int>(d), rstd.data<float>(),
+                             dout.raw(), din.raw(), dqw.data<float>(), dkw.data<float>(), *alloc_,
+                             stream_);
+  }
+
+  // ---- attention
+  // ------------------------------------------------------------------------------------
+
+  void attention_fwd(const Tensor& qkv, const Tensor& sinks, const BatchMeta& meta,
+                     const AttentionShape& shape, Tensor& out, Tensor& lse) override {
+    const char* op = "attention_fwd";
+    cuda::AttnArgs args = attention_args(op, qkv, sinks, meta, shape);
+    check_tensor(op, "out", out, DType::kBF16, {args.n_tokens, args.hq, args.head_dim});
+    check_tensor(op, "lse", lse, DType::kF32, {args.n_tokens, args.hq});
+    if (tensor_core_ok(args, {out.raw()})) {
+      cuda::launch_attention_fwd(args, out.raw(), lse.data<float>(), stream_);
+    } else if (args.n_tiles > 0) {
+      cuda::launch_attention_simple_fwd(args, out.raw(), lse.data<float>(), stream_);
+    }
+  }
+
+  void attention_bwd(const Tensor& qkv, const Tensor& sinks, const BatchMeta& meta,
+                     const AttentionShape& shape, const Tensor& out, const Tensor& lse,
+                     const Tensor& dout, Tensor& dqkv, Tensor& dsinks) override {
+    const char* op = "attention_bwd";
+    cuda::AttnArgs args = attention_args(op, qkv, sinks, meta, shape);
+    const int64_t n = args.n_tokens;
+    check_tensor(op, "out", out, DType::kBF16, {n, args.hq, args.head_dim});
+    check_tensor(op, "lse", lse, DType::kF32, {n, args.hq});
+    check_tensor(op, "dout", dout, DType::kBF16, {n, args.hq, args.head_dim});
+    check_tensor(op, "dqkv", dqkv, DType::kBF16, qkv.shape());
+    HP_CHECK(dqkv.raw() != qkv.raw(), op, ": dqkv must not alias qkv");
+    float* dsinks_p = nullptr;
+    if (sinks.defined()) {
+      check_tensor(op, "dsinks", dsinks, DType::kF32, {args.hq});
+      dsinks_p = dsinks.data<float>();
+    }
+    if (!tensor_core_ok(args, {out.raw(), dout.raw(), dqkv.raw()})) args.force_simple = true;
+    cuda::launch_attention_bwd(args, out.raw(), lse.data<float>(), dout.raw(), dqkv.raw(), dsinks_p,
+                               *alloc_, stream_);
+  }
+
+  // ---- feed-forward activations -----------------------------------------------------------------
+
+  void glu_fwd(const Tensor& h, const GluParams& p, Tensor& a) override {
+    const char* op = "glu_fwd";
+    check_ndim(op, "h", h, 2);
+    HP_CHECK(h.dim(1) % 2 == 0, op, ": h ", h.desc(), " needs an even width [g | u]");
+    const int64_t m = h.dim(0), f = h.dim(1) / 2;
+    check_tensor(op, "a", a, h.dtype(), {m, f});
+    cuda::launch_glu_fwd(h.raw(), a.raw(), h.dtype(), m, f, p.kind == GluKind::kGptOss ? 1 : 0,
+                         static_cast<float>(p.alpha), static_cast<float>(p.limit), stream_);
+  }
+
+  void glu_bwd(const Tensor& h, const Tensor& da, const GluParams& p, Tensor& dh) override {
+    const char* op = "glu_bwd";
+    check_ndim(op, "h", h, 2);
+    HP_CHECK(h.dim(1) % 2 == 0, op, ": h ", h.desc(), " needs an even width [g | u]");
+    const int64_t m = h.dim(0), f = h.dim(1) / 2;
+    check_tensor(op, "da", da, h.dtype(), {m, f});
+    check_tensor(op, "dh", dh, h.dtype(), h.shape());
+    cuda::launch_glu_bwd(h.raw(), da.raw(), dh.raw(), h.dtype(), m, f,
+                         p.kind == GluKind::kGptOss ? 1 : 0, static_cast<float>(p.alpha),
+                         static_cast<float>(p.limit), stream_);
+  }
+
+  // ---- mixture-of-experts routing
+  // -----------------------------------------------------------------
+
+  void router_topk(const Tensor& logits, int k, Tensor& idx, Tensor& w) override {
+    const char* op = "router_topk";
+    check_ndim(op, "logits", logits, 2);
+    const int64_t n = logits.dim(0), e = logits.dim(1);
+    HP_CHECK(k >= 1 && k <= e && k <= 32 && e <= 256, op, ": k = ", k, ", E = ", e,
+             " (need 1 <= k <= min(E, 32), E <= 256)");
+    check_tensor(op, "idx", idx, DType::kI32, {n, k});
+    check_float(op, "w", w, {n, k});
+    cuda::launch_router_topk(logits.raw(), logits.dtype(), n, static_cast<int>(e), k,
+                             idx.data<int32_t>(), w.raw(), w.dtype(), stream_);
+  }
+
+  void router_topk_bwd(const Tensor& idx, const Tensor& w, const Tensor& dw,
+                       Tensor& dlogits) override {
+    const char* op = "router_topk_bwd";
+    check_dev(op, "idx", idx);
+    HP_CHECK(idx.dtype() == DType::kI32 && idx.ndim() == 2, op, ": idx ", idx.desc(),
+             " must be i32[N,k]");
+    const int64_t n = idx.dim(0), k = idx.dim(1);
+    check_float(op, "w", w, {n, k});
+    check_tensor(op, "dw", dw, w.dtype(), {n, k});
+    check_ndim(op, "dlogits", dlogits, 2);
+    HP_CHECK(dlogits.dim(0) == n, op, ": dlogits ", dlogits.desc(), " must have ", n, " rows");
+    cuda::launch_router_topk_bwd(idx.data<int32_t>(), w.raw(), dw.raw(), w.dtype(), n,
+                                 static_cast<int>(dlogits.dim(1)), static_cast<int>(k),
+                                 dlogits.raw(), dlogits.dtype(), stream_);
+  }
+
+  void router_aux_loss(const Tensor& logits, const Tensor& counts, int k, double coef, Tensor& loss,
+                       Tensor& dlogits) override {
+    const char* op = "router_aux_loss";
+    check_ndim(op, "logits", logits, 2);
+    const int64_t n = logits.dim(0), e = logits.dim(1);
+    HP_CHECK(k >= 1, op, ": k = ", k, " must be positive");
+    check_i32(op, "counts", counts, e);
+    check_tensor(op, "loss", loss, DType::kF32, {1});
+    check_tensor(op, "dlogits", dlogits, logits.dtype(), {n, e});
+    cuda::launch_router_aux_loss(logits.raw(), logits.dtype(), counts.data<int32_t>(), n,
+                                 static_cast<int>(e), k, static_cast<float>(coef),
+                                 loss.data<float>(), dlogits.raw(), *alloc_, stream_);
+  }
+
+  void histogram(const Tensor& ids, int n_bins, Tensor& counts) override {
+    const char* op = "histogram";
+    check_i32(op, "ids", ids, ids.numel());
+    HP_CHECK(n_bins >= 1, op, ": n_bins = ", n_bins, " must be positive");
+    check_i32(op, "counts", counts, n_bins);
+    cuda::launch_histogram(ids.data<int32_t>(), ids.numel(), n_bins, counts.data<int32_t>(),
+                           stream_);
+  }
+
+  void exclusive_scan(const Tensor& counts, Tensor& offsets) override {
+    const char* op = "exclusive_scan";
+    check_i32(op, "counts", counts, counts.numel());
+    check_i32(op, "offsets", offsets, counts.numel() + 1);
+    cuda::launch_exclusive_scan(counts.data<int32_t>(), counts.numel(), offsets.data<int32_t>(),
+                                *alloc_, stream_);
+  }
+
+  void sort_by_id(const Tensor& ids, const Tensor& offsets, Tensor& sorted_to_assign,
+                  Tensor& assign_to_sorted) override {
+    const char* op = "sort_by_id";
+    const int64_t m = ids.numel();
+    check_i32(op, "ids", ids, m);
+    check_i32(op, "offsets", offsets, offsets.numel());
+    HP_CHECK(offsets.numel() >= 2, op, ": offsets ", offsets.desc(), " needs n_bins + 1 entries");
+    check_i32(op, "sorted_to_assign", sorted_to_assign, m);
+    check_i32(op, "assign_to_sorted", assign_to_sorted, m);
+    cuda::launch_sort_by_id(ids.data<int32_t>(), m, static_cast<int>(offsets.numel() - 1),
+                            sorted_to_assign.data<int32_t>(), assign_to_sorted.data<int32_t>(),
+                            *alloc_, stream_);
+  }
+
+  void permute_rows(const Tensor& x, const Tensor& sorted_to_assign, int k, Tensor& out) override {
+    const char* op = "permute_rows";
+    check_ndim(op, "x", x, 2);
+    const int64_t m = sorted_to_assign.numel(), d = x.dim(1);
+    HP_CHECK(k >= 1, op, ": k = ", k, " must be positive");
+    check_i32(op, "sorted_to_assign", sorted_to_assign, m);
+    check_tensor(op, "out", out, x.dtype(), {m, d});
+    cuda::launch_permute_rows(x.raw(), x.dtype(), d, sorted_to_assign.data<int32_t>(), m, k,
+                              out.raw(), stream_);
+  }
+
+  void permute_rows_bwd(const Tensor& dout, const Tensor& sorted_to_assign, int k,
+                        Tensor& dx) override {
+    const char* op = "permute_rows_bwd";
+    check_ndim(op, "dx", dx, 2);
+    const int64_t n = dx.dim(0), d = dx.dim(1), m = sorted_to_assign.numel();
+    HP_CHECK(k >= 1, op, ": k = ", k, " must be positive");
+    check_i32(op, "sorted_to_assign", sorted_to_assign, m);
+    check_tensor(op, "dout", dout, dx.dtype(), {m, d});
+    cuda::launch_permute_rows_bwd(dout.raw(), dout.dtype(), d, sorted_to_assign.data<int32_t>(), m,
+                                  k, n, dx.raw(), *alloc_, stream_);
+  }
+
+  void unpermute_combine(const Tensor& y, const Tensor& assign_to_sorted, const Tensor& w,
+                         Tensor& out) override {
+    const char* op = "unpermute_combine";
+    check_ndim(op, "y", y, 2);
+    check_ndim(op, "w", w, 2);
+    const int64_t m = y.dim(0), d = y.dim(1), n = w.dim(0), k = w.dim(1);
+    check_i32(op, "assign_to_sorted", assign_to_sorted, n * k);
+    check_tensor(op, "out", out, y.dtype(), {n, d});
+    cuda::launch_unpermute_combine(y.raw(), y.dtype(), d, assign_to_sorted.data<int32_t>(), m,
+                                   w.raw(), w.dtype(), n, static_cast<int>(k), out.raw(), stream_);
+  }
+
+  void unpermute_combine_bwd(const Tensor& dout, const Tensor& y, const Tensor& assign_to_sorted,
+                             const Tensor& w, Tensor& dy, Tensor& dw) override {
+    const char* op = "unpermute_combine_bwd";
+    check_ndim(op, "y", y, 2);
+    check_ndim(op, "w", w, 2);
+    const int64_t m = y.dim(0), d = y.dim(1), n = w.dim(0), k = w.dim(1);
+    check_i32(op, "assign_to_sorted", assign_to_sorted, n * k);
+    check_tensor(op, "dout", dout, y.dtype(), {n, d});
+    check_tensor(op, "dy", dy, y.dtype(), {m, d});
+    check_tensor(op, "dw", dw, w.dtype(), {n, k});
+    fill(dy, 0.0);  // rows of y no assignment reads get a zero gradient
+    cuda::launch_unpermute_combine_bwd(dout.raw(), y.raw(), y.dtype(), d,
+                                       assign_to_sorted.data<int32_t>(), m, w.raw(), w.dtype(), n,
+                                       static_cast<int>(k), dy.raw(), dw.raw(), stream_);
+  }
+
+  // ---- embedding and loss
+  // -------------------------------------------------------------------------
+
+  void embedding_fwd(const Tensor& table, const Tensor& ids, Tensor& out) override {
+    const char* op = "embedding_fwd";
+    check_ndim(op, "table", table, 2);
+    const int64_t v = table.dim(0), d = table.dim(1), n = ids.numel();
+    check_i32(op, "ids", ids, n);
+    check_float(op, "out", out, {n, d});
+    cuda::launch_embedding_fwd(table.raw(), table.dtype(), v, ids.data<int32_t>(), n, d, out.raw(),
+                               out.dtype(), stream_);
+  }
+
+  void embedding_bwd(const Tensor& dout, const Tensor& ids, Tensor& dtable) override {
+    const char* op = "embedding_bwd";
+    check_dev(op, "dtable", dtable);
+    HP_CHECK(dtable.dtype() == DType::kF32 && dtable.ndim() == 2, op, ": dtable ", dtable.desc(),
+             " must be f32[V,D]");
+    const int64_t v = dtable.dim(0), d = dtable.dim(1), n = ids.numel();
+    check_i32(op, "ids", ids, n);
+    check_float(op, "dout", dout, {n, d});
+    cuda::launch_embedding_bwd(dout.raw(), dout.dtype(), ids.data<int32_t>(), n, d, v,
+                               dtable.data<float>(), *alloc_, stream_);
+  }
+
+  void cross_entropy(Tensor& logits, const Tensor& targets, double grad_scale,
+                     Tensor& loss) override {
+    const char* op = "cross_entropy";
+    check_ndim(op, "logits", logits, 2);
+    const int64_t n = logits.dim(0), v = logits.dim(1);
+    check_i32(op, "targets", targets, n);
+    check_tensor(op, "loss", loss, DType::kF32, {1});
+    HP_CHECK(n <= std::numeric_limits<int32_t>::max(), op, ": too many rows");
+    cuda::launch_cross_entropy(logits.raw(), logits.dtype(), targets.data<int32_t>(), n, v,
+                               static_cast<float>(grad_scale), loss.data<float>(), *alloc_,
+                               stream_);
+  }
+
+  // ---- optimizer
+  // ----------------------------------------------------------------------------------
+
+  void sum_squares(const Tensor& x, Tensor& acc) override {
+    check_float("sum_squares", "x", x);
+    check_tensor("sum_squares", "acc", acc, DType::kF32, {1});
+    cuda::launch_sum_squares(x.raw(), x.dtype(), x.numel(), acc.data<float>(), *alloc_, stream_);
+  }
+
+  void adamw(Tensor& master, const Tensor& grad, Tensor& m, Tensor& v, const AdamWParams& p,
+             Tensor& working) override {
+    const char* op = "adamw";
+    const int64_t n = master.numel();
+    check_tensor(op, "master", master, DType::kF32, master.shape());
+    check_dev(op, "grad", grad);
+    check_dev(op, "m", m);
+    check_dev(op, "v", v);
+    HP_CHECK(grad.dtype() == DType::kF32 && m.dtype() == DType::kF32 && v.dtype() == DType::kF32 &&
+                 grad.numel() == n && m.numel() == n && v.numel() == n,
+             op, ": grad ", grad.desc(), ", m ", m.desc(), " and v ", v.desc(),
+             " must be f32 with the numel of master ", master.desc());
+    HP_CHECK(p.step >= 1, op, ": step ", p.step, " must be >= 1");
+    void* work = nullptr;
+    if (working.defined() && !(working.raw() == master.raw() && working.dtype() == DType::kF32)) {
+      check_float(op, "working", working);
+      HP_CHECK(working.numel() == n, op, ": working ", working.desc(), " must have ", n,
+               " elements");
+      work = working.raw();
+    }
+    cuda::AdamWScalars s;
+    s.lr = static_cast<float>(p.lr);
+    s.beta1 = static_cast<float>(p.beta1);
+    s.beta2 = static_cast<float>(p.beta2);
+    s.eps = static_cast<float>(p.eps);
+    s.weight_decay = static_cast<float>(p.weight_decay);
+    s.grad_scale = static_cast<float>(p.grad_scale);
+    s.bias_correction1 = static_cast<float>(1.0 - std::pow(p.beta1, static_cast<double>(p.step)));
+    s.bias_correction2 = static_cast<float>(1.0 - std::pow(p.beta2, static_cast<double>(p.step)));
+    cuda::launch_adamw(master.data<float>(), grad.data<float>(), m.data<float>(), v.data<float>(),
+                       n, s, work, work ? working.dtype() : DType::kF32, stream_);
+  }
+
+ private:
+  static constexpr int64_t kCublasWorkspaceBytes = 32ll << 20;
+
+  void check_qk_norm(const char* op, const Tensor& qkv, const Tensor& qw, const Tensor& kw,
+                     int64_t n_heads, int64_t n_kv_heads) const {
+    check_ndim(op, "qkv", qkv, 3);
+    HP_CHECK(n_heads >= 0 && n_kv_heads >= 0 && qkv.dim(1) >= n_heads + n_kv_heads, op, ": qkv ",
+             qkv.desc(), " does not hold n_heads + n_kv_heads = ", n_heads, " + ", n_kv_heads,
+             " heads");
+    check_float(op, "qw", qw, {qkv.dim(2)});
+    check_tensor(op, "kw", kw, qw.dtype(), {qkv.dim(2)});
+  }
+
+  cuda::AttnArgs attention_args(const char* op, const Tensor& qkv, const Tensor& sinks,
+                                const BatchMeta& meta, const AttentionShape& shape) const {
+    HP_CHECK(shape.n_heads > 0 && shape.n_kv_heads > 0 && shape.n_heads % shape.n_kv_heads == 0 &&
+                 shape.head_dim > 0 && shape.head_dim <= 256 && shape.window >= 0 &&
+                 std::isfinite(shape.scale),
+             op, ": bad shape n_heads=", shape.n_heads, " n_kv_heads=", shape.n_kv_heads,
+             " head_dim=", shape.head_dim, " (<= 256) window=", shape.window,
+             " scale=", shape.scale);
+    check_dev(op, "qkv", qkv);
+    HP_CHECK(qkv.dtype() == DType::kBF16 && qkv.ndim() == 3 &&
+                 qkv.dim(1) == shape.n_heads + 2 * shape.n_kv_heads && qkv.dim(2) == shape.head_dim,
+             op, ": qkv ", qkv.desc(), " must be bf16[N, ", shape.n_heads, " + 2*",
+             shape.n_kv_heads, ", ", shape.head_dim, "]");
+    const auto* extra = static_cast<const CudaBatchExtra*>(meta.backend_extra.get());
+    HP_CHECK(extra != nullptr && extra->magic == kBatchExtraMagic && extra->device == device_, op,
+             ": the BatchMeta was not made by this backend's upload_batch/rebuild_metadata");
+    HP_CHECK(meta.cu_seqlens.defined() && meta.positions.numel() == qkv.dim(0), op,
+             ": the batch has ", meta.positions.numel(), " tokens, qkv ", qkv.desc());
+    cuda::AttnArgs a;
+    a.qkv = qkv.raw();
+    if (sinks.defined()) {
+      check_float(op, "sinks", sinks, {shape.n_heads});
+      a.sinks = sinks.raw();
+      a.sinks_t = sinks.dtype();
+    }
+    a.tiles = extra->tiles;
+    a.n_tiles = extra->n_tiles;
+    a.n_tokens = qkv.dim(0);
+    a.hq = shape.n_heads;
+    a.hkv = shape.n_kv_heads;
+    a.head_dim = shape.head_dim;
+    a.window = shape.window;
+    a.scale = static_cast<float>(shape.scale);
+    return a;
+  }
+
+  // The tensor-core kernels move 16-byte vectors: every base pointer must be 16-byte aligned.
+  static bool tensor_core_ok(const cuda::AttnArgs& a, std::initializer_list<const void*> more) {
+    if (!cuda::attention_head_dim_fast(a.head_dim) || !aligned16(a.qkv)) return false;
+    for (const void* p : more)
+      if (!aligned16(p)) return false;
+    return true;
+  }
+
+  int device_;
+  CudaCachingAllocator* alloc_;
+  cudaStream_t stream_ = nullptr;
+  cublasHandle_t cublas_ = nullptr;
+  Tensor cublas_workspace_;
+  PinnedStaging staging_;
+  int32_t* info_host_ = nullptr;
+};
+
+CudaBackend& as_cuda(Backend& b) {
+  auto* c = dynamic_cast<CudaBackend*>(&b);
+  HP_CHECK(c != nullptr, "backend ", b.name(), " is not a CUDA backend");
+  return *c;
+}
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cuda_backend(int device_ordinal) {
+  return std::make_unique<CudaBackend>(device_ordinal);
+}
+
+CUstream_st* cuda_compute_stream(Backend& b) { return as_cuda(b).stream(); }
+
+int cuda_backend_device(Backend& b) { return as_cuda(b).device_ordinal(); }
+
+}  // namespace hp

@@ -1,0 +1,267 @@
+// RMSNorm (forward, backward) and rotary position embedding.
+#include "framework/backend/cuda/column_sum.cuh"
+#include "framework/backend/cuda/cuda_kernels.h"
+
+namespace hp {
+namespace cuda {
+
+namespace {
+
+constexpr int kWarpsPerBlock = 8;
+
+// One warp per row.
+template <typename T, typename W>
+__global__ void rmsnorm_fwd_kernel(const T* x, const W* w, float eps, T* y, float* rstd,
+                                   int64_t rows, int64_t d) {
+  const int64_t row = blockIdx.x * (int64_t)kWarpsPerBlock + threadIdx.x / 32;
+  const int lane = threadIdx.x & 31;
+  if (row >= rows) return;
+  const T* xr = x + row * d;
+  float ss = 0.f;
+  for (int64_t i = lane; i < d; i += 32) {
+    const float v = to_f32(xr[i]);
+    ss += v * v;
+  }
+  ss = warp_sum(ss);
+  const float r = rsqrtf(ss / (float)d + eps);
+  T* yr = y + row * d;
+  for (int64_t i = lane; i < d; i += 32) yr[i] = from_f32<T>(to_f32(xr[i]) * r * to_f32(w[i]));
+  if (lane == 0) rstd[row] = r;
+}
+
+template <typename T, typename W>
+__global__ void rmsnorm_bwd_kernel(const T* x, const W* w, const float* rstd, const T* dy, T* dx,
+                                   int64_t rows, int64_t d) {
+  const int64_t row = blockIdx.x * (int64_t)kWarpsPerBlock + threadIdx.x / 32;
+  const int lane = threadIdx.x & 31;
+  if (row >= rows) return;
+  const T* xr = x + row * d;
+  const T* dyr = dy + row * d;
+  float dot = 0.f;
+  for (int64_t i = lane; i < d; i += 32) dot += to_f32(dyr[i]) * to_f32(w[i]) * to_f32(xr[i]);
+  dot = warp_sum(dot);
+  const float r = rstd[row];
+  const float c = r * r * r * dot / (float)d;
+  T* dxr = dx + row * d;
+  for (int64_t i = lane; i < d; i += 32)
+    dxr[i] = from_f32<T>(r * to_f32(dyr[i]) * to_f32(w[i]) - c * to_f32(xr[i]));
+}
+
+template <typename T>
+struct NormWeightGrad {
+  const T* x;
+  const T* dy;
+  const float* rstd;
+  int64_t cols;
+  __device__ float operator()(int64_t r, int64_t c) const {
+    return to_f32(dy[r * cols + c]) * to_f32(x[r * cols + c]) * rstd[r];
+  }
+};
+
+template <typename T>
+__global__ void rope_fwd_kernel(T* x, int64_t n_tokens, int n_heads, int n_rot_heads, int head_dim,
+                                const int32_t* positions, const float* cos_t, const float* sin_t,
+                                int64_t max_pos, bool inverse) {
+  const int half = head_dim / 2;
+  const int64_t n = n_tokens * n_rot_heads * half;
+  for (int64_t idx = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; idx < n;
+       idx += (int64_t)gridDim.x * blockDim.x) {
+    const int i = static_cast<int>(idx % half);
+    const int64_t th = idx / half;
+    const int h = static_cast<int>(th % n_rot_heads);
+    const int64_t t = th / n_rot_heads;
+    int64_t pos = positions[t];
+    pos = pos < 0 ? 0 : (pos >= max_pos ? max_pos - 1 : pos);
+    const float c = cos_t[pos * half + i];
+    const float s = inverse ? -sin_t[pos * half + i] : sin_t[pos * half + i];
+    T* p = x + (t * n_heads + h) * (int64_t)head_dim;
+    const float x1 = to_f32(p[i]), x2 = to_f32(p[i + half]);
+    p[i] = from_f32<T>(x1 * c - x2 * s);
+    p[i + half] = from_f32<T>(x2 * c + x1 * s);
+  }
+}
+
+}  // namespace
+
+void launch_rmsnorm_fwd(const void* x, DType t, const void* w, DType w_t, float eps, void* y,
+                        float* rstd, int64_t rows, int64_t d, cudaStream_t stream) {
+  if (rows == 0) return;
+  const unsigned grid = static_cast<unsigned>((rows + kWarpsPerBlock - 1) / kWarpsPerBlock);
+  dispatch_float(t, [&](auto ts) {
+    using T = decltype(ts);
+    dispatch_float(w_t, [&](auto ws) {
+      using W = decltype(ws);
+      rmsnorm_fwd_kernel<<<grid, kWarpsPerBlock * 32, 0, stream>>>(
+          static_cast<const T*>(x), static_cast<const W*>(w), eps, static_cast<T*>(y), rstd, rows,
+          d);
+    });
+  });
+  CUDA_CHECK_LAUNCH();
+}
+
+void launch_rmsnorm_bwd(const void* x, DType t, const void* w, DType w_t, const float* rstd,
+                        const void* dy, void* dx, float* dw, int64_t rows, int64_t d,
+                        Allocator& alloc, cudaStream_t stream) {
+  if (rows == 0) return;
+  const unsigned grid = static_cast<unsigned>((rows + kWarpsPerBlock - 1) / kWarpsPerBlock);
+  dispatch_float(t, [&](auto ts) {
+    using T = decltype(ts);
+    // dw first: dx may alias dy.
+    column_sum_add(NormWeightGrad<T>{static_cast<const T*>(x), static_cast<const T*>(dy), rstd, d},
+                   rows, d, 1.f, dw, alloc, stream);
+    dispatch_float(w_t, [&](auto ws) {
+      using W = decltype(ws);
+      rmsnorm_bwd_kernel<<<grid, kWarpsPerBlock * 32, 0, stream>>>(
+          static_cast<const T*>(x), static_cast<const W*>(w), rstd, static_cast<const T*>(dy),
+          static_cast<T*>(dx), rows, d);
+    });
+    CUDA_CHECK_LAUNCH();
+  });
+}
+
+void launch_rope(void* x, DType t, int64_t n_tokens, int n_heads, int n_rot_heads, int head_dim,
+                 const int32_t* positions, const float* cos_table, const float* sin_table,
+                 int64_t max_pos, bool inverse, cudaStream_t stream) {
+  const int64_t n = n_tokens * n_rot_heads * (head_dim / 2);
+  if (n == 0) return;
+  dispatch_float(t, [&](auto ts) {
+    using T = decltype(ts);
+    rope_fwd_kernel<<<grid_for(n, 256, 4096), 256, 0, stream>>>(
+        static_cast<T*>(x), n_tokens, n_heads, n_rot_heads, head_dim, positions, cos_table,
+        sin_table, max_pos, inverse);
+  });
+  CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace cuda
+}  // namespace hp
+
+namespace hp {
+namespace cuda {
+
+namespace {
+
+// One warp per (token, head) row.
+template <typename T, typename W>
+__global__ void qk_norm_fwd_kernel(const T* x, const W* qw, const W* kw, int64_t n, int h,
+                                   int hq_norm, int h_norm, int d, float eps, T* out, float* rstd) {
+  const int64_t row = blockIdx.x * (int64_t)kWarpsPerBlock + threadIdx.x / 32;
+  const int lane = threadIdx.x & 31;
+  if (row >= n * h) return;
+  const int head = static_cast<int>(row % h);
+  const int64_t t = row / h;
+  const T* xr = x + row * d;
+  T* yr = out + row * d;
+  if (head >= h_norm) {
+    for (int i = lane; i < d; i += 32) yr[i] = xr[i];
+    return;
+  }
+  const W* w = head < hq_norm ? qw : kw;
+  float ss = 0.f;
+  for (int i = lane; i < d; i += 32) {
+    const float v = to_f32(xr[i]);
+    ss += v * v;
+  }
+  ss = warp_sum(ss);
+  const float r = rsqrtf(ss / (float)d + eps);
+  for (int i = lane; i < d; i += 32) yr[i] = from_f32<T>(to_f32(xr[i]) * r * to_f32(w[i]));
+  if (lane == 0) rstd[t * h_norm + head] = r;
+}
+
+template <typename T, typename W>
+__global__ void qk_norm_bwd_kernel(const T* x, const W* qw, const W* kw, int64_t n, int h,
+                                   int hq_norm, int h_norm, int d, const float* rstd, const T* dy,
+                                   T* dx) {
+  const int64_t row = blockIdx.x * (int64_t)kWarpsPerBlock + threadIdx.x / 32;
+  const int lane = threadIdx.x & 31;
+  if (row >= n * h) return;
+  const int head = static_cast<int>(row % h);
+  const int64_t t = row / h;
+  const T* dyr = dy + row * d;
+  T* dxr = dx + row * d;
+  if (head >= h_norm) {
+    for (int i = lane; i < d; i += 32) dxr[i] = dyr[i];
+    return;
+  }
+  const W* w = head < hq_norm ? qw : kw;
+  const T* xr = x + row * d;
+  float dot = 0.f;
+  for (int i = lane; i < d; i += 32) dot += to_f32(dyr[i]) * to_f32(w[i]) * to_f32(xr[i]);
+  dot = warp_sum(dot);
+  const float r = rstd[t * h_norm + head];
+  const float c = r * r * r * dot / (float)d;
+  __syncwarp();  // dx may alias dy: every lane has read its dy before any lane writes
+  for (int i = lane; i < d; i += 32)
+    dxr[i] = from_f32<T>(r * to_f32(dyr[i]) * to_f32(w[i]) - c * to_f32(xr[i]));
+}
+
+// Column c < d: q-head weight gradient; c >= d: k-head weight gradient; rows are tokens.
+template <typename T>
+struct QkNormWeightGrad {
+  const T* x;
+  const T* dy;
+  const float* rstd;
+  int h, hq_norm, h_norm, d;
+  __device__ float operator()(int64_t t, int64_t c) const {
+    const bool k_side = c >= d;
+    const int j = static_cast<int>(k_side ? c - d : c);
+    const int h0 = k_side ? hq_norm : 0, h1 = k_side ? h_norm : hq_norm;
+    float acc = 0.f;
+    for (int head = h0; head < h1; ++head) {
+      const int64_t i = (t * h + head) * d + j;
+      acc += to_f32(dy[i]) * to_f32(x[i]) * rstd[t * h_norm + head];
+    }
+    return acc;
+  }
+};
+
+}  // namespace
+
+void launch_qk_norm_fwd(const void* x, DType t, const void* qw, const void* kw, DType w_t,
+                        int64_t n, int h, int hq_norm, int hkv_norm, int d, float eps, void* out,
+                        float* rstd, cudaStream_t stream) {
+  const int64_t rows = n * h;
+  if (rows == 0) return;
+  const unsigned grid = static_cast<unsigned>((rows + kWarpsPerBlock - 1) / kWarpsPerBlock);
+  dispatch_float(t, [&](auto ts) {
+    using T = decltype(ts);
+    dispatch_float(w_t, [&](auto ws) {
+      using W = decltype(ws);
+      qk_norm_fwd_kernel<<<grid, kWarpsPerBlock * 32, 0, stream>>>(
+          static_cast<const T*>(x), static_cast<const W*>(qw), static_cast<const W*>(kw), n, h,
+          hq_norm, hq_norm + hkv_norm, d, eps, static_cast<T*>(out), rstd);
+    });
+  });
+  CUDA_CHECK_LAUNCH();
+}
+
+void launch_qk_norm_bwd(const void* x, DType t, const void* qw, const void* kw, DType w_t,
+                        int64_t n, int h, int hq_norm, int hkv_norm, int d, const float* rstd,
+                        const void* dout, void* din, float* dqw, float* dkw, Allocator& alloc,
+                        cudaStream_t stream) {
+  const int64_t rows = n * h;
+  if (rows == 0) return;
+  const int h_norm = hq_norm + hkv_norm;
+  dispatch_float(t, [&](auto ts) {
+    using T = decltype(ts);
+    // Weight gradients first: din may alias dout.
+    Tensor dw = Tensor::empty(alloc, {2 * static_cast<int64_t>(d)}, DType::kF32);
+    launch_fill(dw.raw(), DType::kF32, 2 * d, 0.0, stream);
+    column_sum_add(QkNormWeightGrad<T>{static_cast<const T*>(x), static_cast<const T*>(dout), rstd,
+                                       h, hq_norm, h_norm, d},
+                   n, 2 * d, 1.f, dw.data<float>(), alloc, stream);
+    launch_axpy(1.0, dw.data<float>(), DType::kF32, dqw, DType::kF32, d, stream);
+    launch_axpy(1.0, dw.data<float>() + d, DType::kF32, dkw, DType::kF32, d, stream);
+    const unsigned grid = static_cast<unsigned>((rows + kWarpsPerBlock - 1) / kWarpsPerBlock);
+    dispatch_float(w_t, [&](auto ws) {
+      using W = decltype(ws);
+      qk_norm_bwd_kernel<<<grid, kWarpsPerBlock * 32, 0, stream>>>(
+          static_cast<const T*>(x), static_cast<const W*>(qw), static_cast<const W*>(kw), n, h,
+          hq_norm, h_norm, d, rstd, static_cast<const T*>(dout), static_cast<T*>(din));
+    });
+    CUDA_CHECK_LAUNCH();
+  });
+}
+
+}  // namespace cuda
+}  // namespace hp

@@ -1,0 +1,40 @@
+// DocumentSource: where the loader's documents come from (token files or the synthetic chain).
+//
+// A source is an indexed set of documents, each a run of token ids ending with the EOT token.
+// The loader packs rows knowing only document lengths, and asks for token contents only of the
+// rows its rank keeps, so `document_length` must be cheap and `read` may be the expensive part.
+//
+// Not thread-safe: one loader owns one source and calls it from one thread.
+#pragma once
+
+#include <cstdint>
+#include <limits>
+#include <string>
+
+namespace hp {
+
+class DocumentSource {
+ public:
+  virtual ~DocumentSource() = default;
+
+  // Number of documents, or -1 for an endless stream (every index >= 0 is a document).
+  virtual int64_t num_documents() const = 0;
+  // Total tokens over all documents (appended EOTs included), or -1 for an endless stream.
+  virtual int64_t num_tokens() const = 0;
+  // Length of document i in tokens, including its final EOT; always >= 1.
+  virtual int64_t document_length(int64_t i) const = 0;
+  // Writes tokens [offset, offset + count) of document i to out[0:count]. Reads in increasing
+  // (document, offset) order are the fast path; any order is correct.
+  virtual void read(int64_t i, int64_t offset, int64_t count, int32_t* out) = 0;
+
+  // One line for logs: what the source is and how big.
+  virtual std::string describe() const = 0;
+  // Identifies the data (files' document and token counts, or the synthetic parameters), so a
+  // saved loader position is never applied to different data.
+  virtual uint64_t fingerprint() const = 0;
+  // Lower bound on the mean loss per valid target, in nats, where the source knows it (the
+  // synthetic chain); NaN otherwise.
+  virtual double entropy_floor() const { return std::numeric_limits<double>::quiet_NaN(); }
+};
+
+}  // namespace hp

@@ -1,0 +1,258 @@
+#include "framework/data/loader.h"
+
+#include <algorithm>
+#include <numeric>
+
+#include "framework/core/error.h"
+#include "framework/core/log.h"
+#include "framework/core/rng.h"
+#include "framework/data/synthetic.h"
+#include "framework/data/token_files.h"
+
+namespace hp {
+namespace {
+
+constexpr int64_t kStateFormat = 1;
+constexpr size_t kStateFields = 6;
+
+void validate(const DataConfig& c) {
+  if (c.vocab_size < 1 || c.vocab_size > INT32_MAX)
+    HP_USER_ERROR(ErrorKind::kConfig, "vocab_size must be in 1..2^31-1 (got ", c.vocab_size, ")");
+  if (c.eot_token < 0 || c.eot_token >= c.vocab_size)
+    HP_USER_ERROR(ErrorKind::kConfig, "eot_token ", c.eot_token,
+                  " is not a token id: valid ids are 0..vocab_size-1 = 0..", c.vocab_size - 1);
+  if (c.seq_len < 2 || c.seq_len >= (int64_t{1} << 30))
+    HP_USER_ERROR(ErrorKind::kConfig, "seq_len must be in 2..2^30-1 (got ", c.seq_len, ")");
+  if (c.rows_per_batch < 1)
+    HP_USER_ERROR(ErrorKind::kConfig, "rows_per_batch must be >= 1 (got ", c.rows_per_batch, ")");
+  if (c.world < 1 || c.rank < 0 || c.rank >= c.world)
+    HP_USER_ERROR(ErrorKind::kConfig, "rank ", c.rank, " is not in 0..world-1 for world size ",
+                  c.world);
+  if (c.rows_per_batch % c.world != 0)
+    HP_USER_ERROR(ErrorKind::kConfig, "rows_per_batch ", c.rows_per_batch,
+                  " (rows of one global batch) is not divisible by the world size ", c.world,
+                  ": every rank takes rows_per_batch/world rows; choose a multiple of ", c.world);
+}
+
+SyntheticParams synthetic_params(const DataConfig& c) {
+  SyntheticParams p;
+  p.vocab_size = c.vocab_size;
+  p.eot_token = c.eot_token;
+  p.content_vocab = c.synthetic_vocab != 0 ? c.synthetic_vocab : c.eot_token;
+  p.zipf = c.synthetic_zipf;
+  p.mean_doc_len = c.synthetic_mean_doc_len;
+  p.seed = c.seed;
+  return p;
+}
+
+}  // namespace
+
+std::vector<int64_t> LoaderState::to_vector() const {
+  return {kStateFormat, epoch, next_doc, doc_offset, batches, fingerprint};
+}
+
+LoaderState LoaderState::from_vector(const std::vector<int64_t>& v) {
+  if (v.size() != kStateFields || v[0] != kStateFormat)
+    HP_USER_ERROR(ErrorKind::kData, "saved data loader state is not in the expected format (",
+                  kStateFields, " integers starting with format ", kStateFormat, "; got ", v.size(),
+                  " integers", v.empty() ? "" : str_cat(" starting with ", v[0]), ")");
+  LoaderState s;
+  s.epoch = v[1];
+  s.next_doc = v[2];
+  s.doc_offset = v[3];
+  s.batches = v[4];
+  s.fingerprint = v[5];
+  return s;
+}
+
+bool LoaderState::operator==(const LoaderState& o) const {
+  return epoch == o.epoch && next_doc == o.next_doc && doc_offset == o.doc_offset &&
+         batches == o.batches && fingerprint == o.fingerprint;
+}
+
+std::unique_ptr<DataLoader> DataLoader::open(const DataConfig& config) {
+  validate(config);
+  std::unique_ptr<DocumentSource> source;
+  if (config.source == "synthetic") {
+    source = std::make_unique<SyntheticSource>(synthetic_params(config));
+  } else {
+    if (config.source.empty())
+      HP_USER_ERROR(ErrorKind::kConfig,
+                    "data source is empty: set it to 'synthetic', a .bin llm.c token shard (or a "
+                    "comma-separated list or glob of them) or an .h5/.hdf5 token file");
+    source =
+        open_token_files(expand_source_paths(config.source), config.vocab_size, config.eot_token);
+  }
+  return std::make_unique<DataLoader>(config, std::move(source));
+}
+
+DataLoader::DataLoader(const DataConfig& config, std::unique_ptr<DocumentSource> source)
+    : config_(config), source_(std::move(source)) {
+  validate(config_);
+  HP_CHECK(source_ != nullptr, "no document source");
+  num_docs_ = source_->num_documents();
+  if (num_docs_ == 0) HP_USER_ERROR(ErrorKind::kData, "empty data: ", source_->describe());
+  if (num_docs_ > static_cast<int64_t>(UINT32_MAX))
+    HP_USER_ERROR(ErrorKind::kData, source_->describe(), " holds ", num_docs_,
+                  " documents; at most 2^32-1 are supported (split the data set)");
+  start_epoch(0);
+}
+
+DataLoader::~DataLoader() = default;
+
+void DataLoader::start_epoch(int64_t epoch) {
+  epoch_ = epoch;
+  order_.clear();
+  if (num_docs_ < 0 || !config_.shuffle) return;
+  order_.resize(static_cast<size_t>(num_docs_));
+  std::iota(order_.begin(), order_.end(), 0u);
+  // Fisher-Yates driven by a counter-based stream, so every rank and every resumed run derives
+  // the same order from (seed, epoch) alone.
+  const Philox rng(config_.seed, hash64(std::to_string(epoch), hash64("data.shuffle")));
+  for (int64_t i = num_docs_ - 1; i > 0; --i) {
+    const auto j =
+        static_cast<int64_t>(rng.below(static_cast<uint64_t>(i), static_cast<uint64_t>(i) + 1));
+    std::swap(order_[i], order_[j]);
+  }
+}
+
+int64_t DataLoader::document_at(int64_t k) const {
+  return order_.empty() ? k : static_cast<int64_t>(order_[k]);
+}
+
+void DataLoader::pack_row(RowPlan& plan) {
+  plan.pieces.clear();
+  const int64_t cap = config_.seq_len + 1;
+  int64_t used = 0;
+  while (used < cap) {
+    const int64_t doc = document_at(next_doc_);
+    const int64_t left = source_->document_length(doc) - doc_offset_;
+    if (left <= cap - used) {
+      plan.pieces.push_back({doc, doc_offset_, static_cast<int32_t>(left)});
+      used += left;
+      doc_offset_ = 0;
+      if (++next_doc_ == num_docs_) {
+        log_info("data: epoch ", epoch_, " done (", num_docs_, " documents, ",
+                 source_->num_tokens(), " tokens) during global batch ", batches_,
+                 "; starting epoch ", epoch_ + 1);
+        start_epoch(epoch_ + 1);
+        next_doc_ = 0;
+      }
+    } else if (used == 0) {
+      // Longer than a whole row: cut a full-row piece, continue the document in the next row.
+      plan.pieces.push_back({doc, doc_offset_, static_cast<int32_t>(cap)});
+      doc_offset_ += cap;
+      used = cap;
+    } else {
+      break;  // does not fit: pad this row, the document starts the next one
+    }
+  }
+  plan.pad = static_cast<int32_t>(cap - used);
+}
+
+PackedRow DataLoader::materialize(const RowPlan& plan) {
+  PackedRow row;
+  row.tokens.resize(static_cast<size_t>(config_.seq_len + 1));
+  row.segments.reserve(plan.pieces.size());
+  int64_t pos = 0;
+  for (const Piece& p : plan.pieces) {
+    source_->read(p.doc, p.offset, p.count, row.tokens.data() + pos);
+    row.segments.push_back(p.count);
+    pos += p.count;
+  }
+  std::fill(row.tokens.begin() + pos, row.tokens.end(), config_.eot_token);
+  row.pad = plan.pad;
+  return row;
+}
+
+PackedBatch DataLoader::next() {
+  const int64_t per = rows_per_rank();
+  const int64_t first = config_.rank * per;
+  std::vector<PackedRow> rows;
+  rows.reserve(static_cast<size_t>(per));
+  RowPlan plan;
+  for (int64_t j = 0; j < config_.rows_per_batch; ++j) {
+    pack_row(plan);
+    if (j >= first && j < first + per) rows.push_back(materialize(plan));
+  }
+  ++batches_;
+  return PackedBatch::from_rows(rows, config_.seq_len);
+}
+
+double DataLoader::entropy_floor() const { return source_->entropy_floor(); }
+
+uint64_t DataLoader::state_fingerprint() const {
+  uint64_t h = hash64(std::to_string(source_->fingerprint()), hash64("loader"));
+  h = hash64(std::to_string(config_.seed), h);
+  if (num_docs_ >= 0) h = hash64(config_.shuffle ? "shuffle" : "in-order", h);
+  return h;
+}
+
+LoaderState DataLoader::state() const {
+  LoaderState s;
+  s.epoch = epoch_;
+  s.next_doc = next_doc_;
+  s.doc_offset = doc_offset_;
+  s.batches = batches_;
+  s.fingerprint = static_cast<int64_t>(state_fingerprint());
+  return s;
+}
+
+void DataLoader::restore(const LoaderState& s) {
+  const auto mine = static_cast<int64_t>(state_fingerprint());
+  if (s.fingerprint != mine)
+    HP_USER_ERROR(ErrorKind::kData,
+                  "cannot restore the data position: it was saved for other data or another "
+                  "seed/shuffle setting (fingerprint ",
+                  s.fingerprint, ", this loader ", mine, " reading ", source_->describe(),
+                  " with seed ", config_.seed, ")");
+  const bool endless = num_docs_ < 0;
+  const bool ok = s.epoch >= 0 && (!endless || s.epoch == 0) && s.next_doc >= 0 &&
+                  (endless || s.next_doc < num_docs_) && s.batches >= 0 && s.doc_offset >= 0;
+  if (!ok)
+    HP_USER_ERROR(ErrorKind::kData, "saved data position is out of range for ", source_->describe(),
+                  ": epoch ", s.epoch, ", document ", s.next_doc, ", batch ", s.batches);
+  if (s.epoch != epoch_ || (order_.empty() && !endless && config_.shuffle)) start_epoch(s.epoch);
+  const int64_t length = source_->document_length(document_at(s.next_doc));
+  if (s.doc_offset >= length)
+    HP_USER_ERROR(ErrorKind::kData, "saved data position is out of range for ", source_->describe(),
+                  ": offset ", s.doc_offset, " into document ", s.next_doc, " of epoch ", s.epoch,
+                  ", which has ", length, " tokens");
+  next_doc_ = s.next_doc;
+  doc_offset_ = s.doc_offset;
+  batches_ = s.batches;
+}
+
+void DataLoader::seek(int64_t batch) {
+  HP_CHECK(batch >= 0, "seek to batch ", batch);
+  if (epoch_ != 0) start_epoch(0);
+  next_doc_ = 0;
+  doc_offset_ = 0;
+  batches_ = 0;
+  RowPlan plan;
+  for (int64_t b = 0; b < batch; ++b) {
+    for (int64_t j = 0; j < config_.rows_per_batch; ++j) pack_row(plan);
+    ++batches_;
+  }
+}
+
+std::string DataLoader::describe() const {
+  std::string order;
+  if (num_docs_ >= 0)
+    order = config_.shuffle ? str_cat(", documents shuffled per epoch (seed ", config_.seed, ")")
+                            : ", documents in file order";
+  return str_cat("data: ", source_->describe(), "; seq_len ", config_.seq_len, ", ",
+                 config_.rows_per_batch, " rows per global batch (", rows_per_rank(), " on rank ",
+                 config_.rank, " of ", config_.world, ")", order);
+}
+
+std::vector<std::vector<int32_t>> synthetic_documents(const DataConfig& config, int64_t n) {
+  HP_CHECK(n >= 0, "document count ", n);
+  const SyntheticSource source(synthetic_params(config));
+  std::vector<std::vector<int32_t>> docs;
+  docs.reserve(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) docs.push_back(source.document(i));
+  return docs;
+}
+
+}  // namespace hp

@@ -1,0 +1,128 @@
+// DataLoader: packs whole EOT-terminated documents into rows of T+1 tokens in a deterministic
+// global order and hands each rank its share of every global batch (ARCHITECTURE §6).
+//
+// Packing (greedy, in document order): a document goes into the current row if it fits in the
+// row's remaining space; otherwise the row is closed with EOT padding and the document starts the
+// next row. A document longer than T+1 tokens is cut into pieces of T+1 tokens (the last piece may
+// be shorter and shares its row with the documents after it); each piece is its own sequence.
+//
+// Global order: the loader produces one stream of rows that depends only on the data, seed,
+// shuffle and T, never on the layout. Global batch b holds rows [b·R, (b+1)·R), R =
+// rows_per_batch; rank r of W keeps rows [b·R + r·R/W, b·R + (r+1)·R/W). Every rank packs every
+// row (packing needs document lengths only) and reads token contents only for the rows it keeps.
+//
+// Document order: a file source is visited per epoch in an order shuffled by a Philox stream
+// keyed by (seed, "data.shuffle", epoch) (file order when shuffle is off); at the end of the data
+// the next epoch starts, and a line is logged. The synthetic source is an endless stream.
+//
+// Not thread-safe; one loader per rank, used from the training thread.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "framework/data/document_source.h"
+#include "framework/data/packed_batch.h"
+
+namespace hp {
+
+struct DataConfig {
+  // "synthetic"; or token files: a .bin path, a comma-separated list of paths and glob patterns
+  // (each pattern's matches sorted), or an .h5/.hdf5 path. The kind comes from each file's
+  // extension; several files are read as one data set, in list order.
+  std::string source = "synthetic";
+  int64_t vocab_size = 0;      // required; every token id must be below it
+  int32_t eot_token = -1;      // required; ends every document, pads rows
+  int64_t seq_len = 0;         // T >= 2; a row holds T+1 tokens
+  int64_t rows_per_batch = 0;  // R: rows of one global batch (all ranks), a multiple of world
+  int rank = 0;
+  int world = 1;
+  uint64_t seed = 0;
+  bool shuffle = true;  // file sources: shuffle the documents of every epoch
+  // Synthetic source (see synthetic.h): content tokens 0..synthetic_vocab-1 (0: every id below
+  // eot_token), Zipf exponent of the next-token law, mean number of content tokens per document.
+  int64_t synthetic_vocab = 0;
+  double synthetic_zipf = 1.0;
+  double synthetic_mean_doc_len = 64;
+};
+
+// Where the loader stands between two batches: enough to resume the exact row stream.
+struct LoaderState {
+  int64_t epoch = 0;        // passes over a file source completed (0 for synthetic)
+  int64_t next_doc = 0;     // index into this epoch's document order of the next document
+  int64_t doc_offset = 0;   // tokens of that document already packed (a cut document), else 0
+  int64_t batches = 0;      // global batches produced so far
+  int64_t fingerprint = 0;  // data, seed and shuffle it belongs to; restore() checks it
+
+  // Serialization as a flat array (format version first), e.g. for the checkpoint's /state.
+  std::vector<int64_t> to_vector() const;
+  // Throws UserError(kData) if the array is not a LoaderState of this format.
+  static LoaderState from_vector(const std::vector<int64_t>& v);
+  bool operator==(const LoaderState& o) const;
+};
+
+class DataLoader {
+ public:
+  // Validates the config (UserError naming the key) and opens and validates the source.
+  static std::unique_ptr<DataLoader> open(const DataConfig& config);
+  // A loader over a source built elsewhere (tests, tools); config.source is only reported.
+  DataLoader(const DataConfig& config, std::unique_ptr<DocumentSource> source);
+  ~DataLoader();
+  DataLoader(const DataLoader&) = delete;
+  DataLoader& operator=(const DataLoader&) = delete;
+
+  // This rank's rows of the next global batch: rows_per_rank() rows of T tokens.
+  PackedBatch next();
+
+  // Lower bound on the mean loss per valid target in nats, exact for the synthetic source (the
+  // chain's conditional entropy); NaN for file sources.
+  double entropy_floor() const;
+
+  // The position before the next batch; restore() makes a loader (same data, seed and shuffle;
+  // any world size) produce exactly the batches the saved one would have produced next.
+  LoaderState state() const;
+  void restore(const LoaderState& state);
+  // Positions the loader before global batch `batch`, counted from the start of the data (packs
+  // the skipped rows' lengths only; no token is read).
+  void seek(int64_t batch);
+  int64_t batches_produced() const { return batches_; }
+
+  int64_t rows_per_rank() const { return config_.rows_per_batch / config_.world; }
+  const DataConfig& config() const { return config_; }
+  const DocumentSource& source() const { return *source_; }
+  std::string describe() const;
+
+ private:
+  struct Piece {
+    int64_t doc;
+    int64_t offset;
+    int32_t count;
+  };
+  struct RowPlan {
+    std::vector<Piece> pieces;
+    int32_t pad = 0;
+  };
+
+  void pack_row(RowPlan& plan);
+  PackedRow materialize(const RowPlan& plan);
+  int64_t document_at(int64_t k) const;
+  void start_epoch(int64_t epoch);
+  uint64_t state_fingerprint() const;
+
+  DataConfig config_;
+  std::unique_ptr<DocumentSource> source_;
+  int64_t num_docs_ = -1;        // -1: endless
+  std::vector<uint32_t> order_;  // this epoch's shuffled order; empty: identity
+  int64_t epoch_ = 0;
+  int64_t next_doc_ = 0;
+  int64_t doc_offset_ = 0;
+  int64_t batches_ = 0;
+};
+
+// The first n documents of the synthetic source `config` describes (its synthetic_* keys, seed,
+// vocab_size and eot_token), each ending with EOT: for round-trip tests and demo files.
+std::vector<std::vector<int32_t>> synthetic_documents(const DataConfig& config, int64_t n);
+
+}  // namespace hp

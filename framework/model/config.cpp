@@ -1,0 +1,80 @@
+#include "framework/model/config.h"
+
+#include "framework/core/error.h"
+
+namespace hp {
+
+int ModelConfig::window_for_layer(int layer) const {
+  switch (window_layers) {
+    case WindowLayers::kNone: return 0;
+    case WindowLayers::kAll: return sliding_window;
+    case WindowLayers::kEven: return layer % 2 == 0 ? sliding_window : 0;
+  }
+  return 0;
+}
+
+namespace {
+void require(bool ok, const char* key, const std::string& rule) {
+  if (!ok) HP_USER_ERROR(ErrorKind::kConfig, "config key '", key, "': ", rule);
+}
+}  // namespace
+
+void ModelConfig::validate() const {
+  require(vocab_size >= 2, "vocab_size", str_cat("must be >= 2, got ", vocab_size));
+  require(d_model > 0, "d_model", str_cat("must be > 0, got ", d_model));
+  require(n_layers > 0, "n_layers", str_cat("must be > 0, got ", n_layers));
+  require(n_heads > 0, "n_heads", str_cat("must be > 0, got ", n_heads));
+  require(n_kv_heads > 0 && n_heads % n_kv_heads == 0, "n_kv_heads",
+          str_cat("must divide n_heads=", n_heads, ", got ", n_kv_heads));
+  require(head_dim > 0 && head_dim % 2 == 0, "head_dim",
+          str_cat("must be a positive even number (RoPE rotates pairs), got ", head_dim));
+  if (is_moe()) {
+    require(top_k >= 1 && top_k <= n_experts, "top_k",
+            str_cat("must be in [1, n_experts=", n_experts, "], got ", top_k));
+    require(expert_ffn_dim > 0, "expert_ffn_dim", str_cat("must be > 0 with n_experts > 0, got ",
+                                                          expert_ffn_dim));
+  } else {
+    require(n_experts == 0, "n_experts", "must be >= 0");
+    require(ffn_dim > 0, "ffn_dim", str_cat("must be > 0 for a dense model, got ", ffn_dim));
+  }
+  require(sliding_window >= 0, "sliding_window", str_cat("must be >= 0, got ", sliding_window));
+  require(window_layers == WindowLayers::kNone || sliding_window > 0, "sliding_window",
+          "must be > 0 when window_layers is 'even' or 'all'");
+  require(activation == "swiglu" || activation == "gptoss", "activation",
+          str_cat("must be 'swiglu' or 'gptoss', got '", activation, "'"));
+  require(swiglu_limit > 0, "swiglu_limit", "must be > 0");
+  require(rope_theta > 0, "rope_theta", "must be > 0");
+  require(rope_scaling_factor >= 1.0, "rope_scaling_factor", "must be >= 1 (1 disables YaRN)");
+  require(norm_eps > 0, "norm_eps", "must be > 0");
+  require(moe_aux_coef >= 0, "moe_aux_coef", "must be >= 0");
+  require(init_std > 0, "init_std", "must be > 0");
+}
+
+ParamCounts count_params(const ModelConfig& c) {
+  const int64_t d = c.d_model, hd = c.head_dim, hq = c.n_heads, hkv = c.n_kv_heads;
+  const int64_t qkv_out = (hq + 2 * hkv) * hd;
+  int64_t attn = d * qkv_out + hq * hd * d;
+  if (c.attn_bias) attn += qkv_out + d;
+  if (c.attn_sinks) attn += hq;
+  if (c.qk_norm) attn += 2 * hd;
+  const int64_t norms = 2 * d;
+  int64_t ffn_total = 0, ffn_active = 0;
+  if (c.is_moe()) {
+    const int64_t f = c.expert_ffn_dim, e = c.n_experts;
+    const int64_t router = d * e + e;
+    const int64_t per_expert = d * 2 * f + 2 * f + f * d + d;
+    ffn_total = router + e * per_expert;
+    ffn_active = router + c.top_k * per_expert;
+  } else {
+    ffn_total = ffn_active = d * 2 * c.ffn_dim + c.ffn_dim * d;
+  }
+  const int64_t embed = c.vocab_size * d;
+  const int64_t unembed = c.tie_embeddings ? 0 : c.vocab_size * d;
+  ParamCounts pc;
+  pc.total = c.n_layers * (attn + norms + ffn_total) + d + embed + unembed;
+  // A tied table still multiplies every token at the output, so it counts as active once.
+  pc.active = c.n_layers * (attn + norms + ffn_active) + d + c.vocab_size * d;
+  return pc;
+}
+
+}  // namespace hp

@@ -1,0 +1,484 @@
+#include "framework/model/model.h"
+
+#include <cmath>
+
+#include "framework/core/log.h"
+#include "framework/core/rng.h"
+#include "framework/model/rope_table.h"
+
+namespace hp {
+
+struct Model::Layer {
+  Param* attn_norm = nullptr;
+  Param* wqkv = nullptr;
+  Param* bqkv = nullptr;
+  Param* wo = nullptr;
+  Param* bo = nullptr;
+  Param* sinks = nullptr;
+  Param* q_norm = nullptr;
+  Param* k_norm = nullptr;
+  Param* ffn_norm = nullptr;
+  // dense
+  Param* w_gate_up = nullptr;
+  Param* w_down = nullptr;
+  // MoE
+  Param* wr = nullptr;
+  Param* br = nullptr;
+  Param* w1 = nullptr;
+  Param* b1 = nullptr;
+  Param* w2 = nullptr;
+  Param* b2 = nullptr;
+  AttentionShape attn;
+};
+
+// What forward keeps for backward. With checkpointing only `x` and the routing plan survive
+// forward; the rest is recomputed at the start of the layer's backward.
+struct Model::LayerActs {
+  Tensor x;  // block input [N, d]
+  BatchMeta meta;
+  Tensor xn, rstd1;
+  Tensor qkv_pre, qk_rstd;  // before q/k norm (only with qk_norm)
+  Tensor qkv, attn, lse;
+  Tensor h, hn, rstd2;
+  Tensor gu, act;  // dense FFN
+  // MoE
+  Tensor logits, idx, w, counts, offsets, s2a, a2s, xs, xe, he, ae, ye, ys, daux;
+  bool have_plan = false;
+  ExchangePlan plan;
+
+  void drop_intermediates() {
+    Tensor keep = x;
+    BatchMeta m = meta;
+    ExchangePlan p = plan;
+    bool hp = have_plan;
+    *this = LayerActs();
+    x = keep;
+    meta = m;
+    plan = p;
+    have_plan = hp;
+  }
+};
+
+namespace {
+// C += or = A @ B with 2-D views, the one matmul shape the model needs most.
+void matmul(Backend& be, const Tensor& a, const Tensor& b, Tensor& c, bool ta = false,
+            bool tb = false, double beta = 0.0) {
+  be.gemm(a, ta, b, tb, c, 1.0, beta);
+}
+}  // namespace
+
+Model::Model(const ModelConfig& cfg, const ModelOptions& opts, Backend& be,
+             std::shared_ptr<ExpertExchange> exchange)
+    : cfg_(cfg), opts_(opts), be_(be), exchange_(std::move(exchange)) {
+  cfg_.validate();
+  if (!exchange_) exchange_ = std::make_shared<LocalExpertExchange>();
+  if (cfg_.is_moe()) {
+    const int ep = exchange_->ep_size();
+    if (cfg_.n_experts % ep != 0)
+      HP_USER_ERROR(ErrorKind::kConfig, "config key 'ep_size': n_experts=", cfg_.n_experts,
+                    " must be divisible by ep_size=", ep);
+    local_experts_ = cfg_.n_experts / ep;
+    expert_begin_ = exchange_->ep_rank() * local_experts_;
+  }
+  build_params();
+  YarnParams yarn;
+  yarn.factor = cfg_.rope_scaling_factor;
+  yarn.original_max_positions = cfg_.rope_original_max_positions;
+  yarn.beta_fast = cfg_.rope_beta_fast;
+  yarn.beta_slow = cfg_.rope_beta_slow;
+  rope_ = make_rope_table(be_, cfg_.head_dim, opts_.max_positions, cfg_.rope_theta, yarn);
+}
+
+Model::~Model() = default;
+
+void Model::build_params() {
+  const int64_t d = cfg_.d_model, hd = cfg_.head_dim, hq = cfg_.n_heads, hkv = cfg_.n_kv_heads;
+  const int64_t htot = hq + 2 * hkv;
+  const double std = cfg_.init_std;
+  const double out_std = cfg_.init_std / std::sqrt(2.0 * cfg_.n_layers);
+  auto add = [&](const std::string& name, Shape shape, double init_std, double init_value,
+                 bool decay, ParamGroup group = ParamGroup::kDense) -> Param* {
+    Param p;
+    p.name = name;
+    p.global_shape = shape;
+    p.shape = shape;
+    if (group == ParamGroup::kExpert) {
+      p.shape[0] = local_experts_;
+      p.expert_begin = expert_begin_;
+    }
+    p.group = group;
+    p.init_std = init_std;
+    p.init_value = init_value;
+    p.weight_decay = decay;
+    return &params_.add(std::move(p));
+  };
+  embed_ = add("tok_embeddings", {cfg_.vocab_size, d}, std, 0, true);
+  for (int l = 0; l < cfg_.n_layers; ++l) {
+    auto L = std::make_unique<Layer>();
+    const std::string pre = "layers." + std::to_string(l) + ".";
+    L->attn_norm = add(pre + "attn_norm", {d}, 0, 1.0, false);
+    L->wqkv = add(pre + "attn.wqkv", {d, htot * hd}, std, 0, true);
+    if (cfg_.attn_bias) L->bqkv = add(pre + "attn.bqkv", {htot * hd}, 0, 0, false);
+    if (cfg_.qk_norm) {
+      L->q_norm = add(pre + "attn.q_norm", {hd}, 0, 1.0, false);
+      L->k_norm = add(pre + "attn.k_norm", {hd}, 0, 1.0, false);
+    }
+    L->wo = add(pre + "attn.wo", {hq * hd, d}, out_std, 0, true);
+    if (cfg_.attn_bias) L->bo = add(pre + "attn.bo", {d}, 0, 0, false);
+    if (cfg_.attn_sinks) L->sinks = add(pre + "attn.sinks", {hq}, 0, 0, false);
+    L->ffn_norm = add(pre + "ffn_norm", {d}, 0, 1.0, false);
+    if (cfg_.is_moe()) {
+      const int64_t e = cfg_.n_experts, f = cfg_.expert_ffn_dim;
+      L->wr = add(pre + "moe.wr", {d, e}, std, 0, true);
+      L->br = add(pre + "moe.br", {e}, 0, 0, false);
+      L->w1 = add(pre + "moe.w1", {e, d, 2 * f}, std, 0, true, ParamGroup::kExpert);
+      L->b1 = add(pre + "moe.b1", {e, 2 * f}, 0, 0, false, ParamGroup::kExpert);
+      L->w2 = add(pre + "moe.w2", {e, f, d}, out_std, 0, true, ParamGroup::kExpert);
+      L->b2 = add(pre + "moe.b2", {e, d}, 0, 0, false, ParamGroup::kExpert);
+    } else {
+      const int64_t f = cfg_.ffn_dim;
+      L->w_gate_up = add(pre + "mlp.w_gate_up", {d, 2 * f}, std, 0, true);
+      L->w_down = add(pre + "mlp.w_down", {f, d}, out_std, 0, true);
+    }
+    L->attn.n_heads = cfg_.n_heads;
+    L->attn.n_kv_heads = cfg_.n_kv_heads;
+    L->attn.head_dim = cfg_.head_dim;
+    L->attn.window = cfg_.window_for_layer(l);
+    L->attn.scale = 1.0 / std::sqrt(static_cast<double>(hd));
+    layers_.push_back(std::move(L));
+  }
+  final_norm_ = add("final_norm", {d}, 0, 1.0, false);
+  if (!cfg_.tie_embeddings) lm_head_ = add("lm_head", {d, cfg_.vocab_size}, std, 0, true);
+
+  const DType md = be_.master_dtype(), ad = be_.act_dtype();
+  for (auto& p : params_.all()) {
+    p->master = be_.zeros(p->shape, md);
+    p->grad = be_.zeros(p->shape, md);
+    p->m = be_.zeros(p->shape, md);
+    p->v = be_.zeros(p->shape, md);
+    p->work = ad == md ? p->master : be_.zeros(p->shape, ad);
+  }
+}
+
+void Model::init_params(uint64_t seed) {
+  const DType md = be_.master_dtype();
+  for (auto& p : params_.all()) {
+    Tensor host = Tensor::host(p->shape, DType::kF64);
+    double* h = host.data<double>();
+    if (p->init_std > 0) {
+      // Element i of the local shard is element (offset + i) of the global tensor, so every
+      // layout draws the same numbers.
+      Philox rng(seed, "init." + p->name);
+      const int64_t offset =
+          p->group == ParamGroup::kExpert ? p->expert_begin * (p->global_numel() / p->global_shape[0]) : 0;
+      for (int64_t i = 0; i < p->numel(); ++i)
+        h[i] = p->init_std * rng.normal(static_cast<uint64_t>(offset + i));
+    } else {
+      for (int64_t i = 0; i < p->numel(); ++i) h[i] = p->init_value;
+    }
+    Tensor typed = Tensor::host(p->shape, md);
+    if (md == DType::kF64) {
+      typed = host;
+    } else {
+      float* t = typed.data<float>();
+      for (int64_t i = 0; i < p->numel(); ++i) t[i] = static_cast<float>(h[i]);
+    }
+    be_.copy(typed, p->master);
+  }
+  refresh_working_copies();
+}
+
+void Model::refresh_working_copies() {
+  for (auto& p : params_.all())
+    if (p->work.storage() != p->master.storage()) be_.convert(p->master, p->work);
+}
+
+void Model::zero_grads() {
+  for (auto& p : params_.all()) be_.fill(p->grad, 0.0);
+}
+
+Tensor Model::new_act(Shape s) { return be_.empty(std::move(s), be_.act_dtype()); }
+Tensor Model::new_master(Shape s) { return be_.empty(std::move(s), be_.master_dtype()); }
+
+void Model::layer_forward(int l, const BatchMeta& meta_in, LayerActs& a, bool recompute) {
+  Layer& L = *layers_[static_cast<size_t>(l)];
+  const int64_t n = a.x.dim(0), d = cfg_.d_model, hd = cfg_.head_dim;
+  const int64_t hq = cfg_.n_heads, hkv = cfg_.n_kv_heads, htot = hq + 2 * hkv;
+  if (!recompute) {
+    a.meta = meta_in;
+    if (opts_.metadata == MetadataMode::kPerLayer) be_.rebuild_metadata(a.meta);
+  }
+  // Attention block.
+  a.xn = new_act({n, d});
+  a.rstd1 = new_master({n});
+  be_.rmsnorm_fwd(a.x, L.attn_norm->work, cfg_.norm_eps, a.xn, a.rstd1);
+  Tensor qkv_flat = new_act({n, htot * hd});
+  matmul(be_, a.xn, L.wqkv->work, qkv_flat);
+  if (L.bqkv) be_.add_bias(qkv_flat, L.bqkv->work);
+  a.qkv = qkv_flat.reshape({n, htot, hd});
+  if (cfg_.qk_norm) {
+    a.qkv_pre = a.qkv;
+    a.qkv = new_act({n, htot, hd});
+    a.qk_rstd = new_master({n, hq + hkv});
+    be_.qk_norm_fwd(a.qkv_pre, L.q_norm->work, L.k_norm->work, hq, hkv, cfg_.norm_eps, a.qkv,
+                    a.qk_rstd);
+  }
+  be_.rope(a.qkv, static_cast<int>(hq + hkv), a.meta.positions, rope_, false);
+  a.attn = new_act({n, hq, hd});
+  a.lse = new_master({n, hq});
+  Tensor no_sinks;
+  be_.attention_fwd(a.qkv, L.sinks ? L.sinks->work : no_sinks, a.meta, L.attn, a.attn, a.lse);
+  a.h = new_act({n, d});
+  matmul(be_, a.attn.reshape({n, hq * hd}), L.wo->work, a.h);
+  if (L.bo) be_.add_bias(a.h, L.bo->work);
+  be_.add(a.h, a.x, a.h);
+  // FFN block.
+  a.hn = new_act({n, d});
+  a.rstd2 = new_master({n});
+  be_.rmsnorm_fwd(a.h, L.ffn_norm->work, cfg_.norm_eps, a.hn, a.rstd2);
+  if (cfg_.is_moe()) {
+    moe_forward(l, a, recompute);
+  } else {
+    const int64_t f = cfg_.ffn_dim;
+    a.gu = new_act({n, 2 * f});
+    matmul(be_, a.hn, L.w_gate_up->work, a.gu);
+    a.act = new_act({n, f});
+    GluParams gp;
+    gp.kind = cfg_.activation == "gptoss" ? GluKind::kGptOss : GluKind::kSwiGLU;
+    gp.alpha = cfg_.swiglu_alpha;
+    gp.limit = cfg_.swiglu_limit;
+    be_.glu_fwd(a.gu, gp, a.act);
+  }
+}
+
+void Model::moe_forward(int l, LayerActs& a, bool recompute) {
+  Layer& L = *layers_[static_cast<size_t>(l)];
+  const int64_t n = a.hn.dim(0), d = cfg_.d_model, e = cfg_.n_experts, k = cfg_.top_k;
+  const int64_t f = cfg_.expert_ffn_dim;
+  a.logits = new_act({n, e});
+  matmul(be_, a.hn, L.wr->work, a.logits);
+  be_.add_bias(a.logits, L.br->work);
+  a.idx = be_.empty({n, k}, DType::kI32);
+  a.w = new_act({n, k});
+  be_.router_topk(a.logits, static_cast<int>(k), a.idx, a.w);
+  Tensor ids = a.idx.reshape({n * k});
+  a.counts = be_.empty({e}, DType::kI32);
+  be_.histogram(ids, static_cast<int>(e), a.counts);
+  a.offsets = be_.empty({e + 1}, DType::kI32);
+  be_.exclusive_scan(a.counts, a.offsets);
+  a.s2a = be_.empty({n * k}, DType::kI32);
+  a.a2s = be_.empty({n * k}, DType::kI32);
+  be_.sort_by_id(ids, a.offsets, a.s2a, a.a2s);
+  // The one host sync of the layer: counts become the exchange sizes and the GEMM sizes.
+  // Recompute in backward reuses the plan from forward.
+  if (!recompute || !a.have_plan) {
+    a.plan = exchange_->plan(be_, a.counts, static_cast<int>(e), opts_.routing);
+    a.have_plan = true;
+  }
+  a.xs = new_act({n * k, d});
+  be_.permute_rows(a.hn, a.s2a, static_cast<int>(k), a.xs);
+  a.xe = exchange_->dispatch(be_, a.plan, a.xs);
+  const int64_t rows = a.plan.expert_rows;
+  a.he = new_act({rows, 2 * f});
+  a.ae = new_act({rows, f});
+  a.ye = new_act({rows, d});
+  GluParams gp;
+  gp.kind = cfg_.activation == "gptoss" ? GluKind::kGptOss : GluKind::kSwiGLU;
+  gp.alpha = cfg_.swiglu_alpha;
+  gp.limit = cfg_.swiglu_limit;
+  for (const auto& c : a.plan.chunks()) {
+    if (c.rows == 0) continue;
+    Tensor xe = a.xe.slice(c.begin, c.begin + c.rows);
+    Tensor he = a.he.slice(c.begin, c.begin + c.rows);
+    Tensor ae = a.ae.slice(c.begin, c.begin + c.rows);
+    Tensor ye = a.ye.slice(c.begin, c.begin + c.rows);
+    matmul(be_, xe, L.w1->work[c.local_expert], he);
+    be_.add_bias(he, L.b1->work[c.local_expert]);
+    be_.glu_fwd(he, gp, ae);
+    matmul(be_, ae, L.w2->work[c.local_expert], ye);
+    be_.add_bias(ye, L.b2->work[c.local_expert]);
+  }
+  a.ys = exchange_->combine(be_, a.plan, a.ye);
+  if (cfg_.moe_aux_coef > 0) {
+    // The loss value counts once, in forward; a recompute only regenerates the gradient.
+    a.daux = be_.zeros({n, e}, be_.act_dtype());
+    Tensor scratch = recompute ? be_.zeros({1}, be_.master_dtype()) : aux_sum_;
+    be_.router_aux_loss(a.logits, a.counts, static_cast<int>(k), cfg_.moe_aux_coef, scratch, a.daux);
+  }
+}
+
+LossSums Model::run(const BatchMeta& meta, double grad_scale, bool backward, LossSums sums) {
+  const int64_t n = meta.inputs.dim(0), d = cfg_.d_model, vocab = cfg_.vocab_size;
+  const bool ckpt = opts_.checkpoint_activations;
+  if (!sums.lm.defined()) sums.lm = be_.zeros({1}, be_.master_dtype());
+  if (!sums.aux.defined()) sums.aux = be_.zeros({1}, be_.master_dtype());
+  aux_sum_ = sums.aux;
+  std::vector<LayerActs> acts(static_cast<size_t>(cfg_.n_layers));
+
+  Tensor x = new_act({n, d});
+  be_.embedding_fwd(embed_->work, meta.inputs, x);
+  for (int l = 0; l < cfg_.n_layers; ++l) {
+    LayerActs& a = acts[static_cast<size_t>(l)];
+    a.x = x;
+    layer_forward(l, meta, a, false);
+    // Layer output: h + ffn(hn).
+    Tensor out = new_act({n, d});
+    if (cfg_.is_moe()) {
+      be_.unpermute_combine(a.ys, a.a2s, a.w, out);
+    } else {
+      matmul(be_, a.act, layers_[static_cast<size_t>(l)]->w_down->work, out);
+    }
+    be_.add(out, a.h, out);
+    if (ckpt) a.drop_intermediates();
+    x = out;
+  }
+  Tensor xf = new_act({n, d});
+  Tensor rstdf = new_master({n});
+  be_.rmsnorm_fwd(x, final_norm_->work, cfg_.norm_eps, xf, rstdf);
+
+  // Unembedding + cross-entropy in row chunks: logits for the whole batch never exist at once.
+  Tensor dxf = backward ? be_.zeros({n, d}, be_.act_dtype()) : Tensor();
+  const int64_t chunk = std::max<int64_t>(1, opts_.ce_chunk_tokens);
+  for (int64_t r0 = 0; r0 < n; r0 += chunk) {
+    const int64_t r1 = std::min(n, r0 + chunk);
+    Tensor xc = xf.slice(r0, r1);
+    Tensor logits = new_act({r1 - r0, vocab});
+    if (lm_head_)
+      matmul(be_, xc, lm_head_->work, logits);
+    else
+      matmul(be_, xc, embed_->work, logits, false, true);
+    Tensor tc = meta.targets.slice(r0, r1);
+    be_.cross_entropy(logits, tc, grad_scale, sums.lm);
+    if (!backward) continue;
+    Tensor dxc = dxf.slice(r0, r1);
+    if (lm_head_) {
+      matmul(be_, logits, lm_head_->work, dxc, false, true);
+      matmul(be_, xc, logits, lm_head_->grad, true, false, 1.0);
+    } else {
+      matmul(be_, logits, embed_->work, dxc);
+      matmul(be_, logits, xc, embed_->grad, true, false, 1.0);
+    }
+  }
+  if (!backward) return sums;
+
+  Tensor dx = new_act({n, d});
+  be_.rmsnorm_bwd(x, final_norm_->work, rstdf, dxf, dx, final_norm_->grad);
+  for (int l = cfg_.n_layers - 1; l >= 0; --l) {
+    LayerActs& a = acts[static_cast<size_t>(l)];
+    if (ckpt) layer_forward(l, meta, a, true);
+    layer_backward(l, a, dx);
+    a = LayerActs();
+    if (grad_hook_) grad_hook_(l);
+  }
+  be_.embedding_bwd(dx, meta.inputs, embed_->grad);
+  if (grad_hook_) grad_hook_(-1);
+  return sums;
+}
+
+void Model::layer_backward(int l, LayerActs& a, Tensor& dx) {
+  Layer& L = *layers_[static_cast<size_t>(l)];
+  const int64_t n = a.x.dim(0), d = cfg_.d_model, hd = cfg_.head_dim;
+  const int64_t hq = cfg_.n_heads, hkv = cfg_.n_kv_heads, htot = hq + 2 * hkv;
+  // dx holds d(layer output). Output = h + ffn(hn): dh = dx + d(ffn path).
+  Tensor dhn = new_act({n, d});
+  if (cfg_.is_moe()) {
+    moe_backward(l, a, dx, dhn);
+  } else {
+    const int64_t f = cfg_.ffn_dim;
+    Tensor dact = new_act({n, f});
+    matmul(be_, dx, L.w_down->work, dact, false, true);
+    matmul(be_, a.act, dx, L.w_down->grad, true, false, 1.0);
+    Tensor dgu = new_act({n, 2 * f});
+    GluParams gp;
+    gp.kind = cfg_.activation == "gptoss" ? GluKind::kGptOss : GluKind::kSwiGLU;
+    gp.alpha = cfg_.swiglu_alpha;
+    gp.limit = cfg_.swiglu_limit;
+    be_.glu_bwd(a.gu, dact, gp, dgu);
+    matmul(be_, dgu, L.w_gate_up->work, dhn, false, true);
+    matmul(be_, a.hn, dgu, L.w_gate_up->grad, true, false, 1.0);
+  }
+  Tensor dh = new_act({n, d});
+  be_.rmsnorm_bwd(a.h, L.ffn_norm->work, a.rstd2, dhn, dh, L.ffn_norm->grad);
+  be_.add(dh, dx, dh);
+  // h = x + attn @ wo + bo.
+  if (L.bo) be_.bias_grad(dh, L.bo->grad);
+  matmul(be_, a.attn.reshape({n, hq * hd}), dh, L.wo->grad, true, false, 1.0);
+  Tensor dattn = new_act({n, hq, hd});
+  Tensor dattn_flat = dattn.reshape({n, hq * hd});
+  matmul(be_, dh, L.wo->work, dattn_flat, false, true);
+  Tensor dqkv = new_act({n, htot, hd});
+  Tensor no_sinks;
+  Tensor dsinks = L.sinks ? L.sinks->grad : no_sinks;
+  be_.attention_bwd(a.qkv, L.sinks ? L.sinks->work : no_sinks, a.meta, L.attn, a.attn, a.lse,
+                    dattn, dqkv, dsinks);
+  be_.rope(dqkv, static_cast<int>(hq + hkv), a.meta.positions, rope_, true);
+  if (cfg_.qk_norm) {
+    Tensor dpre = new_act({n, htot, hd});
+    be_.qk_norm_bwd(a.qkv_pre, L.q_norm->work, L.k_norm->work, hq, hkv, a.qk_rstd, dqkv, dpre,
+                    L.q_norm->grad, L.k_norm->grad);
+    dqkv = dpre;
+  }
+  Tensor dqkv_flat = dqkv.reshape({n, htot * hd});
+  if (L.bqkv) be_.bias_grad(dqkv_flat, L.bqkv->grad);
+  matmul(be_, a.xn, dqkv_flat, L.wqkv->grad, true, false, 1.0);
+  Tensor dxn = new_act({n, d});
+  matmul(be_, dqkv_flat, L.wqkv->work, dxn, false, true);
+  Tensor dx_new = new_act({n, d});
+  be_.rmsnorm_bwd(a.x, L.attn_norm->work, a.rstd1, dxn, dx_new, L.attn_norm->grad);
+  be_.add(dx_new, dh, dx_new);
+  dx = dx_new;
+}
+
+void Model::moe_backward(int l, LayerActs& a, const Tensor& dy, Tensor& dhn) {
+  Layer& L = *layers_[static_cast<size_t>(l)];
+  const int64_t n = a.hn.dim(0), d = cfg_.d_model, e = cfg_.n_experts, k = cfg_.top_k;
+  const int64_t f = cfg_.expert_ffn_dim;
+  Tensor dys = new_act({n * k, d});
+  Tensor dw = new_act({n, k});
+  be_.unpermute_combine_bwd(dy, a.ys, a.a2s, a.w, dys, dw);
+  // The adjoint of combine is a dispatch with the same plan, and vice versa.
+  Tensor dye = exchange_->dispatch(be_, a.plan, dys);
+  const int64_t rows = a.plan.expert_rows;
+  Tensor dxe = new_act({rows, d});
+  Tensor dae = new_act({rows, f});
+  Tensor dhe = new_act({rows, 2 * f});
+  GluParams gp;
+  gp.kind = cfg_.activation == "gptoss" ? GluKind::kGptOss : GluKind::kSwiGLU;
+  gp.alpha = cfg_.swiglu_alpha;
+  gp.limit = cfg_.swiglu_limit;
+  for (const auto& c : a.plan.chunks()) {
+    if (c.rows == 0) continue;
+    const int le = c.local_expert;
+    Tensor dy_c = dye.slice(c.begin, c.begin + c.rows);
+    Tensor da_c = dae.slice(c.begin, c.begin + c.rows);
+    Tensor dh_c = dhe.slice(c.begin, c.begin + c.rows);
+    Tensor dx_c = dxe.slice(c.begin, c.begin + c.rows);
+    Tensor b2g = L.b2->grad[le], w2g = L.w2->grad[le], b1g = L.b1->grad[le], w1g = L.w1->grad[le];
+    be_.bias_grad(dy_c, b2g);
+    matmul(be_, a.ae.slice(c.begin, c.begin + c.rows), dy_c, w2g, true, false, 1.0);
+    matmul(be_, dy_c, L.w2->work[le], da_c, false, true);
+    be_.glu_bwd(a.he.slice(c.begin, c.begin + c.rows), da_c, gp, dh_c);
+    be_.bias_grad(dh_c, b1g);
+    matmul(be_, a.xe.slice(c.begin, c.begin + c.rows), dh_c, w1g, true, false, 1.0);
+    matmul(be_, dh_c, L.w1->work[le], dx_c, false, true);
+  }
+  Tensor dxs = exchange_->combine(be_, a.plan, dxe);
+  be_.fill(dhn, 0.0);
+  be_.permute_rows_bwd(dxs, a.s2a, static_cast<int>(k), dhn);
+  Tensor dlogits = new_act({n, e});
+  be_.router_topk_bwd(a.idx, a.w, dw, dlogits);
+  if (a.daux.defined()) be_.add(dlogits, a.daux, dlogits);
+  be_.bias_grad(dlogits, L.br->grad);
+  matmul(be_, a.hn, dlogits, L.wr->grad, true, false, 1.0);
+  matmul(be_, dlogits, L.wr->work, dhn, false, true, 1.0);
+}
+
+LossSums Model::forward_backward(const BatchMeta& meta, double grad_scale, LossSums into) {
+  return run(meta, grad_scale, true, std::move(into));
+}
+
+LossSums Model::forward(const BatchMeta& meta, LossSums into) {
+  return run(meta, 1.0, false, std::move(into));
+}
+
+}  // namespace hp

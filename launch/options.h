@@ -1,0 +1,64 @@
+// Typed run configuration, filled from an INI file plus command-line overrides
+// (Boost.Program_options) and validated once, before any work, with messages that name the key.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "framework/model/config.h"
+
+namespace hp {
+
+struct DataOptions {
+  std::string source = "synthetic";  // "synthetic", .bin shard(s) (path, list or glob), or .h5
+  int32_t eot_token = -1;            // -1: vocab_size - 1
+  bool shuffle = true;
+  int64_t synthetic_vocab = 0;       // 0: vocab_size - 1 content tokens
+  double synthetic_zipf = 1.0;
+  double synthetic_mean_doc_len = 64;
+};
+
+struct TrainOptions {
+  std::string config_path;
+  std::string config_text;  // the INI file as read, for records
+  ModelConfig model;
+  DataOptions data;
+  int64_t steps = 100;
+  uint64_t seed = 1234;
+  std::string device = "auto";  // cpu | cuda | auto (cuda when a GPU is present)
+  std::string cpu_dtype = "f32";  // f32 | f64 (reference checks)
+  int64_t batch_tokens = 8192;    // global tokens per step
+  int64_t seq_len = 256;          // row length T
+  double lr = 3e-4;
+  double min_lr = 3e-5;
+  int64_t warmup_steps = 10;
+  double weight_decay = 0.1;
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double adam_eps = 1e-8;
+  double grad_clip = 1.0;
+  std::string metrics_path;
+  int64_t log_every = 1;
+  bool checkpoint_activations = false;
+  std::string metadata = "cached";  // cached | per-layer
+  std::string routing = "bincount";  // bincount | per-expert
+  int64_t ce_chunk_tokens = 4096;
+  bool dry_run = false;
+  // bench
+  int64_t bench_warmup = 2;
+  int64_t bench_steps = 5;
+  std::string bench_json;
+
+  int64_t rows_per_batch() const { return batch_tokens / seq_len; }
+};
+
+// Parses `args` (everything after the subcommand). Returns false when --help was printed.
+// Throws UserError(kConfig) with the key and rule on any mistake.
+bool parse_train_options(const std::vector<std::string>& args, const std::string& subcommand,
+                         TrainOptions& out);
+
+// Checks cross-key rules (divisibility, enums) for a given world size.
+void validate_train_options(const TrainOptions& o, int world_size);
+
+}  // namespace hp

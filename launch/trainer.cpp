@@ -1,0 +1,228 @@
+#include "launch/trainer.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <iomanip>
+#include <sstream>
+#include <vector>
+
+#include "framework/core/log.h"
+#if HOTPATH_HAVE_CUDA
+#include "framework/backend/cuda/cuda_backend.h"
+#endif
+
+namespace hp {
+
+std::unique_ptr<Backend> make_backend(const TrainOptions& o, int local_rank) {
+  std::string device = o.device;
+#if HOTPATH_HAVE_CUDA
+  const int gpus = cuda_device_count();
+  if (device == "auto") device = gpus > 0 ? "cuda" : "cpu";
+  if (device == "cuda") {
+    if (gpus == 0)
+      HP_USER_ERROR(ErrorKind::kConfig, "config key 'device': cuda requested but no CUDA device is visible");
+    return make_cuda_backend(local_rank % gpus);
+  }
+#else
+  if (device == "auto") device = "cpu";
+  if (device == "cuda")
+    HP_USER_ERROR(ErrorKind::kConfig,
+                  "config key 'device': this hotpath was built without CUDA; use device=cpu or "
+                  "build the cuda preset");
+#endif
+  return make_cpu_backend(o.cpu_dtype == "f64" ? DType::kF64 : DType::kF32);
+}
+
+DataConfig make_data_config(const TrainOptions& o, int rank, int world) {
+  DataConfig d;
+  d.source = o.data.source;
+  d.vocab_size = o.model.vocab_size;
+  d.eot_token = o.data.eot_token < 0 ? static_cast<int32_t>(o.model.vocab_size - 1) : o.data.eot_token;
+  d.seq_len = o.seq_len;
+  d.rows_per_batch = o.rows_per_batch();
+  d.rank = rank;
+  d.world = world;
+  d.seed = o.seed;
+  d.shuffle = o.data.shuffle;
+  d.synthetic_vocab = o.data.synthetic_vocab > 0 ? o.data.synthetic_vocab : o.model.vocab_size - 1;
+  d.synthetic_zipf = o.data.synthetic_zipf;
+  d.synthetic_mean_doc_len = o.data.synthetic_mean_doc_len;
+  return d;
+}
+
+ModelOptions make_model_options(const TrainOptions& o) {
+  ModelOptions m;
+  m.checkpoint_activations = o.checkpoint_activations;
+  m.metadata = o.metadata == "per-layer" ? MetadataMode::kPerLayer : MetadataMode::kCached;
+  m.routing = o.routing == "per-expert" ? RoutingMode::kPerExpert : RoutingMode::kBincount;
+  m.ce_chunk_tokens = o.ce_chunk_tokens;
+  m.max_positions = o.seq_len;
+  return m;
+}
+
+Trainer::Trainer(const TrainOptions& o)
+    : o_(o),
+      opt_(AdamWConfig{o.beta1, o.beta2, o.adam_eps, o.weight_decay, o.grad_clip}) {
+  validate_train_options(o_, 1);
+  be_ = make_backend(o_, 0);
+  loader_ = DataLoader::open(make_data_config(o_, 0, 1));
+  model_ = std::make_unique<Model>(o_.model, make_model_options(o_), *be_);
+  model_->init_params(o_.seed);
+  sched_.lr = o_.lr;
+  sched_.min_lr = o_.min_lr;
+  sched_.warmup_steps = o_.warmup_steps;
+  sched_.total_steps = std::max<int64_t>(1, o_.steps);
+  stats_ = be_->zeros({4}, be_->master_dtype());
+}
+
+StepStats Trainer::step() {
+  using Clock = std::chrono::steady_clock;
+  const auto t0 = Clock::now();
+  Backend& be = *be_;
+  be.syncs().reset();
+  ++step_;
+
+  PackedBatch batch = loader_->next();
+  BatchMeta meta = be.upload_batch(batch);
+  const int64_t valid = batch.num_valid_targets;
+
+  model_->zero_grads();
+  be.fill(stats_, 0.0);
+  LossSums sums{stats_.slice(0, 1), stats_.slice(1, 2)};
+  model_->forward_backward(meta, valid > 0 ? 1.0 / static_cast<double>(valid) : 0.0, sums);
+  Tensor sumsq = stats_.slice(2, 4);
+  grad_sum_squares(be, model_->params(), sumsq);
+
+  // The step's one blocking read: losses and the gradient norm together.
+  Tensor host = Tensor::host({4}, be.master_dtype());
+  be.read_to_host(stats_, host, SyncCause::kLoss);
+  std::vector<double> s = to_double_vector(host);
+
+  StepStats st;
+  st.step = step_;
+  st.valid_targets = valid;
+  st.tokens = batch.num_tokens();
+  st.loss = valid > 0 ? s[0] / static_cast<double>(valid) : 0.0;
+  st.aux_loss = s[1];
+  st.grad_norm = std::sqrt(s[2] + s[3]);
+  st.lr = sched_.at(step_);
+  opt_.step(be, model_->params(), step_, st.lr, clip_coefficient(st.grad_norm, o_.grad_clip));
+  st.syncs = be.syncs();
+  st.ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+  st.tokens_per_s = st.tokens / (st.ms / 1000.0);
+  return st;
+}
+
+namespace {
+
+std::string fmt(double v, int prec = 4) {
+  std::ostringstream os;
+  os << std::setprecision(prec) << v;
+  return os.str();
+}
+
+std::string metrics_json(const StepStats& s, bool moe) {
+  std::ostringstream os;
+  os << std::setprecision(9) << "{\"step\":" << s.step << ",\"loss\":" << s.loss;
+  if (moe) os << ",\"aux_loss\":" << s.aux_loss;
+  os << ",\"lr\":" << s.lr << ",\"grad_norm\":" << s.grad_norm
+     << ",\"tokens_per_s\":" << s.tokens_per_s << ",\"ms\":" << s.ms
+     << ",\"tokens\":" << s.tokens << ",\"syncs\":" << s.syncs.json() << "}";
+  return os.str();
+}
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+}  // namespace
+
+int run_train(const TrainOptions& o) {
+  using Clock = std::chrono::steady_clock;
+  const auto t_start = Clock::now();
+  Trainer trainer(o);
+  const ParamCounts pc = count_params(o.model);
+  const double floor = trainer.loader().entropy_floor();
+  log_info("hotpath ", HOTPATH_VERSION, ": backend=", trainer.backend().name(),
+           " params: total=", pc.total, " active=", pc.active, " layers=", o.model.n_layers,
+           o.model.is_moe() ? str_cat(" experts=", o.model.n_experts, " top_k=", o.model.top_k) : "");
+  log_info("data: ", trainer.loader().describe(), " seq_len=", o.seq_len,
+           " batch_tokens=", o.batch_tokens, " steps=", o.steps);
+  if (!std::isnan(floor)) log_info("entropy_floor=", fmt(floor, 6), " nats (lowest achievable mean loss)");
+
+  std::ofstream metrics;
+  if (!o.metrics_path.empty()) {
+    metrics.open(o.metrics_path, std::ios::trunc);
+    if (!metrics)
+      HP_USER_ERROR(ErrorKind::kConfig, "config key 'metrics_path': cannot write '",
+                    o.metrics_path, "'");
+  }
+  // Recent losses for a smoothed figure: single steps are noisy.
+  std::vector<double> recent;
+  double last_loss = 0;
+  int64_t tokens = 0;
+  for (int64_t i = 0; i < o.steps; ++i) {
+    // ---- one training step ----
+    StepStats s = trainer.step();
+    // ---------------------------
+    tokens += s.tokens;
+    last_loss = s.loss;
+    recent.push_back(s.loss);
+    if (recent.size() > 20) recent.erase(recent.begin());
+    if (metrics) metrics << metrics_json(s, o.model.is_moe()) << "\n" << std::flush;
+    if (s.step % o.log_every == 0 || s.step == o.steps || s.step == 1) {
+      log_info("step=", s.step, " loss=", fmt(s.loss), o.model.is_moe() ? " aux_loss=" + fmt(s.aux_loss) : "",
+               " lr=", fmt(s.lr, 3), " grad_norm=", fmt(s.grad_norm, 3), " tok/s=", fmt(s.tokens_per_s, 5),
+               " ms=", fmt(s.ms, 4), " syncs=", s.syncs.total());
+    }
+    if (!std::isfinite(s.loss))
+      HP_USER_ERROR(ErrorKind::kUser, "loss is ", s.loss, " at step ", s.step,
+                    ": training diverged (try a lower lr or grad_clip)");
+  }
+  const double secs = std::chrono::duration<double>(Clock::now() - t_start).count();
+  double avg = 0;
+  for (double v : recent) avg += v;
+  avg = recent.empty() ? 0 : avg / recent.size();
+  std::string vs_floor;
+  if (!std::isnan(floor) && floor > 0)
+    vs_floor = str_cat(" entropy_floor=", fmt(floor, 6), " gap=", fmt(100.0 * (avg / floor - 1.0), 3), "%");
+  log_info("done: steps=", o.steps, " final_loss=", fmt(last_loss), " mean_loss_last_", recent.size(),
+           "=", fmt(avg), vs_floor, " tokens=", tokens, " time_s=", fmt(secs, 4));
+  return 0;
+}
+
+int run_bench(const std::string& scenario, const TrainOptions& o) {
+  if (scenario != "step")
+    HP_USER_ERROR(ErrorKind::kUser, "hotpath bench: unknown scenario '", scenario,
+                  "'; available: step");
+  Trainer trainer(o);
+  for (int64_t i = 0; i < o.bench_warmup; ++i) trainer.step();
+  std::vector<double> ms, tps, syncs;
+  for (int64_t i = 0; i < o.bench_steps; ++i) {
+    StepStats s = trainer.step();
+    ms.push_back(s.ms);
+    tps.push_back(s.tokens_per_s);
+    syncs.push_back(static_cast<double>(s.syncs.total()));
+  }
+  const double med_ms = median(ms), med_tps = median(tps), med_syncs = median(syncs);
+  std::printf("bench step: backend=%s tokens/step=%lld steps=%lld (warm-up %lld)\n",
+              trainer.backend().name().c_str(), static_cast<long long>(o.batch_tokens),
+              static_cast<long long>(o.bench_steps), static_cast<long long>(o.bench_warmup));
+  std::printf("%-10s %12s %12s %12s\n", "variant", "ms/step", "tokens/s", "syncs/step");
+  std::printf("%-10s %12.2f %12.1f %12.0f\n", "step", med_ms, med_tps, med_syncs);
+  if (!o.bench_json.empty()) {
+    std::ofstream f(o.bench_json);
+    f << "{\"scenario\":\"step\",\"backend\":\"" << trainer.backend().name()
+      << "\",\"ms_per_step\":" << med_ms << ",\"tokens_per_s\":" << med_tps
+      << ",\"syncs_per_step\":" << med_syncs << "}\n";
+  }
+  return 0;
+}
+
+}  // namespace hp

@@ -1,0 +1,60 @@
+// The training loop's parts: a Trainer owns the backend, model, data loader and optimizer of
+// one rank, and step() runs one optimizer step. run_train() is the loop around it; read it top
+// to bottom to follow a step.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "framework/backend/backend.h"
+#include "framework/data/loader.h"
+#include "framework/model/model.h"
+#include "launch/options.h"
+#include "optim/adamw.h"
+#include "optim/lr_schedule.h"
+
+namespace hp {
+
+struct StepStats {
+  int64_t step = 0;
+  double loss = 0;      // mean cross-entropy over the global batch's valid targets
+  double aux_loss = 0;  // load-balancing loss (MoE), reported separately
+  double lr = 0;
+  double grad_norm = 0;  // before clipping
+  double ms = 0;
+  double tokens_per_s = 0;
+  int64_t tokens = 0;        // global tokens in the step
+  int64_t valid_targets = 0; // global
+  SyncCounter syncs;
+};
+
+// Picks the backend for options.device ("auto": CUDA when a GPU is present).
+std::unique_ptr<Backend> make_backend(const TrainOptions& o, int local_rank);
+
+class Trainer {
+ public:
+  explicit Trainer(const TrainOptions& o);
+  StepStats step();
+  Model& model() { return *model_; }
+  Backend& backend() { return *be_; }
+  DataLoader& loader() { return *loader_; }
+  int64_t steps_done() const { return step_; }
+
+ private:
+  TrainOptions o_;
+  std::unique_ptr<Backend> be_;
+  std::unique_ptr<Model> model_;
+  std::unique_ptr<DataLoader> loader_;
+  AdamW opt_;
+  LrSchedule sched_;
+  int64_t step_ = 0;
+  Tensor stats_;  // [4]: lm loss sum, aux loss sum, dense grad sumsq, expert grad sumsq
+};
+
+DataConfig make_data_config(const TrainOptions& o, int rank, int world);
+ModelOptions make_model_options(const TrainOptions& o);
+
+int run_train(const TrainOptions& o);
+int run_bench(const std::string& scenario, const TrainOptions& o);
+
+}  // namespace hp

@@ -1,0 +1,34 @@
+#include "optim/adamw.h"
+
+#include <algorithm>
+
+namespace hp {
+
+void grad_sum_squares(Backend& be, ParamRegistry& params, Tensor& acc) {
+  HP_CHECK(acc.numel() == 2, "grad_sum_squares needs acc[2], got ", acc.desc());
+  be.fill(acc, 0.0);
+  Tensor dense = acc.slice(0, 1), expert = acc.slice(1, 2);
+  for (auto& p : params.all()) be.sum_squares(p->grad, p->group == ParamGroup::kExpert ? expert : dense);
+}
+
+double clip_coefficient(double grad_norm, double clip) {
+  if (clip <= 0) return 1.0;
+  return std::min(1.0, clip / (grad_norm + 1e-6));
+}
+
+void AdamW::step(Backend& be, ParamRegistry& params, int64_t step, double lr, double grad_scale) {
+  AdamWParams p;
+  p.lr = lr;
+  p.beta1 = cfg_.beta1;
+  p.beta2 = cfg_.beta2;
+  p.eps = cfg_.eps;
+  p.step = step;
+  p.grad_scale = grad_scale;
+  for (auto& prm : params.all()) {
+    p.weight_decay = prm->weight_decay ? cfg_.weight_decay : 0.0;
+    Tensor working = prm->work.storage() == prm->master.storage() ? Tensor() : prm->work;
+    be.adamw(prm->master, prm->grad, prm->m, prm->v, p, working);
+  }
+}
+
+}  // namespace hp

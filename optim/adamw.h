@@ -1,0 +1,40 @@
+// AdamW over a ParamRegistry: fp32 (master dtype) weights and moments, decoupled weight decay,
+// bias correction, global-norm clipping. The backend's fused adamw op does the per-tensor work
+// and refreshes the working copy in the same pass.
+#pragma once
+
+#include "framework/backend/backend.h"
+#include "framework/model/params.h"
+
+namespace hp {
+
+struct AdamWConfig {
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double eps = 1e-8;
+  double weight_decay = 0.1;
+  double grad_clip = 1.0;  // global L2 norm; <= 0 disables clipping
+};
+
+// Sums of squared gradients, split by how the parameters are laid out across ranks: dense
+// gradients are identical on every rank after their all-reduce; expert gradients differ per ep
+// rank and must be summed over the ep group. Written into acc[2] = {dense, expert} (master dtype,
+// on the device): no sync.
+void grad_sum_squares(Backend& be, ParamRegistry& params, Tensor& acc);
+
+// The clipping coefficient min(1, clip / (norm + 1e-6)).
+double clip_coefficient(double grad_norm, double clip);
+
+class AdamW {
+ public:
+  explicit AdamW(AdamWConfig cfg) : cfg_(cfg) {}
+  const AdamWConfig& config() const { return cfg_; }
+  // One update of every parameter at `step` (1-based) with learning rate lr; gradients are
+  // multiplied by grad_scale first.
+  void step(Backend& be, ParamRegistry& params, int64_t step, double lr, double grad_scale);
+
+ private:
+  AdamWConfig cfg_;
+};
+
+}  // namespace hp

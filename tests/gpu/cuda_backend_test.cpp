@@ -1,0 +1,177 @@
+// CUDA backend infrastructure: the caching allocator, error reporting, the batch upload, and
+// (disabled by default, run by launch/gpu_suite.sh) attention timings.
+#include "framework/backend/cuda/cuda_backend.h"
+
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "framework/backend/backend.h"
+#include "framework/backend/cuda/cuda_allocator.h"
+#include "framework/backend/cuda/cuda_check.h"
+#include "framework/core/rng.h"
+#include "framework/data/packed_batch.h"
+
+namespace hp {
+namespace {
+
+#define HP_SKIP_WITHOUT_GPU()                                             \
+  do {                                                                    \
+    if (cuda_device_count() == 0) {                                       \
+      GTEST_SKIP() << "no CUDA device: GPU tests run on the GPU machine"; \
+    }                                                                     \
+  } while (0)
+
+TEST(CudaAllocator, BucketsAndReuse) {
+  EXPECT_EQ(CudaCachingAllocator::bucket_size(1), 512u);
+  EXPECT_EQ(CudaCachingAllocator::bucket_size(513), 1024u);
+  EXPECT_EQ(CudaCachingAllocator::bucket_size((1u << 20) + 1), (1u << 20) + (1u << 18));
+  HP_SKIP_WITHOUT_GPU();
+  CudaCachingAllocator& a = cuda_device_allocator(0);
+  void* p = a.allocate(3000);
+  const CudaAllocatorStats s0 = a.stats();
+  a.deallocate(p, 3000);
+  void* q = a.allocate(2900);  // same bucket: served from the cache
+  EXPECT_EQ(q, p);
+  EXPECT_EQ(a.stats().cache_hits, s0.cache_hits + 1);
+  EXPECT_EQ(a.stats().device_mallocs, s0.device_mallocs);
+  a.deallocate(q, 2900);
+}
+
+TEST(CudaBackend, ErrorsNameTheStatement) {
+  HP_SKIP_WITHOUT_GPU();
+  try {
+    CUDA_CHECK(cudaSetDevice(12345));
+    FAIL() << "no exception";
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    EXPECT_EQ(e.kind(), ErrorKind::kCuda);
+    EXPECT_NE(what.find("cudaSetDevice(12345)"), std::string::npos) << what;
+    EXPECT_NE(what.find("cuda_backend_test.cpp"), std::string::npos) << what;
+  }
+  cudaGetLastError();
+}
+
+TEST(CudaBackend, ShapeMismatchThrows) {
+  HP_SKIP_WITHOUT_GPU();
+  auto gpu = make_cuda_backend(0);
+  Tensor a = gpu->zeros({4, 5}, DType::kBF16), b = gpu->zeros({6, 7}, DType::kBF16);
+  Tensor c = gpu->zeros({4, 7}, DType::kBF16);
+  EXPECT_THROW(gpu->gemm(a, false, b, false, c, 1.0, 0.0), Error);
+}
+
+TEST(CudaBackend, UploadBatchDoesNotSync) {
+  HP_SKIP_WITHOUT_GPU();
+  auto gpu = make_cuda_backend(0);
+  std::vector<int32_t> pos;
+  for (int s : {5, 100, 1, 150}) {
+    for (int i = 0; i < s; ++i) pos.push_back(i);
+  }
+  std::vector<int32_t> ids(pos.size(), 7);
+  const PackedBatch batch =
+      PackedBatch::from_tokens(ids, ids, pos, static_cast<int64_t>(pos.size()));
+  for (int rep = 0; rep < 20; ++rep) {  // reuses and grows the staging ring
+    BatchMeta m = gpu->upload_batch(batch);
+    EXPECT_EQ(m.n_seqs, 4);
+  }
+  EXPECT_EQ(gpu->syncs().total(), 0);
+}
+
+// ---- timings (not a test of behaviour: run explicitly)
+// ----------------------------------------------
+
+struct PerfCase {
+  const char* name;
+  int hq, hkv, d, window, n_docs, doc_len;
+};
+
+float median(std::vector<float> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+TEST(CudaPerf, DISABLED_Attention) {
+  HP_SKIP_WITHOUT_GPU();
+  auto gpu = make_cuda_backend(0);
+  cudaStream_t stream = cuda_compute_stream(*gpu);
+  const PerfCase cases[] = {
+      {"gpt-oss d64 full", 64, 8, 64, 0, 4, 4096},
+      {"gpt-oss d64 window128", 64, 8, 64, 128, 4, 4096},
+      {"d128 full", 32, 8, 128, 0, 4, 4096},
+      {"d128 full 16k", 32, 8, 128, 0, 1, 16384},
+  };
+  // A block of random values, tiled over the inputs (values repeat; timing does not care).
+  Philox rng(1, "cuda-perf");
+  const int64_t kBlock = 1 << 20;
+  Tensor host = Tensor::host({kBlock}, DType::kF32);
+  for (int64_t i = 0; i < kBlock; ++i) host.data<float>()[i] = static_cast<float>(rng.normal(i));
+  Tensor block32 = gpu->upload(host);
+  Tensor block = gpu->empty({kBlock}, DType::kBF16);
+  gpu->convert(block32, block);
+  auto randomize = [&](Tensor& t) {
+    Tensor flat = t.reshape({-1});
+    for (int64_t s = 0; s < flat.numel(); s += kBlock) {
+      const int64_t c = std::min(kBlock, flat.numel() - s);
+      Tensor dst = flat.flat_view(s, c);
+      gpu->copy(block.flat_view(0, c), dst);
+    }
+  };
+
+  std::printf("%-24s %10s %10s %12s %12s\n", "attention", "fwd ms", "bwd ms", "fwd TFLOP/s",
+              "bwd TFLOP/s");
+  for (const PerfCase& c : cases) {
+    std::vector<int32_t> pos;
+    for (int d = 0; d < c.n_docs; ++d)
+      for (int i = 0; i < c.doc_len; ++i) pos.push_back(i);
+    std::vector<int32_t> ids(pos.size(), 1);
+    const int64_t n = static_cast<int64_t>(pos.size());
+    const PackedBatch batch = PackedBatch::from_tokens(ids, ids, pos, c.doc_len);
+    BatchMeta meta = gpu->upload_batch(batch);
+    const int64_t h = c.hq + 2 * c.hkv;
+    AttentionShape shape{c.hq, c.hkv, c.d, c.window, 1.0 / std::sqrt(static_cast<double>(c.d))};
+    Tensor qkv = gpu->empty({n, h, c.d}, DType::kBF16),
+           dout = gpu->empty({n, c.hq, c.d}, DType::kBF16);
+    randomize(qkv);
+    randomize(dout);
+    Tensor sinks = gpu->zeros({c.hq}, DType::kBF16), dsinks = gpu->zeros({c.hq}, DType::kF32);
+    Tensor out = gpu->empty({n, c.hq, c.d}, DType::kBF16), lse = gpu->empty({n, c.hq}, DType::kF32);
+    Tensor dqkv = gpu->empty({n, h, c.d}, DType::kBF16);
+    cudaEvent_t e0, e1, e2;
+    CUDA_CHECK(cudaEventCreate(&e0));
+    CUDA_CHECK(cudaEventCreate(&e1));
+    CUDA_CHECK(cudaEventCreate(&e2));
+    std::vector<float> tf, tb;
+    for (int it = 0; it < 12; ++it) {
+      CUDA_CHECK(cudaEventRecord(e0, stream));
+      gpu->attention_fwd(qkv, sinks, meta, shape, out, lse);
+      CUDA_CHECK(cudaEventRecord(e1, stream));
+      gpu->attention_bwd(qkv, sinks, meta, shape, out, lse, dout, dqkv, dsinks);
+      CUDA_CHECK(cudaEventRecord(e2, stream));
+      CUDA_CHECK(cudaEventSynchronize(e2));
+      float f = 0, b = 0;
+      CUDA_CHECK(cudaEventElapsedTime(&f, e0, e1));
+      CUDA_CHECK(cudaEventElapsedTime(&b, e1, e2));
+      if (it >= 2) {  // warm-up
+        tf.push_back(f);
+        tb.push_back(b);
+      }
+    }
+    const double pairs = batch.attention_pairs(c.window);
+    const double fwd_flops = 4.0 * pairs * c.d * c.hq;  // QK^T and PV
+    const double bwd_flops = 2.5 * fwd_flops;           // five products of the same size
+    const float f = median(tf), b = median(tb);
+    std::printf("%-24s %10.3f %10.3f %12.1f %12.1f\n", c.name, f, b, fwd_flops / (f * 1e9),
+                bwd_flops / (b * 1e9));
+    CUDA_CHECK(cudaEventDestroy(e0));
+    CUDA_CHECK(cudaEventDestroy(e1));
+    CUDA_CHECK(cudaEventDestroy(e2));
+  }
+}
+
+}  // namespace
+}  // namespace hp

@@ -1,0 +1,540 @@
+// CUDA backend vs the CPU reference, op by op: random inputs (rounded to bf16 once, so both
+// backends see the same numbers), odd sizes, forward outputs and backward gradients compared by
+// relative error ||gpu - cpu|| / ||cpu||.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "framework/backend/backend.h"
+#include "framework/backend/cuda/cuda_backend.h"
+#include "framework/core/rng.h"
+#include "framework/data/packed_batch.h"
+
+namespace hp {
+namespace {
+
+constexpr double kTol = 1e-2;
+constexpr double kAttnTol = 2e-2;
+
+double rel_err(const std::vector<double>& a, const std::vector<double>& b) {
+  EXPECT_EQ(a.size(), b.size());
+  double num = 0, den = 0;
+  for (size_t i = 0; i < a.size() && i < b.size(); ++i) {
+    num += (a[i] - b[i]) * (a[i] - b[i]);
+    den += b[i] * b[i];
+  }
+  if (den == 0) return std::sqrt(num);
+  return std::sqrt(num / den);
+}
+
+class CudaConsistency : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (cuda_device_count() == 0) {
+      GTEST_SKIP() << "no CUDA device: GPU tests run on the GPU machine";
+    }
+    cpu_ = make_cpu_backend(DType::kF32);
+    gpu_ = make_cuda_backend(0);
+  }
+
+  // Host f32 tensor of N(offset, scale^2) values rounded to bf16.
+  Tensor rand(const Shape& shape, uint64_t seed, double scale = 1.0, double offset = 0.0) {
+    Philox rng(seed, "cuda-consistency");
+    Tensor t = Tensor::host(shape, DType::kF32);
+    float* p = t.data<float>();
+    for (int64_t i = 0; i < t.numel(); ++i)
+      p[i] = static_cast<float>(bf16(static_cast<float>(offset + scale * rng.normal(i))));
+    return t;
+  }
+
+  Tensor ints(const std::vector<int32_t>& v) { return Tensor::host_from(v, DType::kI32); }
+
+  std::vector<int32_t> rand_ids(int64_t n, int64_t limit, uint64_t seed) {
+    Philox rng(seed, "cuda-consistency-ids");
+    std::vector<int32_t> v(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) v[i] = static_cast<int32_t>(rng.below(i, limit));
+    return v;
+  }
+
+  Tensor on_cpu(const Tensor& host) { return cpu_->upload(host); }
+
+  // On the GPU in `dt` (f32 host data converted on the device; integers copied).
+  Tensor on_gpu(const Tensor& host, DType dt = DType::kBF16) {
+    if (host.dtype() == DType::kI32 || dt == DType::kF32) return gpu_->upload(host);
+    Tensor f = gpu_->upload(host);
+    Tensor t = gpu_->empty(host.shape(), dt);
+    gpu_->convert(f, t);
+    return t;
+  }
+
+  std::vector<double> gpu_values(const Tensor& t) {
+    Tensor src = t;
+    if (t.dtype() == DType::kBF16) {
+      src = gpu_->empty(t.shape(), DType::kF32);
+      gpu_->convert(t, src);
+    }
+    Tensor h = Tensor::host(t.shape(), src.dtype());
+    gpu_->read_to_host(src, h, SyncCause::kOther);
+    return to_double_vector(h);
+  }
+
+  static std::vector<double> cpu_values(const Tensor& t) { return to_double_vector(t); }
+
+  void expect_close(const char* what, const Tensor& g, const Tensor& c, double tol = kTol) {
+    const double e = rel_err(gpu_values(g), cpu_values(c));
+    EXPECT_LE(e, tol) << what << ": relative error " << e;
+  }
+
+  void expect_equal_ints(const char* what, const Tensor& g, const Tensor& c) {
+    const std::vector<double> a = gpu_values(g), b = cpu_values(c);
+    ASSERT_EQ(a.size(), b.size()) << what;
+    int64_t diff = 0;
+    for (size_t i = 0; i < a.size(); ++i) diff += a[i] != b[i];
+    EXPECT_EQ(diff, 0) << what << ": " << diff << " of " << a.size() << " entries differ";
+  }
+
+  std::unique_ptr<Backend> cpu_, gpu_;
+};
+
+// A batch of one row per entry of `rows`, each row the given sequence lengths.
+PackedBatch make_batch(const std::vector<std::vector<int>>& rows) {
+  int64_t seq_len = 0;
+  for (const auto& r : rows) {
+    int64_t s = 0;
+    for (int l : r) s += l;
+    seq_len = std::max(seq_len, s);
+  }
+  std::vector<int32_t> inputs, targets, positions;
+  for (const auto& r : rows) {
+    int64_t used = 0;
+    for (int l : r) {
+      for (int i = 0; i < l; ++i) positions.push_back(i);
+      used += l;
+    }
+    for (int64_t i = 0; used + i < seq_len; ++i) positions.push_back(static_cast<int32_t>(i));
+  }
+  for (size_t i = 0; i < positions.size(); ++i) {
+    inputs.push_back(static_cast<int32_t>(i % 97));
+    targets.push_back(static_cast<int32_t>((i + 1) % 97));
+  }
+  return PackedBatch::from_tokens(inputs, targets, positions, seq_len);
+}
+
+// ---- memory
+// ---------------------------------------------------------------------------------------
+
+TEST_F(CudaConsistency, CopyConvertFillReadBack) {
+  Tensor h = rand({3, 77}, 1);
+  Tensor g32 = gpu_->upload(h);
+  Tensor g16 = gpu_->empty({3, 77}, DType::kBF16);
+  gpu_->convert(g32, g16);
+  Tensor back = gpu_->empty({3, 77}, DType::kF32);
+  gpu_->convert(g16, back);
+  Tensor g2 = gpu_->empty({3, 77}, DType::kF32);
+  gpu_->copy(back, g2);
+  const int64_t before = gpu_->syncs().get(SyncCause::kOther);
+  Tensor out = Tensor::host({3, 77}, DType::kF32);
+  gpu_->read_to_host(g2, out, SyncCause::kOther);
+  EXPECT_EQ(gpu_->syncs().get(SyncCause::kOther), before + 1);
+  for (int64_t i = 0; i < h.numel(); ++i) EXPECT_EQ(out.data<float>()[i], h.data<float>()[i]);
+
+  Tensor ones = gpu_->empty({1001}, DType::kBF16);
+  gpu_->fill(ones, 1.5);
+  for (double v : gpu_values(ones)) ASSERT_EQ(v, 1.5);
+  Tensor i32 = gpu_->empty({17}, DType::kI32);
+  gpu_->fill(i32, -3);
+  for (double v : gpu_values(i32)) ASSERT_EQ(v, -3);
+}
+
+// ---- dense math
+// -----------------------------------------------------------------------------------
+
+TEST_F(CudaConsistency, GemmAllTransposes) {
+  const int64_t m = 37, n = 53, k = 129;
+  for (int ta = 0; ta < 2; ++ta) {
+    for (int tb = 0; tb < 2; ++tb) {
+      Tensor a = rand(ta ? Shape{k, m} : Shape{m, k}, 10 + ta);
+      Tensor b = rand(tb ? Shape{n, k} : Shape{k, n}, 20 + tb);
+      Tensor c0 = rand({m, n}, 30);
+      // Activations: bf16 x bf16 -> bf16, beta 0.
+      Tensor cc = on_cpu(c0), gc = on_gpu(c0);
+      cpu_->gemm(on_cpu(a), ta, on_cpu(b), tb, cc, 0.7, 0.0);
+      gpu_->gemm(on_gpu(a), ta, on_gpu(b), tb, gc, 0.7, 0.0);
+      expect_close(("gemm bf16 ta=" + std::to_string(ta) + " tb=" + std::to_string(tb)).c_str(), gc,
+                   cc);
+      // Weight gradients: bf16 x bf16 -> f32, beta 1.
+      Tensor cc2 = on_cpu(c0), gc2 = on_gpu(c0, DType::kF32);
+      cpu_->gemm(on_cpu(a), ta, on_cpu(b), tb, cc2, 1.0, 1.0);
+      gpu_->gemm(on_gpu(a), ta, on_gpu(b), tb, gc2, 1.0, 1.0);
+      expect_close(("gemm f32-out ta=" + std::to_string(ta) + " tb=" + std::to_string(tb)).c_str(),
+                   gc2, cc2);
+    }
+  }
+}
+
+TEST_F(CudaConsistency, BiasAddAxpy) {
+  Tensor y = rand({67, 45}, 40), b = rand({45}, 41);
+  Tensor cy = on_cpu(y), gy = on_gpu(y);
+  cpu_->add_bias(cy, on_cpu(b));
+  gpu_->add_bias(gy, on_gpu(b));
+  expect_close("add_bias", gy, cy);
+
+  Tensor dy = rand({1000, 77}, 42), db0 = rand({77}, 43);
+  Tensor cdb = on_cpu(db0), gdb = on_gpu(db0, DType::kF32);
+  cpu_->bias_grad(on_cpu(dy), cdb);
+  gpu_->bias_grad(on_gpu(dy), gdb);
+  expect_close("bias_grad", gdb, cdb, 1e-3);
+
+  Tensor a = rand({333}, 44), c = rand({333}, 45);
+  for (DType dt : {DType::kBF16, DType::kF32}) {
+    Tensor co = cpu_->empty({333}, DType::kF32), go = gpu_->empty({333}, dt);
+    cpu_->add(on_cpu(a), on_cpu(c), co);
+    gpu_->add(on_gpu(a, dt), on_gpu(c, dt), go);
+    expect_close("add", go, co);
+    Tensor cyy = on_cpu(c), gyy = on_gpu(c, dt);
+    cpu_->axpy(-0.3, on_cpu(a), cyy);
+    gpu_->axpy(-0.3, on_gpu(a, dt), gyy);
+    expect_close("axpy", gyy, cyy);
+  }
+}
+
+// ---- normalization and position
+// -------------------------------------------------------------------
+
+TEST_F(CudaConsistency, RmsNorm) {
+  const int64_t m = 75, d = 200;
+  Tensor x = rand({m, d}, 50, 2.0, 0.3), w = rand({d}, 51, 0.5, 1.0), dy = rand({m, d}, 52);
+  Tensor dw0 = rand({d}, 53);
+  Tensor cy = cpu_->empty({m, d}, DType::kF32), cr = cpu_->empty({m}, DType::kF32);
+  Tensor gy = gpu_->empty({m, d}, DType::kBF16), gr = gpu_->empty({m}, DType::kF32);
+  cpu_->rmsnorm_fwd(on_cpu(x), on_cpu(w), 1e-5, cy, cr);
+  gpu_->rmsnorm_fwd(on_gpu(x), on_gpu(w), 1e-5, gy, gr);
+  expect_close("rmsnorm y", gy, cy);
+  expect_close("rmsnorm rstd", gr, cr, 1e-4);
+  Tensor cdx = cpu_->empty({m, d}, DType::kF32), gdx = gpu_->empty({m, d}, DType::kBF16);
+  Tensor cdw = on_cpu(dw0), gdw = on_gpu(dw0, DType::kF32);
+  cpu_->rmsnorm_bwd(on_cpu(x), on_cpu(w), cr, on_cpu(dy), cdx, cdw);
+  gpu_->rmsnorm_bwd(on_gpu(x), on_gpu(w), gr, on_gpu(dy), gdx, gdw);
+  expect_close("rmsnorm dx", gdx, cdx);
+  expect_close("rmsnorm dw", gdw, cdw);
+}
+
+TEST_F(CudaConsistency, RopeForwardAndInverse) {
+  const int64_t n = 33, h = 5, d = 64, n_pos = 50;
+  Tensor cs = Tensor::host({n_pos, d / 2}, DType::kF32),
+         sn = Tensor::host({n_pos, d / 2}, DType::kF32);
+  for (int64_t p = 0; p < n_pos; ++p) {
+    for (int64_t i = 0; i < d / 2; ++i) {
+      const double ang = p * std::pow(10000.0, -2.0 * i / d);
+      cs.data<float>()[p * d / 2 + i] = static_cast<float>(std::cos(ang));
+      sn.data<float>()[p * d / 2 + i] = static_cast<float>(std::sin(ang));
+    }
+  }
+  RopeTable ct{on_cpu(cs), on_cpu(sn)}, gt{on_gpu(cs, DType::kF32), on_gpu(sn, DType::kF32)};
+  Tensor pos = ints(rand_ids(n, n_pos, 60));
+  Tensor x = rand({n, h, d}, 61);
+  for (bool inverse : {false, true}) {
+    Tensor cx = on_cpu(x), gx = on_gpu(x);
+    cpu_->rope(cx, 4, on_cpu(pos), ct, inverse);
+    gpu_->rope(gx, 4, on_gpu(pos), gt, inverse);
+    expect_close(inverse ? "rope inverse" : "rope", gx, cx);
+  }
+}
+
+TEST_F(CudaConsistency, QkNorm) {
+  const int64_t n = 29, hq = 4, hkv = 2, d = 64, h = hq + 2 * hkv;
+  Tensor x = rand({n, h, d}, 70, 1.5), qw = rand({d}, 71, 0.3, 1.0), kw = rand({d}, 72, 0.3, 1.0);
+  Tensor dout = rand({n, h, d}, 73);
+  Tensor cy = cpu_->empty({n, h, d}, DType::kF32), cr = cpu_->empty({n, hq + hkv}, DType::kF32);
+  Tensor gy = gpu_->empty({n, h, d}, DType::kBF16), gr = gpu_->empty({n, hq + hkv}, DType::kF32);
+  cpu_->qk_norm_fwd(on_cpu(x), on_cpu(qw), on_cpu(kw), hq, hkv, 1e-6, cy, cr);
+  gpu_->qk_norm_fwd(on_gpu(x), on_gpu(qw), on_gpu(kw), hq, hkv, 1e-6, gy, gr);
+  expect_close("qk_norm y", gy, cy);
+  Tensor cdx = cpu_->empty({n, h, d}, DType::kF32), gdx = gpu_->empty({n, h, d}, DType::kBF16);
+  Tensor cdq = cpu_->zeros({d}, DType::kF32), cdk = cpu_->zeros({d}, DType::kF32);
+  Tensor gdq = gpu_->zeros({d}, DType::kF32), gdk = gpu_->zeros({d}, DType::kF32);
+  cpu_->qk_norm_bwd(on_cpu(x), on_cpu(qw), on_cpu(kw), hq, hkv, cr, on_cpu(dout), cdx, cdq, cdk);
+  gpu_->qk_norm_bwd(on_gpu(x), on_gpu(qw), on_gpu(kw), hq, hkv, gr, on_gpu(dout), gdx, gdq, gdk);
+  expect_close("qk_norm dx", gdx, cdx);
+  expect_close("qk_norm dqw", gdq, cdq);
+  expect_close("qk_norm dkw", gdk, cdk);
+}
+
+// ---- attention
+// ------------------------------------------------------------------------------------
+
+struct AttnCase {
+  const char* name;
+  int hq, hkv, d, window;
+  bool sinks;
+  std::vector<std::vector<int>> rows;  // sequence lengths per row
+};
+
+class CudaAttention : public CudaConsistency, public ::testing::WithParamInterface<AttnCase> {};
+
+TEST_P(CudaAttention, ForwardBackward) {
+  const AttnCase& c = GetParam();
+  const PackedBatch batch = make_batch(c.rows);
+  const int64_t n = batch.num_tokens(), h = c.hq + 2 * c.hkv;
+  AttentionShape shape;
+  shape.n_heads = c.hq;
+  shape.n_kv_heads = c.hkv;
+  shape.head_dim = c.d;
+  shape.window = c.window;
+  shape.scale = 1.0 / std::sqrt(static_cast<double>(c.d));
+  Tensor qkv = rand({n, h, c.d}, 100, 1.5), dout = rand({n, c.hq, c.d}, 101);
+  Tensor sinks = c.sinks ? rand({c.hq}, 102, 1.0) : Tensor();
+  Tensor ds0 = rand({c.hq}, 103);
+
+  BatchMeta cm = cpu_->upload_batch(batch), gm = gpu_->upload_batch(batch);
+  Tensor cqkv = on_cpu(qkv), gqkv = on_gpu(qkv);
+  Tensor cs = c.sinks ? on_cpu(sinks) : Tensor(), gs = c.sinks ? on_gpu(sinks) : Tensor();
+  Tensor co = cpu_->empty({n, c.hq, c.d}, DType::kF32), cl = cpu_->empty({n, c.hq}, DType::kF32);
+  Tensor go = gpu_->empty({n, c.hq, c.d}, DType::kBF16), gl = gpu_->empty({n, c.hq}, DType::kF32);
+  cpu_->attention_fwd(cqkv, cs, cm, shape, co, cl);
+  gpu_->attention_fwd(gqkv, gs, gm, shape, go, gl);
+  expect_close("attention out", go, co, kAttnTol);
+  expect_close("attention lse", gl, cl, kAttnTol);
+
+  Tensor cd = cpu_->empty({n, h, c.d}, DType::kF32), gd = gpu_->empty({n, h, c.d}, DType::kBF16);
+  Tensor cds = on_cpu(ds0), gds = on_gpu(ds0, DType::kF32);
+  cpu_->attention_bwd(cqkv, cs, cm, shape, co, cl, on_cpu(dout), cd, cds);
+  gpu_->attention_bwd(gqkv, gs, gm, shape, go, gl, on_gpu(dout), gd, gds);
+  // dq, dk, dv separately, so a failure says which.
+  const std::vector<double> gv = gpu_values(gd), cv = cpu_values(cd);
+  const char* parts[3] = {"dq", "dk", "dv"};
+  const int64_t h0[3] = {0, c.hq, c.hq + c.hkv}, h1[3] = {c.hq, c.hq + c.hkv, h};
+  for (int p = 0; p < 3; ++p) {
+    std::vector<double> a, b;
+    for (int64_t t = 0; t < n; ++t)
+      for (int64_t hh = h0[p]; hh < h1[p]; ++hh)
+        for (int64_t i = 0; i < c.d; ++i) {
+          a.push_back(gv[(t * h + hh) * c.d + i]);
+          b.push_back(cv[(t * h + hh) * c.d + i]);
+        }
+    const double e = rel_err(a, b);
+    EXPECT_LE(e, kAttnTol) << c.name << " " << parts[p] << ": relative error " << e;
+  }
+  if (c.sinks) expect_close("attention dsinks", gds, cds, kAttnTol);
+
+  // Deterministic: a second backward gives the same bits.
+  Tensor gd2 = gpu_->empty({n, h, c.d}, DType::kBF16);
+  Tensor gds2 = on_gpu(ds0, DType::kF32);
+  gpu_->attention_bwd(gqkv, gs, gm, shape, go, gl, on_gpu(dout), gd2, gds2);
+  EXPECT_EQ(gpu_values(gd2), gv) << "attention_bwd is not deterministic";
+  if (c.sinks) {
+    EXPECT_EQ(gpu_values(gds2), gpu_values(gds)) << "dsinks not deterministic";
+  }
+}
+
+const std::vector<std::vector<int>> kMixedRows = {{1, 70, 129, 5}, {200, 3, 2}, {64, 64, 77}};
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, CudaAttention,
+    ::testing::Values(AttnCase{"d64_gqa_sinks", 4, 2, 64, 0, true, kMixedRows},
+                      AttnCase{"d64_window_sinks", 4, 2, 64, 16, true, kMixedRows},
+                      AttnCase{"d128_mqa_window", 4, 1, 128, 40, false, kMixedRows},
+                      AttnCase{"d128_full", 2, 2, 128, 0, true, {{300}, {1, 1, 298}}},
+                      AttnCase{
+                          "d64_window_longer_than_seq", 2, 1, 64, 1000, false, {{150, 55, 95}}},
+                      AttnCase{"d64_window1", 2, 1, 64, 1, true, {{100, 3}}},
+                      AttnCase{"d32_simple", 3, 1, 32, 20, true, kMixedRows},
+                      AttnCase{"d80_simple", 2, 2, 80, 0, false, {{90, 1, 40}}}),
+    [](const ::testing::TestParamInfo<AttnCase>& info) { return std::string(info.param.name); });
+
+// The cached metadata (upload_batch) and the per-layer rebuild give the same attention, bit for
+// bit; only the rebuild synchronizes.
+TEST_F(CudaConsistency, CachedAndRebuiltMetadataAgree) {
+  const PackedBatch batch = make_batch({{1, 70, 129, 5, 51}, {256}, {100, 100, 56}});
+  const int64_t n = batch.num_tokens();
+  AttentionShape shape{4, 2, 64, 32, 0.125};
+  Tensor qkv = on_gpu(rand({n, 8, 64}, 110)), sinks = on_gpu(rand({4}, 111));
+
+  const int64_t s0 = gpu_->syncs().get(SyncCause::kMetadata);
+  BatchMeta cached = gpu_->upload_batch(batch);
+  EXPECT_EQ(gpu_->syncs().get(SyncCause::kMetadata), s0);
+  Tensor o1 = gpu_->empty({n, 4, 64}, DType::kBF16), l1 = gpu_->empty({n, 4}, DType::kF32);
+  gpu_->attention_fwd(qkv, sinks, cached, shape, o1, l1);
+  EXPECT_EQ(gpu_->syncs().get(SyncCause::kMetadata), s0) << "cached path synchronized";
+
+  BatchMeta rebuilt = gpu_->upload_batch(batch);
+  gpu_->rebuild_metadata(rebuilt);
+  EXPECT_EQ(gpu_->syncs().get(SyncCause::kMetadata), s0 + 1);
+  EXPECT_EQ(rebuilt.n_seqs, batch.num_seqs());
+  EXPECT_EQ(rebuilt.max_seqlen, batch.max_seqlen);
+  EXPECT_EQ(gpu_values(rebuilt.cu_seqlens), gpu_values(cached.cu_seqlens));
+  Tensor o2 = gpu_->empty({n, 4, 64}, DType::kBF16), l2 = gpu_->empty({n, 4}, DType::kF32);
+  gpu_->attention_fwd(qkv, sinks, rebuilt, shape, o2, l2);
+  EXPECT_EQ(gpu_values(o1), gpu_values(o2));
+  EXPECT_EQ(gpu_values(l1), gpu_values(l2));
+  EXPECT_EQ(gpu_values(cached.inputs),
+            std::vector<double>(batch.inputs.begin(), batch.inputs.end()));
+  EXPECT_EQ(gpu_values(cached.targets),
+            std::vector<double>(batch.targets.begin(), batch.targets.end()));
+}
+
+// ---- feed-forward
+// ---------------------------------------------------------------------------------
+
+TEST_F(CudaConsistency, Glu) {
+  const int64_t m = 50, f = 96;
+  for (GluKind kind : {GluKind::kSwiGLU, GluKind::kGptOss}) {
+    GluParams p;
+    p.kind = kind;
+    Tensor hh = rand({m, 2 * f}, 120, kind == GluKind::kGptOss ? 5.0 : 2.0), da = rand({m, f}, 121);
+    Tensor ca = cpu_->empty({m, f}, DType::kF32), ga = gpu_->empty({m, f}, DType::kBF16);
+    cpu_->glu_fwd(on_cpu(hh), p, ca);
+    gpu_->glu_fwd(on_gpu(hh), p, ga);
+    expect_close("glu fwd", ga, ca);
+    Tensor cdh = cpu_->empty({m, 2 * f}, DType::kF32), gdh = gpu_->empty({m, 2 * f}, DType::kBF16);
+    cpu_->glu_bwd(on_cpu(hh), on_cpu(da), p, cdh);
+    gpu_->glu_bwd(on_gpu(hh), on_gpu(da), p, gdh);
+    expect_close("glu bwd", gdh, cdh);
+  }
+}
+
+// ---- routing
+// --------------------------------------------------------------------------------------
+
+TEST_F(CudaConsistency, RouterTopkAndAuxLoss) {
+  const int64_t n = 203, e = 32;
+  const int k = 4;
+  Tensor logits = rand({n, e}, 130, 2.0), dw = rand({n, k}, 131);
+  Tensor ci = cpu_->empty({n, k}, DType::kI32), cw = cpu_->empty({n, k}, DType::kF32);
+  Tensor gi = gpu_->empty({n, k}, DType::kI32), gw = gpu_->empty({n, k}, DType::kBF16);
+  cpu_->router_topk(on_cpu(logits), k, ci, cw);
+  gpu_->router_topk(on_gpu(logits), k, gi, gw);
+  expect_equal_ints("router_topk idx", gi, ci);
+  expect_close("router_topk w", gw, cw);
+
+  Tensor cdl = cpu_->empty({n, e}, DType::kF32), gdl = gpu_->empty({n, e}, DType::kBF16);
+  cpu_->router_topk_bwd(ci, cw, on_cpu(dw), cdl);
+  gpu_->router_topk_bwd(gi, gw, on_gpu(dw), gdl);
+  expect_close("router_topk_bwd", gdl, cdl);
+
+  Tensor counts = ints(rand_ids(e, 60, 132));
+  Tensor dl0 = rand({n, e}, 133, 1e-5);  // the size of the loss gradient
+  Tensor closs = cpu_->zeros({1}, DType::kF32), gloss = gpu_->zeros({1}, DType::kF32);
+  Tensor cdl2 = on_cpu(dl0), gdl2 = on_gpu(dl0);
+  cpu_->router_aux_loss(on_cpu(logits), on_cpu(counts), k, 0.01, closs, cdl2);
+  gpu_->router_aux_loss(on_gpu(logits), on_gpu(counts), k, 0.01, gloss, gdl2);
+  expect_close("router_aux_loss loss", gloss, closs, 1e-3);
+  expect_close("router_aux_loss dlogits", gdl2, cdl2);
+}
+
+TEST_F(CudaConsistency, HistogramScanSortPermute) {
+  const int64_t n = 301, d = 40;
+  const int k = 4, e = 9;
+  const int64_t m = n * k;
+  Tensor ids = ints(rand_ids(m, e, 140));
+  Tensor cc = cpu_->empty({e}, DType::kI32), gc = gpu_->empty({e}, DType::kI32);
+  cpu_->histogram(on_cpu(ids), e, cc);
+  gpu_->histogram(on_gpu(ids), e, gc);
+  expect_equal_ints("histogram", gc, cc);
+  Tensor co = cpu_->empty({e + 1}, DType::kI32), go = gpu_->empty({e + 1}, DType::kI32);
+  cpu_->exclusive_scan(cc, co);
+  gpu_->exclusive_scan(gc, go);
+  expect_equal_ints("exclusive_scan", go, co);
+  Tensor cs2a = cpu_->empty({m}, DType::kI32), ca2s = cpu_->empty({m}, DType::kI32);
+  Tensor gs2a = gpu_->empty({m}, DType::kI32), ga2s = gpu_->empty({m}, DType::kI32);
+  cpu_->sort_by_id(on_cpu(ids), co, cs2a, ca2s);
+  gpu_->sort_by_id(on_gpu(ids), go, gs2a, ga2s);
+  expect_equal_ints("sort_by_id sorted_to_assign", gs2a, cs2a);
+  expect_equal_ints("sort_by_id assign_to_sorted", ga2s, ca2s);
+
+  Tensor x = rand({n, d}, 141), dout = rand({m, d}, 142), dx0 = rand({n, d}, 143);
+  Tensor cp = cpu_->empty({m, d}, DType::kF32), gp = gpu_->empty({m, d}, DType::kBF16);
+  cpu_->permute_rows(on_cpu(x), cs2a, k, cp);
+  gpu_->permute_rows(on_gpu(x), gs2a, k, gp);
+  expect_close("permute_rows", gp, cp);
+  Tensor cdx = on_cpu(dx0), gdx = on_gpu(dx0);
+  cpu_->permute_rows_bwd(on_cpu(dout), cs2a, k, cdx);
+  gpu_->permute_rows_bwd(on_gpu(dout), gs2a, k, gdx);
+  expect_close("permute_rows_bwd", gdx, cdx);
+
+  Tensor y = rand({m, d}, 144), w = rand({n, k}, 145, 0.3, 0.25), dcomb = rand({n, d}, 146);
+  Tensor cu = cpu_->empty({n, d}, DType::kF32), gu = gpu_->empty({n, d}, DType::kBF16);
+  cpu_->unpermute_combine(on_cpu(y), ca2s, on_cpu(w), cu);
+  gpu_->unpermute_combine(on_gpu(y), ga2s, on_gpu(w), gu);
+  expect_close("unpermute_combine", gu, cu);
+  Tensor cdy = cpu_->empty({m, d}, DType::kF32), gdy = gpu_->empty({m, d}, DType::kBF16);
+  Tensor cdw = cpu_->empty({n, k}, DType::kF32), gdw = gpu_->empty({n, k}, DType::kBF16);
+  cpu_->unpermute_combine_bwd(on_cpu(dcomb), on_cpu(y), ca2s, on_cpu(w), cdy, cdw);
+  gpu_->unpermute_combine_bwd(on_gpu(dcomb), on_gpu(y), ga2s, on_gpu(w), gdy, gdw);
+  expect_close("unpermute_combine_bwd dy", gdy, cdy);
+  expect_close("unpermute_combine_bwd dw", gdw, cdw);
+}
+
+// ---- embedding and loss
+// ---------------------------------------------------------------------------
+
+TEST_F(CudaConsistency, Embedding) {
+  const int64_t v = 1000, d = 72, n = 777;
+  Tensor table = rand({v, d}, 150), dout = rand({n, d}, 151), dt0 = rand({v, d}, 152);
+  std::vector<int32_t> idv = rand_ids(n, 50, 153);  // many repeats
+  idv[5] = static_cast<int32_t>(v - 1);
+  Tensor ids = ints(idv);
+  Tensor co = cpu_->empty({n, d}, DType::kF32), go = gpu_->empty({n, d}, DType::kBF16);
+  cpu_->embedding_fwd(on_cpu(table), on_cpu(ids), co);
+  gpu_->embedding_fwd(on_gpu(table), on_gpu(ids), go);
+  expect_close("embedding_fwd", go, co);
+  Tensor cdt = on_cpu(dt0), gdt = on_gpu(dt0, DType::kF32);
+  cpu_->embedding_bwd(on_cpu(dout), on_cpu(ids), cdt);
+  gpu_->embedding_bwd(on_gpu(dout), on_gpu(ids), gdt);
+  expect_close("embedding_bwd", gdt, cdt, 1e-3);
+}
+
+TEST_F(CudaConsistency, CrossEntropy) {
+  struct Case {
+    int64_t n, v;
+  };
+  for (Case c : {Case{37, 5003}, Case{3, 201088}}) {
+    Tensor logits = rand({c.n, c.v}, 160, 2.0);
+    std::vector<int32_t> tg = rand_ids(c.n, c.v, 161);
+    tg[1] = -1;
+    Tensor targets = ints(tg);
+    Tensor cl = on_cpu(logits), gl = on_gpu(logits);
+    Tensor closs = cpu_->zeros({1}, DType::kF32), gloss = gpu_->zeros({1}, DType::kF32);
+    cpu_->cross_entropy(cl, on_cpu(targets), 0.5, closs);
+    gpu_->cross_entropy(gl, on_gpu(targets), 0.5, gloss);
+    expect_close("cross_entropy loss", gloss, closs, 1e-4);
+    expect_close("cross_entropy grad", gl, cl);
+  }
+}
+
+// ---- optimizer
+// ------------------------------------------------------------------------------------
+
+TEST_F(CudaConsistency, SumSquaresAndAdamW) {
+  Tensor x = rand({12345}, 170);
+  for (DType dt : {DType::kF32, DType::kBF16}) {
+    Tensor ca = cpu_->zeros({1}, DType::kF32), ga = gpu_->zeros({1}, DType::kF32);
+    cpu_->sum_squares(on_cpu(x), ca);
+    gpu_->sum_squares(on_gpu(x, dt), ga);
+    expect_close("sum_squares", ga, ca, 1e-5);
+  }
+  const int64_t n = 4099;
+  Tensor w = rand({n}, 171), g = rand({n}, 172), m0 = rand({n}, 173, 0.1);
+  Tensor v0 = rand({n}, 174, 0.01, 0.05);
+  AdamWParams p;
+  p.lr = 1e-2;
+  p.weight_decay = 0.1;
+  p.step = 3;
+  p.grad_scale = 0.7;
+  Tensor cw = on_cpu(w), cm = on_cpu(m0), cv = on_cpu(v0), cwork;
+  Tensor gw = on_gpu(w, DType::kF32), gm = on_gpu(m0, DType::kF32), gv = on_gpu(v0, DType::kF32);
+  Tensor gwork = gpu_->empty({n}, DType::kBF16);
+  cpu_->adamw(cw, on_cpu(g), cm, cv, p, cwork);
+  gpu_->adamw(gw, on_gpu(g, DType::kF32), gm, gv, p, gwork);
+  expect_close("adamw master", gw, cw, 1e-5);
+  expect_close("adamw m", gm, cm, 1e-5);
+  expect_close("adamw v", gv, cv, 1e-5);
+  expect_close("adamw working", gwork, cw, 1e-2);
+}
+
+}  // namespace
+}  // namespace hp
