@@ -11,6 +11,7 @@
 #include "launch/options.h"
 #include "launch/tools.h"
 #include "launch/trainer.h"
+#include "parallel/mpi_communicator.h"
 
 namespace hp {
 namespace {
@@ -26,7 +27,35 @@ constexpr const char* kUsage =
     "\n"
     "'hotpath <command> --help' lists every option with its default.\n";
 
-int train_main(const std::vector<std::string>& args) {
+// Runs `body` as one rank of the job: finds the launch, meets the other ranks, builds the process
+// groups. A failure on any rank is logged with its rank and tears the whole job down (no rank
+// waits forever for a peer that has died).
+template <typename Body>
+int with_rank_context(const TrainOptions& o, int* argc, char*** argv, Body body) {
+  LaunchInfo launch = detect_launch();
+  set_error_rank(launch.rank);
+  LogOptions lo;
+  lo.rank = launch.rank;
+  configure_logging(lo);
+  // Options are checked on every rank before any collective: a bad config fails fast everywhere.
+  validate_train_options(o, launch.world);
+  Bootstrap boot = o.bootstrap.empty() ? default_bootstrap(launch) : parse_bootstrap(o.bootstrap);
+  std::unique_ptr<MpiSession> mpi;
+  if (boot.kind == Bootstrap::Kind::kMpi) mpi = std::make_unique<MpiSession>(argc, argv);
+  CommOptions co;
+  co.timeout = std::chrono::milliseconds(static_cast<int64_t>(o.collective_timeout_s * 1000));
+  RankContext ctx;
+  ctx.launch = launch;
+  ctx.groups = make_process_groups(create_world(launch, boot, co), o.ep_size);
+  try {
+    return body(ctx);
+  } catch (const std::exception& e) {
+    if (ctx.groups.world && ctx.groups.world->size() > 1) ctx.groups.world->abort(e.what());
+    throw;
+  }
+}
+
+int train_main(const std::vector<std::string>& args, int* argc, char*** argv) {
   TrainOptions o;
   if (!parse_train_options(args, "train", o)) return 0;
   if (o.dry_run) {
@@ -36,17 +65,18 @@ int train_main(const std::vector<std::string>& args) {
                 static_cast<long long>(pc.active));
     return 0;
   }
-  return run_train(o);
+  return with_rank_context(o, argc, argv, [&](const RankContext& ctx) { return run_train(o, ctx); });
 }
 
-int bench_main(const std::vector<std::string>& args) {
+int bench_main(const std::vector<std::string>& args, int* argc, char*** argv) {
   if (args.empty() || args[0].rfind("--", 0) == 0)
     HP_USER_ERROR(ErrorKind::kUser, "hotpath bench: name a scenario first (available: step), e.g. "
                                     "'hotpath bench step --config FILE'");
   TrainOptions o;
   std::vector<std::string> rest(args.begin() + 1, args.end());
   if (!parse_train_options(rest, "bench " + args[0], o)) return 0;
-  return run_bench(args[0], o);
+  return with_rank_context(o, argc, argv,
+                           [&](const RankContext& ctx) { return run_bench(args[0], o, ctx); });
 }
 
 }  // namespace
@@ -64,8 +94,8 @@ int run_cli(int argc, char** argv) {
     }
     const std::string cmd = args[0];
     std::vector<std::string> rest(args.begin() + 1, args.end());
-    if (cmd == "train") return train_main(rest);
-    if (cmd == "bench") return bench_main(rest);
+    if (cmd == "train") return train_main(rest, &argc, &argv);
+    if (cmd == "bench") return bench_main(rest, &argc, &argv);
     if (cmd == "data") return data_tool_main(rest);
     std::cerr << "hotpath: unknown command '" << cmd << "'\n\n" << kUsage;
     return 2;

@@ -36,6 +36,9 @@ po::options_description describe_options(TrainOptions& o, std::string& window_la
       ("checkpoint_activations", po::value(&o.checkpoint_activations)->default_value(o.checkpoint_activations), "keep only block inputs in forward; recompute in backward")
       ("metadata", po::value(&o.metadata)->default_value(o.metadata), "packed metadata: cached (built once per batch) | per-layer (baseline)")
       ("routing", po::value(&o.routing)->default_value(o.routing), "MoE routing: bincount (1 sync per layer) | per-expert (baseline)")
+      ("ep_size", po::value(&o.ep_size)->default_value(o.ep_size), "expert-parallel ranks (world = dp x ep_size)")
+      ("bootstrap", po::value(&o.bootstrap)->default_value(o.bootstrap), "how ranks meet: mpi | file:PATH | tcp:HOST:PORT (empty: mpi under an MPI launcher)")
+      ("collective_timeout_s", po::value(&o.collective_timeout_s)->default_value(o.collective_timeout_s), "seconds before a stuck collective fails the job")
       ("ce_chunk_tokens", po::value(&o.ce_chunk_tokens)->default_value(o.ce_chunk_tokens), "rows of logits materialized at once")
       ("bench_warmup", po::value(&o.bench_warmup)->default_value(o.bench_warmup), "bench: warm-up steps (not timed)")
       ("bench_steps", po::value(&o.bench_steps)->default_value(o.bench_steps), "bench: timed steps")
@@ -174,6 +177,12 @@ void validate_train_options(const TrainOptions& o, int world) {
           str_cat("must be cached or per-layer, got '", o.metadata, "'"));
   require(o.routing == "bincount" || o.routing == "per-expert", "routing",
           str_cat("must be bincount or per-expert, got '", o.routing, "'"));
+  require(o.ep_size >= 1 && world % o.ep_size == 0, "ep_size",
+          str_cat("must divide the world size ", world, ", got ", o.ep_size));
+  require(!o.model.is_moe() || o.model.n_experts % o.ep_size == 0, "ep_size",
+          str_cat("must divide n_experts=", o.model.n_experts, ", got ", o.ep_size));
+  require(o.model.is_moe() || o.ep_size == 1, "ep_size", "must be 1 for a dense model");
+  require(o.collective_timeout_s > 0, "collective_timeout_s", "must be > 0");
   require(o.ce_chunk_tokens >= 1, "ce_chunk_tokens", "must be >= 1");
   const int64_t eot = o.data.eot_token < 0 ? o.model.vocab_size - 1 : o.data.eot_token;
   require(eot < o.model.vocab_size, "eot_token",

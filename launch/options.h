@@ -45,6 +45,10 @@ struct TrainOptions {
   std::string routing = "bincount";  // bincount | per-expert
   int64_t ce_chunk_tokens = 4096;
   bool dry_run = false;
+  // parallel layout and launch
+  int ep_size = 1;                    // expert-parallel group size; world = dp x ep
+  std::string bootstrap;              // mpi | file:PATH | tcp:HOST:PORT ("" : from the launch)
+  double collective_timeout_s = 300;  // a collective stuck this long becomes an error
   // bench
   int64_t bench_warmup = 2;
   int64_t bench_steps = 5;

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "framework/core/log.h"
+#include "parallel/moe_exchange.h"
 #if HOTPATH_HAVE_CUDA
 #include "framework/backend/cuda/cuda_backend.h"
 #endif
@@ -63,14 +64,29 @@ ModelOptions make_model_options(const TrainOptions& o) {
   return m;
 }
 
-Trainer::Trainer(const TrainOptions& o)
+RankContext single_rank_context() {
+  RankContext ctx;
+  ctx.groups = make_process_groups(create_world(ctx.launch, default_bootstrap(ctx.launch)), 1);
+  return ctx;
+}
+
+Trainer::Trainer(const TrainOptions& o, const RankContext& ctx)
     : o_(o),
+      ctx_(ctx),
       opt_(AdamWConfig{o.beta1, o.beta2, o.adam_eps, o.weight_decay, o.grad_clip}) {
-  validate_train_options(o_, 1);
-  be_ = make_backend(o_, 0);
-  loader_ = DataLoader::open(make_data_config(o_, 0, 1));
-  model_ = std::make_unique<Model>(o_.model, make_model_options(o_), *be_);
+  validate_train_options(o_, ctx_.world());
+  HP_CHECK(ctx_.groups.ep_size == o_.ep_size, "process groups built for ep_size ",
+           ctx_.groups.ep_size, " but options say ", o_.ep_size);
+  be_ = make_backend(o_, ctx_.launch.local_rank);
+  loader_ = DataLoader::open(make_data_config(o_, ctx_.rank(), ctx_.world()));
+  std::shared_ptr<ExpertExchange> exchange;
+  if (ctx_.world() > 1) exchange = std::make_shared<CommExpertExchange>(ctx_.groups.ep, ctx_.groups.world);
+  model_ = std::make_unique<Model>(o_.model, make_model_options(o_), *be_, exchange);
   model_->init_params(o_.seed);
+  if (ctx_.world() > 1) {
+    grad_sync_ = std::make_unique<GradSync>(*be_, model_->params(), ctx_.groups);
+    model_->set_grad_ready_hook([this](int layer) { grad_sync_->layer_ready(layer); });
+  }
   sched_.lr = o_.lr;
   sched_.min_lr = o_.min_lr;
   sched_.warmup_steps = o_.warmup_steps;
@@ -87,12 +103,17 @@ StepStats Trainer::step() {
 
   PackedBatch batch = loader_->next();
   BatchMeta meta = be.upload_batch(batch);
-  const int64_t valid = batch.num_valid_targets;
+  // The loss is a mean over the global batch: the count of valid targets is summed over ranks on
+  // the host (known from the packed metadata, no device sync).
+  Tensor counts = Tensor::host_from(std::vector<int64_t>{batch.num_valid_targets}, DType::kI64);
+  if (ctx_.world() > 1) ctx_.groups.world->all_reduce(counts, ReduceOp::kSum);
+  const int64_t valid = counts.data<int64_t>()[0];
 
   model_->zero_grads();
   be.fill(stats_, 0.0);
   LossSums sums{stats_.slice(0, 1), stats_.slice(1, 2)};
   model_->forward_backward(meta, valid > 0 ? 1.0 / static_cast<double>(valid) : 0.0, sums);
+  if (grad_sync_) grad_sync_->finish();
   Tensor sumsq = stats_.slice(2, 4);
   grad_sum_squares(be, model_->params(), sumsq);
 
@@ -100,11 +121,22 @@ StepStats Trainer::step() {
   Tensor host = Tensor::host({4}, be.master_dtype());
   be.read_to_host(stats_, host, SyncCause::kLoss);
   std::vector<double> s = to_double_vector(host);
+  if (ctx_.world() > 1) {
+    // Loss sums add over all ranks; dense gradients are identical everywhere after their
+    // all-reduce; expert gradients differ across the ep group only.
+    Tensor losses = Tensor::host_from(std::vector<double>{s[0], s[1]}, DType::kF64);
+    ctx_.groups.world->all_reduce(losses, ReduceOp::kSum);
+    Tensor expert = Tensor::host_from(std::vector<double>{s[3]}, DType::kF64);
+    ctx_.groups.ep->all_reduce(expert, ReduceOp::kSum);
+    s[0] = losses.data<double>()[0];
+    s[1] = losses.data<double>()[1];
+    s[3] = expert.data<double>()[0];
+  }
 
   StepStats st;
   st.step = step_;
   st.valid_targets = valid;
-  st.tokens = batch.num_tokens();
+  st.tokens = batch.num_tokens() * ctx_.world();
   st.loss = valid > 0 ? s[0] / static_cast<double>(valid) : 0.0;
   st.aux_loss = s[1];
   st.grad_norm = std::sqrt(s[2] + s[3]);
@@ -143,21 +175,23 @@ double median(std::vector<double> v) {
 
 }  // namespace
 
-int run_train(const TrainOptions& o) {
+int run_train(const TrainOptions& o, const RankContext& ctx) {
   using Clock = std::chrono::steady_clock;
   const auto t_start = Clock::now();
-  Trainer trainer(o);
+  Trainer trainer(o, ctx);
   const ParamCounts pc = count_params(o.model);
   const double floor = trainer.loader().entropy_floor();
   log_info("hotpath ", HOTPATH_VERSION, ": backend=", trainer.backend().name(),
            " params: total=", pc.total, " active=", pc.active, " layers=", o.model.n_layers,
            o.model.is_moe() ? str_cat(" experts=", o.model.n_experts, " top_k=", o.model.top_k) : "");
-  log_info("data: ", trainer.loader().describe(), " seq_len=", o.seq_len,
+  log_info("launch: ", ctx.launch.describe(), " world=", ctx.world(), " dp=", ctx.groups.dp_size,
+           " ep=", ctx.groups.ep_size);
+  log_info(trainer.loader().describe(), " seq_len=", o.seq_len,
            " batch_tokens=", o.batch_tokens, " steps=", o.steps);
   if (!std::isnan(floor)) log_info("entropy_floor=", fmt(floor, 6), " nats (lowest achievable mean loss)");
 
   std::ofstream metrics;
-  if (!o.metrics_path.empty()) {
+  if (!o.metrics_path.empty() && ctx.rank() == 0) {
     metrics.open(o.metrics_path, std::ios::trunc);
     if (!metrics)
       HP_USER_ERROR(ErrorKind::kConfig, "config key 'metrics_path': cannot write '",
@@ -175,7 +209,7 @@ int run_train(const TrainOptions& o) {
     last_loss = s.loss;
     recent.push_back(s.loss);
     if (recent.size() > 20) recent.erase(recent.begin());
-    if (metrics) metrics << metrics_json(s, o.model.is_moe()) << "\n" << std::flush;
+    if (metrics.is_open()) metrics << metrics_json(s, o.model.is_moe()) << "\n" << std::flush;
     if (s.step % o.log_every == 0 || s.step == o.steps || s.step == 1) {
       log_info("step=", s.step, " loss=", fmt(s.loss), o.model.is_moe() ? " aux_loss=" + fmt(s.aux_loss) : "",
                " lr=", fmt(s.lr, 3), " grad_norm=", fmt(s.grad_norm, 3), " tok/s=", fmt(s.tokens_per_s, 5),
@@ -197,11 +231,11 @@ int run_train(const TrainOptions& o) {
   return 0;
 }
 
-int run_bench(const std::string& scenario, const TrainOptions& o) {
+int run_bench(const std::string& scenario, const TrainOptions& o, const RankContext& ctx) {
   if (scenario != "step")
     HP_USER_ERROR(ErrorKind::kUser, "hotpath bench: unknown scenario '", scenario,
                   "'; available: step");
-  Trainer trainer(o);
+  Trainer trainer(o, ctx);
   for (int64_t i = 0; i < o.bench_warmup; ++i) trainer.step();
   std::vector<double> ms, tps, syncs;
   for (int64_t i = 0; i < o.bench_steps; ++i) {
@@ -211,6 +245,7 @@ int run_bench(const std::string& scenario, const TrainOptions& o) {
     syncs.push_back(static_cast<double>(s.syncs.total()));
   }
   const double med_ms = median(ms), med_tps = median(tps), med_syncs = median(syncs);
+  if (ctx.rank() != 0) return 0;
   std::printf("bench step: backend=%s tokens/step=%lld steps=%lld (warm-up %lld)\n",
               trainer.backend().name().c_str(), static_cast<long long>(o.batch_tokens),
               static_cast<long long>(o.bench_steps), static_cast<long long>(o.bench_warmup));

@@ -12,6 +12,9 @@
 #include "launch/options.h"
 #include "optim/adamw.h"
 #include "optim/lr_schedule.h"
+#include "parallel/grad_sync.h"
+#include "parallel/launch_env.h"
+#include "parallel/process_groups.h"
 
 namespace hp {
 
@@ -31,9 +34,20 @@ struct StepStats {
 // Picks the backend for options.device ("auto": CUDA when a GPU is present).
 std::unique_ptr<Backend> make_backend(const TrainOptions& o, int local_rank);
 
+// One rank's place in the job: how it was launched and its process groups.
+struct RankContext {
+  LaunchInfo launch;
+  ProcessGroups groups;
+  int rank() const { return groups.world ? groups.world->rank() : 0; }
+  int world() const { return groups.world ? groups.world->size() : 1; }
+};
+
+// A context for one process without any launcher (tests, tools).
+RankContext single_rank_context();
+
 class Trainer {
  public:
-  explicit Trainer(const TrainOptions& o);
+  Trainer(const TrainOptions& o, const RankContext& ctx);
   StepStats step();
   Model& model() { return *model_; }
   Backend& backend() { return *be_; }
@@ -45,6 +59,8 @@ class Trainer {
   std::unique_ptr<Backend> be_;
   std::unique_ptr<Model> model_;
   std::unique_ptr<DataLoader> loader_;
+  RankContext ctx_;
+  std::unique_ptr<GradSync> grad_sync_;
   AdamW opt_;
   LrSchedule sched_;
   int64_t step_ = 0;
@@ -54,7 +70,7 @@ class Trainer {
 DataConfig make_data_config(const TrainOptions& o, int rank, int world);
 ModelOptions make_model_options(const TrainOptions& o);
 
-int run_train(const TrainOptions& o);
-int run_bench(const std::string& scenario, const TrainOptions& o);
+int run_train(const TrainOptions& o, const RankContext& ctx);
+int run_bench(const std::string& scenario, const TrainOptions& o, const RankContext& ctx);
 
 }  // namespace hp

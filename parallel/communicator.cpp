@@ -10,9 +10,12 @@ namespace hp {
 
 const char* reduce_op_name(ReduceOp op) {
   switch (op) {
-    case ReduceOp::kSum: return "sum";
-    case ReduceOp::kMax: return "max";
-    case ReduceOp::kMin: return "min";
+    case ReduceOp::kSum:
+      return "sum";
+    case ReduceOp::kMax:
+      return "max";
+    case ReduceOp::kMin:
+      return "min";
   }
   return "?";
 }
@@ -43,8 +46,8 @@ std::shared_ptr<Communicator> split_by_label(Communicator& parent, const std::st
                                              const std::string& name) {
   const int n = parent.size();
   // Lengths first, so that labels of any length travel in one fixed-size gather.
-  Tensor my_len = Tensor::host_from(std::vector<int64_t>{static_cast<int64_t>(label.size())},
-                                    DType::kI64);
+  Tensor my_len =
+      Tensor::host_from(std::vector<int64_t>{static_cast<int64_t>(label.size())}, DType::kI64);
   Tensor lens = Tensor::host({n}, DType::kI64);
   parent.all_gather(my_len, lens);
   const int64_t* len = lens.data<int64_t>();

@@ -87,15 +87,24 @@ std::vector<int64_t> even_chunks(int64_t n, int parts) {
 
 const char* HostCommunicator::op_name(OpKind kind) {
   switch (kind) {
-    case OpKind::kAllReduce: return "all_reduce";
-    case OpKind::kBroadcast: return "broadcast";
-    case OpKind::kAllGather: return "all_gather";
-    case OpKind::kReduceScatter: return "reduce_scatter";
-    case OpKind::kAllToAllV: return "all_to_all_v";
-    case OpKind::kBarrier: return "barrier";
-    case OpKind::kSendRecv: return "send/recv";
-    case OpKind::kSplit: return "split";
-    case OpKind::kRendezvous: return "rendezvous";
+    case OpKind::kAllReduce:
+      return "all_reduce";
+    case OpKind::kBroadcast:
+      return "broadcast";
+    case OpKind::kAllGather:
+      return "all_gather";
+    case OpKind::kReduceScatter:
+      return "reduce_scatter";
+    case OpKind::kAllToAllV:
+      return "all_to_all_v";
+    case OpKind::kBarrier:
+      return "barrier";
+    case OpKind::kSendRecv:
+      return "send/recv";
+    case OpKind::kSplit:
+      return "split";
+    case OpKind::kRendezvous:
+      return "rendezvous";
   }
   return "?";
 }
@@ -126,8 +135,8 @@ void HostCommunicator::fail(const Op& op, const std::string& what, const char* f
 }
 
 void HostCommunicator::raise(const Op& op, const std::string& rest, const char* file, int line) {
-  std::string msg = str_cat("rank ", world_rank(), ": ", op_name(op.kind), " on '", name(), "'",
-                            rest);
+  std::string msg =
+      str_cat("rank ", world_rank(), ": ", op_name(op.kind), " on '", name(), "'", rest);
   if (broken_reason_.empty()) broken_reason_ = msg;
   throw_error(ErrorKind::kComm, file, line, msg);
 }
@@ -156,8 +165,8 @@ void HostCommunicator::check_tensor(const Op& op, const Tensor& t, bool reductio
     HP_FAIL(ErrorKind::kInternal, op_name(op.kind), " on '", name(), "': undefined tensor");
   }
   if (t.device() != Device::kCPU) {
-    HP_FAIL(ErrorKind::kInternal, op_name(op.kind), " on '", name(),
-            "' moves host tensors; got ", t.desc());
+    HP_FAIL(ErrorKind::kInternal, op_name(op.kind), " on '", name(), "' moves host tensors; got ",
+            t.desc());
   }
   if (reduction && t.dtype() == DType::kBF16) {
     HP_FAIL(ErrorKind::kInternal, op_name(op.kind), " on '", name(),
@@ -228,8 +237,7 @@ void HostCommunicator::reduce_scatter(const Tensor& in, Tensor& out, ReduceOp ro
   std::vector<char> parts(mb * static_cast<size_t>(n_ranks));
   std::vector<size_t> bytes(static_cast<size_t>(n_ranks), mb), displs(bytes.size());
   for (size_t r = 0; r < displs.size(); ++r) displs[r] = r * mb;
-  do_all_to_all(op, static_cast<const char*>(in.raw()), bytes, displs, parts.data(), bytes,
-                displs);
+  do_all_to_all(op, static_cast<const char*>(in.raw()), bytes, displs, parts.data(), bytes, displs);
   std::memcpy(out.raw(), parts.data(), mb);
   for (int r = 1; r < n_ranks; ++r) {
     reduce_into(out.raw(), parts.data() + displs[static_cast<size_t>(r)], m, out.dtype(), rop);
@@ -275,9 +283,9 @@ void HostCommunicator::all_to_all_v(const Tensor& send, const std::vector<int64_
             "' needs send and recv of one dtype with equal trailing dimensions; got send ",
             send.desc(), ", recv ", recv.desc());
   }
-  const size_t row_bytes = static_cast<size_t>(shape_numel(
-                               Shape(send.shape().begin() + 1, send.shape().end()))) *
-                           dtype_size(send.dtype());
+  const size_t row_bytes =
+      static_cast<size_t>(shape_numel(Shape(send.shape().begin() + 1, send.shape().end()))) *
+      dtype_size(send.dtype());
   auto to_bytes = [&](const std::vector<int64_t>& counts, int64_t rows, const char* which,
                       std::vector<size_t>& bytes, std::vector<size_t>& displs) {
     bytes.resize(n_ranks);
@@ -285,16 +293,16 @@ void HostCommunicator::all_to_all_v(const Tensor& send, const std::vector<int64_
     int64_t total = 0;
     for (size_t r = 0; r < n_ranks; ++r) {
       if (counts[r] < 0) {
-        HP_FAIL(ErrorKind::kInternal, "all_to_all_v on '", name(), "': negative ", which,
-                " count ", counts[r], " for rank ", r);
+        HP_FAIL(ErrorKind::kInternal, "all_to_all_v on '", name(), "': negative ", which, " count ",
+                counts[r], " for rank ", r);
       }
       displs[r] = static_cast<size_t>(total) * row_bytes;
       bytes[r] = static_cast<size_t>(counts[r]) * row_bytes;
       total += counts[r];
     }
     if (total != rows) {
-      HP_FAIL(ErrorKind::kInternal, "all_to_all_v on '", name(), "': ", which,
-              " counts add up to ", total, " rows but the ", which, " tensor has ", rows);
+      HP_FAIL(ErrorKind::kInternal, "all_to_all_v on '", name(), "': ", which, " counts add up to ",
+              total, " rows but the ", which, " tensor has ", rows);
     }
   };
   std::vector<size_t> sb, sd, rb, rd;
@@ -379,8 +387,7 @@ void HostCommunicator::group_end() {
   do_p2p(op, ops);
 }
 
-std::shared_ptr<Communicator> HostCommunicator::split(int color, int key,
-                                                      const std::string& name) {
+std::shared_ptr<Communicator> HostCommunicator::split(int color, int key, const std::string& name) {
   Op op = begin(OpKind::kSplit);
   const int n_ranks = size();
   std::vector<int> members;

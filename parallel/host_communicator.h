@@ -51,14 +51,21 @@ class HostCommunicator : public Communicator {
   std::shared_ptr<Communicator> split(int color, int key, const std::string& name) final;
 
   // Total bytes at or below which all_reduce gathers everything instead of chunking.
-  static constexpr size_t kGatherReduceBytes = 256 * 1024;
+  static constexpr size_t kGatherReduceBytes = size_t{256} * 1024;
 
  protected:
   using Clock = std::chrono::steady_clock;
 
   enum class OpKind : uint16_t {
-    kAllReduce = 1, kBroadcast, kAllGather, kReduceScatter, kAllToAllV, kBarrier, kSendRecv,
-    kSplit, kRendezvous
+    kAllReduce = 1,
+    kBroadcast,
+    kAllGather,
+    kReduceScatter,
+    kAllToAllV,
+    kBarrier,
+    kSendRecv,
+    kSplit,
+    kRendezvous
   };
   static const char* op_name(OpKind kind);
 

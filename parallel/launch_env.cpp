@@ -64,8 +64,7 @@ void validate(const LaunchInfo& info, const char* rank_var, const char* world_va
     fail(str_cat(rank_var, "=", info.rank, " must be less than ", world_var, "=", info.world));
   }
   if (info.local_world > info.world) {
-    fail(str_cat(local_world_var, "=", info.local_world, " exceeds ", world_var, "=",
-                 info.world));
+    fail(str_cat(local_world_var, "=", info.local_world, " exceeds ", world_var, "=", info.world));
   }
   if (info.local_world > 0 && info.local_rank >= info.local_world) {
     fail(str_cat(local_var, "=", info.local_rank, " must be less than ", local_world_var, "=",
@@ -187,17 +186,22 @@ LaunchInfo detect_launch(const EnvLookup& env) {
 
 std::string Bootstrap::str() const {
   switch (kind) {
-    case Kind::kMpi: return "mpi";
-    case Kind::kFile: return "file:" + path;
-    case Kind::kTcp: return str_cat("tcp:", host, ":", port);
-    case Kind::kSingle: return "single";
+    case Kind::kMpi:
+      return "mpi";
+    case Kind::kFile:
+      return "file:" + path;
+    case Kind::kTcp:
+      return str_cat("tcp:", host, ":", port);
+    case Kind::kSingle:
+      return "single";
   }
   return "?";
 }
 
 Bootstrap parse_bootstrap(const std::string& spec) {
-  const char* valid = "expected mpi, file:PATH (a file on a file system every rank sees) or "
-                      "tcp:HOST:PORT (rank 0's host and a free port)";
+  const char* valid =
+      "expected mpi, file:PATH (a file on a file system every rank sees) or "
+      "tcp:HOST:PORT (rank 0's host and a free port)";
   Bootstrap b;
   if (spec == "mpi") {
     b.kind = Bootstrap::Kind::kMpi;
@@ -263,11 +267,15 @@ std::shared_ptr<Communicator> create_world(const LaunchInfo& info, const Bootstr
       MPI_Finalized(&fin);
       if (!init || fin) {
         if (!info.use_mpi && info.world > 1) {
-          HP_USER_ERROR(ErrorKind::kUser, "bootstrap 'mpi' needs an MPI launcher (mpirun, or srun "
-                        "--mpi=pmix); ", info.describe(), " was not started by one: use "
+          HP_USER_ERROR(ErrorKind::kUser,
+                        "bootstrap 'mpi' needs an MPI launcher (mpirun, or srun "
+                        "--mpi=pmix); ",
+                        info.describe(),
+                        " was not started by one: use "
                         "file:PATH or tcp:HOST:PORT");
         }
-        HP_FAIL(ErrorKind::kMpi, "bootstrap 'mpi': MPI is not initialised (create an MpiSession "
+        HP_FAIL(ErrorKind::kMpi,
+                "bootstrap 'mpi': MPI is not initialised (create an MpiSession "
                 "before create_world)");
       }
       auto world = MpiCommunicator::create(MPI_COMM_WORLD, "world", options);

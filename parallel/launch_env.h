@@ -38,7 +38,7 @@ struct LaunchInfo {
   int rank = 0;
   int world = 1;
   int local_rank = 0;
-  int local_world = 0;  // ranks on this node; 0 when the launcher does not say
+  int local_world = 0;            // ranks on this node; 0 when the launcher does not say
   std::string method = "single";  // "mpirun", "srun-pmix", "env", "slurm-env", "single"
   bool use_mpi = false;           // the launcher started an MPI job
 
@@ -91,7 +91,6 @@ std::shared_ptr<Communicator> create_world(const LaunchInfo& info, const Bootstr
 
 // Collective: returns root's `blob` on every rank (other ranks' `blob` is ignored). For opaque
 // bootstrap data such as the NCCL unique id.
-std::vector<uint8_t> share_blob(Communicator& comm, const std::vector<uint8_t>& blob,
-                                int root = 0);
+std::vector<uint8_t> share_blob(Communicator& comm, const std::vector<uint8_t>& blob, int root = 0);
 
 }  // namespace hp

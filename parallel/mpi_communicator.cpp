@@ -54,17 +54,16 @@ void mpi_fail(int rc, const char* stmt, const char* file, int line) {
 }
 
 // A failed MPI call inside an operation breaks the communicator and names the operation.
-#define MPI_OP_CHECK(op, stmt)                                                    \
-  do {                                                                            \
-    int hp_mpi_rc_ = (stmt);                                                      \
-    if (hp_mpi_rc_ != MPI_SUCCESS)                                                \
-      HP_COMM_FAIL(op, #stmt, " failed: ", mpi_error_string(hp_mpi_rc_));         \
+#define MPI_OP_CHECK(op, stmt)                                            \
+  do {                                                                    \
+    int hp_mpi_rc_ = (stmt);                                              \
+    if (hp_mpi_rc_ != MPI_SUCCESS)                                        \
+      HP_COMM_FAIL(op, #stmt, " failed: ", mpi_error_string(hp_mpi_rc_)); \
   } while (0)
 
 MpiCommunicator::MpiCommunicator(MPI_Comm comm, std::string name, int rank, int size,
                                  std::vector<int> world_ranks, CommOptions options)
-    : HostCommunicator(std::move(name), rank, size, std::move(world_ranks), options),
-      comm_(comm) {}
+    : HostCommunicator(std::move(name), rank, size, std::move(world_ranks), options), comm_(comm) {}
 
 std::shared_ptr<MpiCommunicator> MpiCommunicator::create(MPI_Comm comm, const std::string& name,
                                                          const CommOptions& options) {

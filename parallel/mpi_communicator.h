@@ -25,9 +25,9 @@
 #include "parallel/host_communicator.h"
 
 // Throws hp::Error(kMpi) with the statement, file:line and MPI's error string.
-#define MPI_CHECK(stmt)                                                                    \
-  do {                                                                                     \
-    int hp_mpi_rc_ = (stmt);                                                               \
+#define MPI_CHECK(stmt)                                                                   \
+  do {                                                                                    \
+    int hp_mpi_rc_ = (stmt);                                                              \
     if (hp_mpi_rc_ != MPI_SUCCESS) ::hp::mpi_fail(hp_mpi_rc_, #stmt, __FILE__, __LINE__); \
   } while (0)
 
@@ -64,8 +64,8 @@ class MpiCommunicator final : public HostCommunicator {
                                          const std::string& name) override;
 
  private:
-  MpiCommunicator(MPI_Comm comm, std::string name, int rank, int size,
-                  std::vector<int> world_ranks, CommOptions options);
+  MpiCommunicator(MPI_Comm comm, std::string name, int rank, int size, std::vector<int> world_ranks,
+                  CommOptions options);
   static std::vector<int> world_ranks_of(MPI_Comm comm);
 
   // Polls the requests until all complete or op.deadline passes. peers[i] is the rank that

@@ -21,12 +21,14 @@ GroupLayout GroupLayout::make(int world, int ep_size) {
 
 std::vector<int> GroupLayout::ep_group(int rank) const {
   std::vector<int> g;
+  g.reserve(static_cast<size_t>(ep_size));
   for (int i = 0; i < ep_size; ++i) g.push_back(dp_rank(rank) * ep_size + i);
   return g;
 }
 
 std::vector<int> GroupLayout::dp_group(int rank) const {
   std::vector<int> g;
+  g.reserve(static_cast<size_t>(dp_size));
   for (int i = 0; i < dp_size; ++i) g.push_back(ep_rank(rank) + i * ep_size);
   return g;
 }

@@ -181,8 +181,8 @@ int connect_to(const sockaddr_in& addr, Clock::time_point deadline, std::string*
       n = ::poll(&p, 1, ms_until(deadline));
     } while (n < 0 && errno == EINTR);
     if (n <= 0) {
-      *err = str_cat("connect to ", endpoint_str(addr), ": ",
-                     n == 0 ? "timed out" : errno_str(errno));
+      *err =
+          str_cat("connect to ", endpoint_str(addr), ": ", n == 0 ? "timed out" : errno_str(errno));
       close_fd(fd);
       return -1;
     }
@@ -204,8 +204,8 @@ int accept_one(int listener, Clock::time_point deadline, sockaddr_in* peer, std:
   err->clear();
   for (;;) {
     socklen_t len = sizeof(*peer);
-    int fd = ::accept4(listener, reinterpret_cast<sockaddr*>(peer), &len,
-                       SOCK_NONBLOCK | SOCK_CLOEXEC);
+    int fd =
+        ::accept4(listener, reinterpret_cast<sockaddr*>(peer), &len, SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (fd >= 0) {
       set_nodelay(fd);
       return fd;
@@ -231,8 +231,8 @@ bool io_full(int fd, void* buf, size_t n, bool write, Clock::time_point deadline
   char* p = static_cast<char*>(buf);
   size_t done = 0;
   while (done < n) {
-    ssize_t k = write ? ::send(fd, p + done, n - done, MSG_NOSIGNAL)
-                      : ::recv(fd, p + done, n - done, 0);
+    ssize_t k =
+        write ? ::send(fd, p + done, n - done, MSG_NOSIGNAL) : ::recv(fd, p + done, n - done, 0);
     if (k > 0) {
       done += static_cast<size_t>(k);
       continue;
@@ -369,10 +369,11 @@ std::string build_mesh(int rank, int size, int listener, const std::vector<Endpo
       return str_cat("timed out waiting for ", rank_list(missing()), " to connect");
     }
     Hello h{};
-    if (!io_full(fd, &h, sizeof(h), false, std::min(deadline, Clock::now() + std::chrono::seconds(10)),
-                 &err) ||
+    if (!io_full(fd, &h, sizeof(h), false,
+                 std::min(deadline, Clock::now() + std::chrono::seconds(10)), &err) ||
         h.magic != kHelloMagic || h.version != kProtocolVersion || h.to != rank || h.tag != tag ||
-        h.size != size || h.from <= rank || h.from >= size || fds[static_cast<size_t>(h.from)] >= 0) {
+        h.size != size || h.from <= rank || h.from >= size ||
+        fds[static_cast<size_t>(h.from)] >= 0) {
       close_fd(fd);  // not one of ours (or a duplicate): ignore it
       continue;
     }
@@ -399,9 +400,8 @@ struct TcpCommunicator::Transfer {
   size_t total() const { return sizeof(FrameHeader) + bytes; }
 };
 
-TcpCommunicator::TcpCommunicator(std::string name, int rank, int size,
-                                 std::vector<int> world_ranks, CommOptions options,
-                                 std::vector<int> fds)
+TcpCommunicator::TcpCommunicator(std::string name, int rank, int size, std::vector<int> world_ranks,
+                                 CommOptions options, std::vector<int> fds)
     : HostCommunicator(std::move(name), rank, size, std::move(world_ranks), options),
       fds_(std::move(fds)),
       dirty_(fds_.size(), 0) {}
@@ -416,8 +416,7 @@ void TcpCommunicator::close_all() noexcept {
 }
 
 std::shared_ptr<TcpCommunicator> TcpCommunicator::single(const CommOptions& options) {
-  return std::shared_ptr<TcpCommunicator>(
-      new TcpCommunicator("world", 0, 1, {0}, options, {-1}));
+  return std::shared_ptr<TcpCommunicator>(new TcpCommunicator("world", 0, 1, {0}, options, {-1}));
 }
 
 std::shared_ptr<TcpCommunicator> TcpCommunicator::connect_world(const Bootstrap& bootstrap,
@@ -508,8 +507,8 @@ std::shared_ptr<TcpCommunicator> TcpCommunicator::connect_world(const Bootstrap&
       ++joined;
     }
     for (int r = 1; r < world; ++r) {
-      if (!io_full(fds[static_cast<size_t>(r)], table.data(), table.size() * sizeof(Endpoint),
-                   true, deadline, &err)) {
+      if (!io_full(fds[static_cast<size_t>(r)], table.data(), table.size() * sizeof(Endpoint), true,
+                   deadline, &err)) {
         fail(str_cat("sending the address table to rank ", r, ": ", err));
       }
     }
@@ -519,9 +518,9 @@ std::shared_ptr<TcpCommunicator> TcpCommunicator::connect_world(const Bootstrap&
     guard.listener = make_listener(0, world + 16, &err);
     if (guard.listener < 0) fail(err);
     const uint32_t my_port = local_port(guard.listener);
-    std::string last_problem = by_file ? str_cat("'", bootstrap.path, "' never appeared")
-                                       : str_cat("rank 0 never answered at ", bootstrap.host, ":",
-                                                 bootstrap.port);
+    std::string last_problem =
+        by_file ? str_cat("'", bootstrap.path, "' never appeared")
+                : str_cat("rank 0 never answered at ", bootstrap.host, ":", bootstrap.port);
     auto pause = std::chrono::milliseconds(20);
     for (;;) {
       if (Clock::now() >= deadline) {
@@ -564,8 +563,8 @@ std::shared_ptr<TcpCommunicator> TcpCommunicator::connect_world(const Bootstrap&
               break;
             }
           }
-          last_problem = str_cat("rank 0 at ", endpoint_str(addr), " did not complete the handshake",
-                                 err.empty() ? "" : ": ", err);
+          last_problem = str_cat("rank 0 at ", endpoint_str(addr),
+                                 " did not complete the handshake", err.empty() ? "" : ": ", err);
           close_fd(fd);
         }
       }
@@ -716,7 +715,8 @@ bool TcpCommunicator::progress_recv(const Op& op, Transfer& t) {
         HP_COMM_FAIL(op, "received a corrupt message from rank ", peer);
       }
       if (h.kind == kFrameAbort) fail_abort_message(op, t.peer, h.bytes);
-      if (h.kind != kFrameData) HP_COMM_FAIL(op, "unknown message kind ", h.kind, " from rank ", peer);
+      if (h.kind != kFrameData)
+        HP_COMM_FAIL(op, "unknown message kind ", h.kind, " from rank ", peer);
       if (h.op != static_cast<uint16_t>(op.kind)) {
         HP_COMM_FAIL(op, "rank ", peer, " sent a message of ", op_name(static_cast<OpKind>(h.op)),
                      ": the ranks called different operations (or in a different order)");
@@ -804,8 +804,8 @@ void TcpCommunicator::do_all_to_all(const Op& op, const char* send,
                                     const std::vector<size_t>& recv_displs) {
   const size_t me = static_cast<size_t>(rank());
   if (send_bytes[me] != recv_bytes[me]) {
-    HP_FAIL(ErrorKind::kInternal, op_name(op.kind), " on '", name(), "': rank ", rank(),
-            " sends ", send_bytes[me], " bytes to itself but expects ", recv_bytes[me]);
+    HP_FAIL(ErrorKind::kInternal, op_name(op.kind), " on '", name(), "': rank ", rank(), " sends ",
+            send_bytes[me], " bytes to itself but expects ", recv_bytes[me]);
   }
   std::memmove(recv + recv_displs[me], send + send_displs[me], send_bytes[me]);
   std::vector<Transfer> t;

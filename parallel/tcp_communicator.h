@@ -45,8 +45,7 @@ class TcpCommunicator final : public HostCommunicator {
   // kTcp, the same on every rank. Throws UserError on a misconfiguration that one rank can see
   // (unusable PATH or PORT, two processes with one rank, disagreeing world sizes).
   static std::shared_ptr<TcpCommunicator> connect_world(const Bootstrap& bootstrap, int rank,
-                                                        int world,
-                                                        const CommOptions& options = {});
+                                                        int world, const CommOptions& options = {});
   // A world of one rank: no sockets, every collective is a local copy.
   static std::shared_ptr<TcpCommunicator> single(const CommOptions& options = {});
 
@@ -81,9 +80,9 @@ class TcpCommunicator final : public HostCommunicator {
   [[noreturn]] void fail_abort_message(const Op& op, int peer, size_t bytes);
   void close_all() noexcept;
 
-  std::vector<int> fds_;       // socket per rank; -1 for this rank
-  std::vector<char> dirty_;    // a message was left half-sent: an abort message would garble it
-  uint64_t splits_ = 0;        // splits made so far (same count on every rank)
+  std::vector<int> fds_;     // socket per rank; -1 for this rank
+  std::vector<char> dirty_;  // a message was left half-sent: an abort message would garble it
+  uint64_t splits_ = 0;      // splits made so far (same count on every rank)
 };
 
 }  // namespace hp

@@ -97,6 +97,22 @@ class Backend {
   // Waits for all issued work; counts one sync of `cause`.
   virtual void synchronize(SyncCause cause) = 0;
 
+  // ---- streams and events ------------------------------------------------------------------
+  // Ops run on the current stream (set_stream; compute by default). The copy stream carries
+  // offload/reload traffic and the comm stream collectives; events order them, and only
+  // event_synchronize blocks the host (counting one sync of its cause). A backend that executes
+  // on the host in issue order (cpu) has every stream on the host thread: events are complete
+  // when recorded, and these defaults are exact for it.
+  enum class StreamKind { kCompute, kCopy, kComm };
+  struct Event {
+    virtual ~Event() = default;
+  };
+  virtual void set_stream(StreamKind s) { stream_ = s; }
+  StreamKind stream() const { return stream_; }
+  virtual std::shared_ptr<Event> record_event(StreamKind s) { return std::make_shared<Event>(); }
+  virtual void wait_event(StreamKind waiter, const Event& e) {}
+  virtual void event_synchronize(const Event& e, SyncCause cause) { syncs_.add(cause); }
+
   // ---- packed batch metadata (rule 1) --------------------------------------------------------
   virtual BatchMeta upload_batch(const PackedBatch& batch) = 0;
   // The per-layer baseline: rebuilds cu_seqlens from positions on the device and reads
@@ -208,6 +224,7 @@ class Backend {
 
  protected:
   SyncCounter syncs_;
+  StreamKind stream_ = StreamKind::kCompute;
 };
 
 // The CPU reference backend; dtype is kF32 (training) or kF64 (gradient checks).

@@ -51,6 +51,11 @@ class ExpertExchange {
   virtual Tensor dispatch(Backend& be, const ExchangePlan& plan, const Tensor& x_sorted) = 0;
   // y_expert [plan.expert_rows, D] -> [plan.local_rows_in, D] in x_sorted's order.
   virtual Tensor combine(Backend& be, const ExchangePlan& plan, const Tensor& y_expert) = 0;
+  // Ranks that split the global batch (the world) and an in-place sum over them of a device
+  // tensor, stream-ordered: the load-balancing loss needs every rank's expert counts so that N
+  // ranks compute what one rank computes on the same global batch.
+  virtual int data_ranks() const = 0;
+  virtual void sum_over_data_ranks(Backend& be, Tensor& t) = 0;
 };
 
 // One rank owns every expert: dispatch and combine are the identity (no copy).
@@ -61,6 +66,8 @@ class LocalExpertExchange final : public ExpertExchange {
   ExchangePlan plan(Backend& be, const Tensor& counts, int n_experts, RoutingMode mode) override;
   Tensor dispatch(Backend&, const ExchangePlan&, const Tensor& x_sorted) override { return x_sorted; }
   Tensor combine(Backend&, const ExchangePlan&, const Tensor& y_expert) override { return y_expert; }
+  int data_ranks() const override { return 1; }
+  void sum_over_data_ranks(Backend&, Tensor&) override {}
 };
 
 // Reads the per-expert counts of this rank to the host: one sync (bincount) or one per expert.

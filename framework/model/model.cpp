@@ -301,9 +301,19 @@ void Model::moe_forward(int l, LayerActs& a, bool recompute) {
   a.ys = exchange_->combine(be_, a.plan, a.ye);
   if (cfg_.moe_aux_coef > 0) {
     // The loss value counts once, in forward; a recompute only regenerates the gradient.
+    // f_e needs the global counts. With W ranks of N/W tokens each, the op's local f and P
+    // normalizations are W times too large each, hence coef / W^2 for this rank's exact share.
     a.daux = be_.zeros({n, e}, be_.act_dtype());
     Tensor scratch = recompute ? be_.zeros({1}, be_.master_dtype()) : aux_sum_;
-    be_.router_aux_loss(a.logits, a.counts, static_cast<int>(k), cfg_.moe_aux_coef, scratch, a.daux);
+    Tensor counts = a.counts;
+    const int w = exchange_->data_ranks();
+    if (w > 1) {
+      counts = be_.empty({e}, DType::kI32);
+      be_.copy(a.counts, counts);
+      exchange_->sum_over_data_ranks(be_, counts);
+    }
+    be_.router_aux_loss(a.logits, counts, static_cast<int>(k),
+                        cfg_.moe_aux_coef / (static_cast<double>(w) * w), scratch, a.daux);
   }
 }
 

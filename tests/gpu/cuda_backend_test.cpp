@@ -82,6 +82,24 @@ TEST(CudaBackend, UploadBatchDoesNotSync) {
   EXPECT_EQ(gpu->syncs().total(), 0);
 }
 
+TEST(CudaBackend, EventsOrderStreams) {
+  HP_SKIP_WITHOUT_GPU();
+  auto gpu = make_cuda_backend(0);
+  Tensor t = gpu->empty({1 << 20}, DType::kF32);
+  gpu->set_stream(Backend::StreamKind::kCopy);
+  gpu->fill(t, 2.0);
+  auto done = gpu->record_event(Backend::StreamKind::kCopy);
+  gpu->set_stream(Backend::StreamKind::kCompute);
+  gpu->wait_event(Backend::StreamKind::kCompute, *done);
+  gpu->axpy(1.0, t, t);  // 4 everywhere, only if the fill came first
+  auto after = gpu->record_event(Backend::StreamKind::kCompute);
+  gpu->event_synchronize(*after, SyncCause::kOffload);
+  EXPECT_EQ(gpu->syncs().get(SyncCause::kOffload), 1);
+  Tensor h = Tensor::host({1 << 20}, DType::kF32);
+  gpu->read_to_host(t, h, SyncCause::kOther);
+  for (int64_t i = 0; i < h.numel(); i += 4097) ASSERT_EQ(h.data<float>()[i], 4.0f) << i;
+}
+
 // ---- timings (not a test of behaviour: run explicitly)
 // ----------------------------------------------
 

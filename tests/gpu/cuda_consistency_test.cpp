@@ -342,6 +342,8 @@ INSTANTIATE_TEST_SUITE_P(
                       AttnCase{
                           "d64_window_longer_than_seq", 2, 1, 64, 1000, false, {{150, 55, 95}}},
                       AttnCase{"d64_window1", 2, 1, 64, 1, true, {{100, 3}}},
+                      AttnCase{"d128_gqa4_long", 8, 2, 128, 0, true, {{700, 1, 323}}},
+                      AttnCase{"d64_window128_long", 8, 1, 64, 128, true, {{1024}, {3, 1021}}},
                       AttnCase{"d32_simple", 3, 1, 32, 20, true, kMixedRows},
                       AttnCase{"d80_simple", 2, 2, 80, 0, false, {{90, 1, 40}}}),
     [](const ::testing::TestParamInfo<AttnCase>& info) { return std::string(info.param.name); });

@@ -1,11 +1,12 @@
 // Rank discovery from launcher environments, bootstrap specs, and the world of one process.
+#include "parallel/launch_env.h"
+
 #include <gtest/gtest.h>
 #include <mpi.h>
 
 #include <map>
 #include <string>
 
-#include "parallel/launch_env.h"
 #include "parallel/mpi_communicator.h"
 
 namespace hp {
@@ -65,8 +66,8 @@ TEST(LaunchEnv, Mpirun) {
 }
 
 TEST(LaunchEnv, MpirunMissingSize) {
-  std::string err = detect_error({{"OMPI_COMM_WORLD_RANK", "0"},
-                                  {"OMPI_COMM_WORLD_LOCAL_RANK", "0"}});
+  std::string err =
+      detect_error({{"OMPI_COMM_WORLD_RANK", "0"}, {"OMPI_COMM_WORLD_LOCAL_RANK", "0"}});
   EXPECT_NE(err.find("OMPI_COMM_WORLD_SIZE"), std::string::npos) << err;
 }
 
@@ -86,10 +87,8 @@ TEST(LaunchEnv, SrunPmix) {
 }
 
 TEST(LaunchEnv, SrunPmixRankDisagreement) {
-  std::string err = detect_error({{"PMIX_RANK", "1"},
-                                  {"SLURM_PROCID", "2"},
-                                  {"SLURM_NTASKS", "4"},
-                                  {"SLURM_LOCALID", "0"}});
+  std::string err = detect_error(
+      {{"PMIX_RANK", "1"}, {"SLURM_PROCID", "2"}, {"SLURM_NTASKS", "4"}, {"SLURM_LOCALID", "0"}});
   EXPECT_NE(err.find("PMIX_RANK=1"), std::string::npos) << err;
   EXPECT_NE(err.find("SLURM_PROCID=2"), std::string::npos) << err;
 }
@@ -171,14 +170,15 @@ TEST(LaunchEnv, BadValuesNameTheVariable) {
       {{{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"}}, "SLURM_LOCALID"},
       {{{"SLURM_PROCID", "2"}, {"SLURM_NTASKS", "2"}, {"SLURM_LOCALID", "0"}},
        "SLURM_PROCID=2 must be less than SLURM_NTASKS=2"},
-      {{{"OMPI_COMM_WORLD_RANK", "x"}, {"OMPI_COMM_WORLD_SIZE", "2"},
+      {{{"OMPI_COMM_WORLD_RANK", "x"},
+        {"OMPI_COMM_WORLD_SIZE", "2"},
         {"OMPI_COMM_WORLD_LOCAL_RANK", "0"}},
        "OMPI_COMM_WORLD_RANK='x'"},
   };
   for (const Case& c : cases) {
     std::string err = detect_error(c.env);
-    EXPECT_NE(err.find(c.expect), std::string::npos) << "expected '" << c.expect << "' in '"
-                                                     << err << "'";
+    EXPECT_NE(err.find(c.expect), std::string::npos)
+        << "expected '" << c.expect << "' in '" << err << "'";
   }
 }
 

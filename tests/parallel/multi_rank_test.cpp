@@ -57,13 +57,20 @@ double real_value(uint64_t seed, int rank, int64_t i) {
 // Element i of rank r's data, for any tensor size.
 void set_value(Tensor& t, int64_t at, uint64_t seed, int rank, int64_t i) {
   switch (t.dtype()) {
-    case DType::kF32: t.data<float>()[at] = static_cast<float>(real_value(seed, rank, i)); break;
-    case DType::kF64: t.data<double>()[at] = real_value(seed, rank, i); break;
+    case DType::kF32:
+      t.data<float>()[at] = static_cast<float>(real_value(seed, rank, i));
+      break;
+    case DType::kF64:
+      t.data<double>()[at] = real_value(seed, rank, i);
+      break;
     case DType::kI32:
       t.data<int32_t>()[at] = static_cast<int32_t>(static_cast<uint32_t>(bits(seed, rank, i)));
       break;
-    case DType::kI64: t.data<int64_t>()[at] = static_cast<int64_t>(bits(seed, rank, i)); break;
-    case DType::kBF16: t.data<bf16>()[at] = bf16(static_cast<float>(real_value(seed, rank, i)));
+    case DType::kI64:
+      t.data<int64_t>()[at] = static_cast<int64_t>(bits(seed, rank, i));
+      break;
+    case DType::kBF16:
+      t.data<bf16>()[at] = bf16(static_cast<float>(real_value(seed, rank, i)));
       break;
   }
 }
@@ -84,8 +91,10 @@ T ref_op(T a, T b, ReduceOp op) {
       } else {
         return a + b;
       }
-    case ReduceOp::kMax: return std::max(a, b);
-    case ReduceOp::kMin: return std::min(a, b);
+    case ReduceOp::kMax:
+      return std::max(a, b);
+    case ReduceOp::kMin:
+      return std::min(a, b);
   }
   return a;
 }
@@ -104,11 +113,21 @@ Tensor expected_reduction(DType dt, int64_t n, uint64_t seed, int ranks, ReduceO
   for (int r = 1; r < ranks; ++r) {
     Tensor x = make_data(dt, n, seed, r, first);
     switch (dt) {
-      case DType::kF32: ref_fold<float>(acc, x, op); break;
-      case DType::kF64: ref_fold<double>(acc, x, op); break;
-      case DType::kI32: ref_fold<int32_t>(acc, x, op); break;
-      case DType::kI64: ref_fold<int64_t>(acc, x, op); break;
-      case DType::kBF16: ADD_FAILURE() << "no bf16 reductions"; break;
+      case DType::kF32:
+        ref_fold<float>(acc, x, op);
+        break;
+      case DType::kF64:
+        ref_fold<double>(acc, x, op);
+        break;
+      case DType::kI32:
+        ref_fold<int32_t>(acc, x, op);
+        break;
+      case DType::kI64:
+        ref_fold<int64_t>(acc, x, op);
+        break;
+      case DType::kBF16:
+        ADD_FAILURE() << "no bf16 reductions";
+        break;
     }
   }
   return acc;
@@ -143,8 +162,8 @@ void check_all_reduce(Communicator& c) {
   // Any shape: a 3-D tensor reduces element-wise like a flat one.
   Tensor t = make_data(DType::kF32, 2 * 3 * 5, 7, c.rank()).reshape({2, 3, 5});
   c.all_reduce(t, ReduceOp::kSum);
-  EXPECT_TRUE(same_bits(t.reshape({30}),
-                        expected_reduction(DType::kF32, 30, 7, c.size(), ReduceOp::kSum)));
+  EXPECT_TRUE(
+      same_bits(t.reshape({30}), expected_reduction(DType::kF32, 30, 7, c.size(), ReduceOp::kSum)));
 }
 
 void check_bitwise_equal_across_ranks(Communicator& c) {
@@ -190,8 +209,8 @@ void check_all_gather(Communicator& c) {
   Tensor out = Tensor::host({p * 4, 3}, DType::kF64);
   c.all_gather(in, out);
   for (int r = 0; r < p; ++r) {
-    EXPECT_TRUE(same_bits(out.slice(4 * r, 4 * r + 4).reshape({12}),
-                          make_data(DType::kF64, 12, 32, r)));
+    EXPECT_TRUE(
+        same_bits(out.slice(4 * r, 4 * r + 4).reshape({12}), make_data(DType::kF64, 12, 32, r)));
   }
 }
 
@@ -263,7 +282,8 @@ void check_all_to_all_v(Communicator& c) {
   row = 0;
   for (int s = 0; s < p; ++s) {
     for (int64_t j = 0; j < recv_counts[static_cast<size_t>(s)]; ++j, ++row) {
-      EXPECT_EQ(static_cast<float>(recv1.data<bf16>()[row]), static_cast<float>(s * 16 + me * 4 + j));
+      EXPECT_EQ(static_cast<float>(recv1.data<bf16>()[row]),
+                static_cast<float>(s * 16 + me * 4 + j));
     }
   }
   // The counts themselves travel as an all_to_all_v of one i64 per rank.
@@ -342,7 +362,8 @@ void check_share_blob(Communicator& c) {
   }
   std::vector<uint8_t> got = share_blob(c, blob, root);
   ASSERT_EQ(got.size(), 37u) << where(c);
-  for (int i = 0; i < 37; ++i) EXPECT_EQ(got[static_cast<size_t>(i)], static_cast<uint8_t>(i * 13 + 5));
+  for (int i = 0; i < 37; ++i)
+    EXPECT_EQ(got[static_cast<size_t>(i)], static_cast<uint8_t>(i * 13 + 5));
   EXPECT_TRUE(share_blob(c, {}, 0).empty());
 }
 
@@ -514,9 +535,9 @@ bool fault_is(const char* name) {
   std::_Exit(1);
 }
 
-#define HP_FAULT_WORLD(var, fault)                                                         \
-  if (!fault_is(fault)) GTEST_SKIP() << "runs only with HP_TEST_FAULT=" fault;              \
-  CommPtr var = process_world();                                                           \
+#define HP_FAULT_WORLD(var, fault)                                             \
+  if (!fault_is(fault)) GTEST_SKIP() << "runs only with HP_TEST_FAULT=" fault; \
+  CommPtr var = process_world();                                               \
   if (!var || var->size() < 2) GTEST_SKIP() << "needs a launch of 2 or more ranks"
 
 // The last rank arrives late; the others' all_reduce times out after 2 s naming the collective.

@@ -1,10 +1,11 @@
 // The dp × ep layout arithmetic and its errors (single process; the multi-rank group tests live in
 // multi_rank_test.cpp).
+#include "parallel/process_groups.h"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
 
-#include "parallel/process_groups.h"
 #include "parallel/tcp_communicator.h"
 
 namespace hp {

@@ -1,6 +1,8 @@
 // TCP rendezvous and failure handling, with ranks as threads of this process: timeouts name the
 // operation and the missing rank, a dead or aborting peer fails its partners promptly, mismatched
 // calls are reported instead of corrupting data, and misconfigured launches get user errors.
+#include "parallel/tcp_communicator.h"
+
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -12,8 +14,6 @@
 #include <fstream>
 #include <functional>
 #include <thread>
-
-#include "parallel/tcp_communicator.h"
 
 namespace hp {
 namespace {
@@ -119,8 +119,10 @@ TEST(TcpRendezvous, StaleFileAndLateRankZero) {
 
 TEST(TcpRendezvous, TimeoutsSayWhatIsMissing) {
   const Bootstrap b = file_bootstrap("alone");
-  auto joiner = run_ranks(1, [&](int) { TcpCommunicator::connect_world(b, 1, 2, with_timeout(1s)); });
-  EXPECT_TRUE(contains(joiner[0].error, "rank 1: rendezvous (file:" + b.path + ")")) << joiner[0].error;
+  auto joiner =
+      run_ranks(1, [&](int) { TcpCommunicator::connect_world(b, 1, 2, with_timeout(1s)); });
+  EXPECT_TRUE(contains(joiner[0].error, "rank 1: rendezvous (file:" + b.path + ")"))
+      << joiner[0].error;
   EXPECT_TRUE(contains(joiner[0].error, "timed out after 1 s")) << joiner[0].error;
   EXPECT_TRUE(contains(joiner[0].error, "never appeared")) << joiner[0].error;
   auto root = run_ranks(1, [&](int) { TcpCommunicator::connect_world(b, 0, 3, with_timeout(1s)); });
@@ -129,11 +131,11 @@ TEST(TcpRendezvous, TimeoutsSayWhatIsMissing) {
 
 TEST(TcpRendezvous, WorldSizeMismatchIsAUserError) {
   const Bootstrap b = file_bootstrap("size");
-  auto res = run_ranks(2, [&](int r) {
-    TcpCommunicator::connect_world(b, r, r == 0 ? 2 : 3, with_timeout(10s));
-  });
+  auto res = run_ranks(
+      2, [&](int r) { TcpCommunicator::connect_world(b, r, r == 0 ? 2 : 3, with_timeout(10s)); });
   EXPECT_TRUE(res[0].user_error);
-  EXPECT_TRUE(contains(res[0].error, "rank 1 was started with a world of 3 ranks and rank 0 with 2"))
+  EXPECT_TRUE(
+      contains(res[0].error, "rank 1 was started with a world of 3 ranks and rank 0 with 2"))
       << res[0].error;
   EXPECT_TRUE(res[1].user_error);
   EXPECT_TRUE(contains(res[1].error, "rank 0 was started with a world of 2")) << res[1].error;
@@ -141,9 +143,8 @@ TEST(TcpRendezvous, WorldSizeMismatchIsAUserError) {
 
 TEST(TcpRendezvous, DuplicateRankIsAUserError) {
   const Bootstrap b = file_bootstrap("dup");
-  auto res = run_ranks(3, [&](int r) {
-    TcpCommunicator::connect_world(b, r == 2 ? 1 : r, 3, with_timeout(10s));
-  });
+  auto res = run_ranks(
+      3, [&](int r) { TcpCommunicator::connect_world(b, r == 2 ? 1 : r, 3, with_timeout(10s)); });
   EXPECT_TRUE(res[0].user_error);
   EXPECT_TRUE(contains(res[0].error, "two processes claim rank 1")) << res[0].error;
   EXPECT_NE(res[1].error, "");
@@ -193,8 +194,8 @@ TEST(TcpFailures, TimeoutNamesTheOperationAndTheMissingRank) {
   });
   for (int r = 0; r < 2; ++r) {
     const std::string& e = res[static_cast<size_t>(r)].error;
-    EXPECT_TRUE(contains(e, str_cat("rank ", r,
-                                    ": all_reduce on 'world' timed out after 1 s waiting for rank 2")))
+    EXPECT_TRUE(contains(
+        e, str_cat("rank ", r, ": all_reduce on 'world' timed out after 1 s waiting for rank 2")))
         << e;
     EXPECT_LT(res[static_cast<size_t>(r)].seconds, 2.4);
     EXPECT_TRUE(contains(second[static_cast<size_t>(r)], "unusable after an earlier failure"))
@@ -280,7 +281,7 @@ TEST(TcpCommunicator, SingleRank) {
   EXPECT_EQ(recv.data<double>()[0], 1.0);
   c->broadcast(in, 0);
   c->barrier();
-  EXPECT_THROW(c->send(in, 0), Error);  // no sends to oneself
+  EXPECT_THROW(c->send(in, 0), Error);       // no sends to oneself
   EXPECT_THROW(c->broadcast(in, 1), Error);  // no rank 1
   Tensor b16 = Tensor::host({2}, DType::kBF16);
   EXPECT_THROW(c->all_reduce(b16, ReduceOp::kSum), Error);  // bf16 is movement-only

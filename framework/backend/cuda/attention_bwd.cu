@@ -48,7 +48,7 @@ __global__ void attention_bwd_pre_kernel(const bf16_t* __restrict__ out,
 
 template <int D>
 constexpr int dq_smem_bytes() {
-  return (2 * kQ + 2 * kN) * (D + 8) * 2;
+  return (2 * kQ + 4 * kN) * (D + 8) * 2;  // Q, dO, two stages of K and V
 }
 
 template <int D>
@@ -61,8 +61,8 @@ __global__ void __launch_bounds__(kWarps * 32)
   extern __shared__ __align__(16) unsigned char smem_raw[];
   bf16_t* sQ = reinterpret_cast<bf16_t*>(smem_raw);
   bf16_t* sdO = sQ + kQ * kS;
-  bf16_t* sK = sdO + kQ * kS;
-  bf16_t* sV = sK + kN * kS;
+  auto sK = [&](int b) { return sdO + (kQ + 2 * b * kN) * kS; };
+  auto sV = [&](int b) { return sdO + (kQ + (2 * b + 1) * kN) * kS; };
 
   const AttnTile tile = tiles[blockIdx.x];
   const int h = blockIdx.y;
@@ -89,21 +89,31 @@ __global__ void __launch_bounds__(kWarps * 32)
   }
   const int k_hi = tile.end;
 
+  const int n_kt = (k_hi - k_lo + kN - 1) / kN;
   load_rows_async<D, kQ>(sQ, q_head, ld, tile.begin, tile.end);
   load_rows_async<D, kQ>(sdO, do_head, ld_do, tile.begin, tile.end);
+  load_rows_async<D, kN>(sK(0), k_head, ld, k_lo, k_hi);
+  load_rows_async<D, kN>(sV(0), v_head, ld, k_lo, k_hi);
   cp_async_commit();
 
   float dq[D / 8][4];
 #pragma unroll
   for (int i = 0; i < D / 8; ++i) dq[i][0] = dq[i][1] = dq[i][2] = dq[i][3] = 0.f;
 
-  for (int kt = k_lo; kt < k_hi; kt += kN) {
-    __syncthreads();  // previous tile fully consumed
-    load_rows_async<D, kN>(sK, k_head, ld, kt, k_hi);
-    load_rows_async<D, kN>(sV, v_head, ld, kt, k_hi);
-    cp_async_commit();
-    cp_async_wait<0>();
+  for (int it = 0; it < n_kt; ++it) {
+    const int kt = k_lo + it * kN;
+    const int buf = it & 1;
+    if (it + 1 < n_kt) {
+      load_rows_async<D, kN>(sK(buf ^ 1), k_head, ld, kt + kN, k_hi);
+      load_rows_async<D, kN>(sV(buf ^ 1), v_head, ld, kt + kN, k_hi);
+      cp_async_commit();
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
     __syncthreads();
+    const bf16_t* cK = sK(buf);
+    const bf16_t* cV = sV(buf);
 
     float s[kN / 8][4], dp[kN / 8][4];
 #pragma unroll
@@ -119,24 +129,29 @@ __global__ void __launch_bounds__(kWarps * 32)
 #pragma unroll
       for (int nn = 0; nn < kN / 16; ++nn) {
         uint32_t b[4];
-        load_b_rows_n(b, sK, kS, nn * 16, ks * 16, lane);
+        load_b_rows_n(b, cK, kS, nn * 16, ks * 16, lane);
         mma_16816(s[2 * nn], aq, b[0], b[1]);
         mma_16816(s[2 * nn + 1], aq, b[2], b[3]);
-        load_b_rows_n(b, sV, kS, nn * 16, ks * 16, lane);
+        load_b_rows_n(b, cV, kS, nn * 16, ks * 16, lane);
         mma_16816(dp[2 * nn], ado, b[0], b[1]);
         mma_16816(dp[2 * nn + 1], ado, b[2], b[3]);
       }
     }
 
-    // P = exp(S - lse), dS = P (dP - D).
+    // P = exp(S - lse), dS = P (dP - D). Rows past the tile end hold garbage that is never
+    // written; inside the tile only the diagonal and window-edge tiles need the mask.
+    const bool need_mask = kt + kN - 1 > tile.begin || (window > 0 && kt < tile.end - window);
 #pragma unroll
     for (int nt = 0; nt < kN / 8; ++nt) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const int key = kt + nt * 8 + quad * 2 + (e & 1);
-        const int qi = e < 2 ? qi0 : qi1;
-        const bool ok = key <= qi && qi < tile.end && (window <= 0 || key > qi - window);
-        const float p = ok ? exp2f(s[nt][e] * sl2 - (e < 2 ? lse0 : lse1)) : 0.f;
+        bool ok = true;
+        if (need_mask) {
+          const int key = kt + nt * 8 + quad * 2 + (e & 1);
+          const int qi = e < 2 ? qi0 : qi1;
+          ok = key <= qi && (window <= 0 || key > qi - window);
+        }
+        const float p = ok ? fast_exp2(s[nt][e] * sl2 - (e < 2 ? lse0 : lse1)) : 0.f;
         dp[nt][e] = p * (dp[nt][e] - (e < 2 ? dv0 : dv1));
       }
     }
@@ -152,11 +167,12 @@ __global__ void __launch_bounds__(kWarps * 32)
 #pragma unroll
       for (int dn = 0; dn < D / 16; ++dn) {
         uint32_t b[4];
-        load_b_rows_k(b, sK, kS, kk * 16, dn * 16, lane);
+        load_b_rows_k(b, cK, kS, kk * 16, dn * 16, lane);
         mma_16816(dq[2 * dn], a, b[0], b[1]);
         mma_16816(dq[2 * dn + 1], a, b[2], b[3]);
       }
     }
+    __syncthreads();  // all warps are done with this stage before it is refilled
   }
 
   const int64_t ld_out = ld;
@@ -176,7 +192,7 @@ __global__ void __launch_bounds__(kWarps * 32)
 
 template <int D>
 constexpr int dkdv_smem_bytes() {
-  return (2 * kKeys + 2 * kQc) * (D + 8) * 2 + 2 * kQc * 4;
+  return (2 * kKeys + 4 * kQc) * (D + 8) * 2 + 4 * kQc * 4;  // K, V, two stages of Q, dO, lse, D
 }
 
 template <int D>
@@ -189,10 +205,10 @@ __global__ void __launch_bounds__(kWarps * 32)
   extern __shared__ __align__(16) unsigned char smem_raw[];
   bf16_t* sK = reinterpret_cast<bf16_t*>(smem_raw);
   bf16_t* sV = sK + kKeys * kS;
-  bf16_t* sQ = sV + kKeys * kS;
-  bf16_t* sdO = sQ + kQc * kS;
-  float* sLse = reinterpret_cast<float*>(sdO + kQc * kS);
-  float* sDv = sLse + kQc;
+  bf16_t* stage0 = sV + kKeys * kS;  // stage b: Q, dO at stage0 + 2 b kQc kS, + kQc kS
+  float* sStats = reinterpret_cast<float*>(stage0 + 4 * kQc * kS);  // stage b: lse, D at 2 b kQc
+  auto sQ = [&](int b) { return stage0 + 2 * b * kQc * kS; };
+  auto sdO = [&](int b) { return stage0 + (2 * b + 1) * kQc * kS; };
 
   const AttnTile tile = tiles[blockIdx.x];  // a tile of keys
   const int g = blockIdx.y;
@@ -212,8 +228,26 @@ __global__ void __launch_bounds__(kWarps * 32)
   int q_hi = tile.seq_end;
   if (window > 0 && tile.end - 1 + window < q_hi) q_hi = tile.end - 1 + window;
 
+  // The (query head, query chunk) pairs of this block, flattened so that chunk c + 1 loads
+  // while chunk c computes.
+  const int n_qc = (q_hi - q_lo + kQc - 1) / kQc;
+  const int n_chunks = group_size * n_qc;
+  auto issue = [&](int c, int b) {
+    const int h = g * group_size + c / n_qc;
+    const int qc = q_lo + (c % n_qc) * kQc;
+    load_rows_async<D, kQc>(sQ(b), qkv + static_cast<int64_t>(h) * D, ld, qc, q_hi);
+    load_rows_async<D, kQc>(sdO(b), dout + static_cast<int64_t>(h) * D, ld_do, qc, q_hi);
+    if (threadIdx.x < kQc) {
+      const int qi = qc + threadIdx.x;
+      float* st = sStats + 2 * b * kQc;
+      st[threadIdx.x] = qi < q_hi ? lse[static_cast<int64_t>(qi) * hq + h] * kLog2e : 0.f;
+      st[kQc + threadIdx.x] = qi < q_hi ? dvec[static_cast<int64_t>(qi) * hq + h] : 0.f;
+    }
+  };
+
   load_rows_async<D, kKeys>(sK, k_head, ld, tile.begin, tile.end);
   load_rows_async<D, kKeys>(sV, v_head, ld, tile.begin, tile.end);
+  issue(0, 0);
   cp_async_commit();
 
   float dk[D / 8][4], dv[D / 8][4];
@@ -223,87 +257,91 @@ __global__ void __launch_bounds__(kWarps * 32)
     dv[i][0] = dv[i][1] = dv[i][2] = dv[i][3] = 0.f;
   }
 
-  for (int hi = 0; hi < group_size; ++hi) {
-    const int h = g * group_size + hi;
-    const bf16_t* q_head = qkv + static_cast<int64_t>(h) * D;
-    const bf16_t* do_head = dout + static_cast<int64_t>(h) * D;
-    for (int qc = q_lo; qc < q_hi; qc += kQc) {
-      __syncthreads();  // previous chunk fully consumed
-      load_rows_async<D, kQc>(sQ, q_head, ld, qc, q_hi);
-      load_rows_async<D, kQc>(sdO, do_head, ld_do, qc, q_hi);
+  for (int c = 0; c < n_chunks; ++c) {
+    const int b = c & 1;
+    const int qc = q_lo + (c % n_qc) * kQc;
+    if (c + 1 < n_chunks) {
+      issue(c + 1, b ^ 1);
       cp_async_commit();
-      if (threadIdx.x < kQc) {
-        const int qi = qc + threadIdx.x;
-        sLse[threadIdx.x] = qi < q_hi ? lse[static_cast<int64_t>(qi) * hq + h] * kLog2e : 0.f;
-        sDv[threadIdx.x] = qi < q_hi ? dvec[static_cast<int64_t>(qi) * hq + h] : 0.f;
-      }
+      cp_async_wait<1>();
+    } else {
       cp_async_wait<0>();
-      __syncthreads();
+    }
+    __syncthreads();
+    const bf16_t* cQ = sQ(b);
+    const bf16_t* cdO = sdO(b);
+    const float* sLse = sStats + 2 * b * kQc;
+    const float* sDv = sLse + kQc;
 
-      // S^T = K Q^T and dP^T = V dO^T for this warp's 16 keys x 32 queries.
-      float st[kQc / 8][4], dpt[kQc / 8][4];
+    // S^T = K Q^T and dP^T = V dO^T for this warp's 16 keys x 32 queries.
+    float st[kQc / 8][4], dpt[kQc / 8][4];
 #pragma unroll
-      for (int i = 0; i < kQc / 8; ++i) {
-        st[i][0] = st[i][1] = st[i][2] = st[i][3] = 0.f;
-        dpt[i][0] = dpt[i][1] = dpt[i][2] = dpt[i][3] = 0.f;
-      }
+    for (int i = 0; i < kQc / 8; ++i) {
+      st[i][0] = st[i][1] = st[i][2] = st[i][3] = 0.f;
+      dpt[i][0] = dpt[i][1] = dpt[i][2] = dpt[i][3] = 0.f;
+    }
 #pragma unroll
-      for (int ks = 0; ks < D / 16; ++ks) {
-        uint32_t ak[4], av[4];
-        load_a(ak, sK, kS, warp * 16, ks * 16, lane);
-        load_a(av, sV, kS, warp * 16, ks * 16, lane);
+    for (int ks = 0; ks < D / 16; ++ks) {
+      uint32_t ak[4], av[4];
+      load_a(ak, sK, kS, warp * 16, ks * 16, lane);
+      load_a(av, sV, kS, warp * 16, ks * 16, lane);
 #pragma unroll
-        for (int nn = 0; nn < kQc / 16; ++nn) {
-          uint32_t b[4];
-          load_b_rows_n(b, sQ, kS, nn * 16, ks * 16, lane);
-          mma_16816(st[2 * nn], ak, b[0], b[1]);
-          mma_16816(st[2 * nn + 1], ak, b[2], b[3]);
-          load_b_rows_n(b, sdO, kS, nn * 16, ks * 16, lane);
-          mma_16816(dpt[2 * nn], av, b[0], b[1]);
-          mma_16816(dpt[2 * nn + 1], av, b[2], b[3]);
-        }
-      }
-
-      // P^T = exp(S^T - lse), dS^T = P^T (dP^T - D).
-#pragma unroll
-      for (int nt = 0; nt < kQc / 8; ++nt) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int qcol = nt * 8 + quad * 2 + (e & 1);
-          const int qi = qc + qcol;
-          const int kj = e < 2 ? kj0 : kj1;
-          const bool ok =
-              kj <= qi && qi < q_hi && kj < tile.end && (window <= 0 || qi < kj + window);
-          const float p = ok ? exp2f(st[nt][e] * sl2 - sLse[qcol]) : 0.f;
-          st[nt][e] = p;
-          dpt[nt][e] = p * (dpt[nt][e] - sDv[qcol]);
-        }
-      }
-
-      // dV += P^T dO, dK += dS^T Q.
-#pragma unroll
-      for (int kk = 0; kk < kQc / 16; ++kk) {
-        uint32_t ap[4], ads[4];
-        ap[0] = pack_bf16(st[2 * kk][0], st[2 * kk][1]);
-        ap[1] = pack_bf16(st[2 * kk][2], st[2 * kk][3]);
-        ap[2] = pack_bf16(st[2 * kk + 1][0], st[2 * kk + 1][1]);
-        ap[3] = pack_bf16(st[2 * kk + 1][2], st[2 * kk + 1][3]);
-        ads[0] = pack_bf16(dpt[2 * kk][0], dpt[2 * kk][1]);
-        ads[1] = pack_bf16(dpt[2 * kk][2], dpt[2 * kk][3]);
-        ads[2] = pack_bf16(dpt[2 * kk + 1][0], dpt[2 * kk + 1][1]);
-        ads[3] = pack_bf16(dpt[2 * kk + 1][2], dpt[2 * kk + 1][3]);
-#pragma unroll
-        for (int dn = 0; dn < D / 16; ++dn) {
-          uint32_t b[4];
-          load_b_rows_k(b, sdO, kS, kk * 16, dn * 16, lane);
-          mma_16816(dv[2 * dn], ap, b[0], b[1]);
-          mma_16816(dv[2 * dn + 1], ap, b[2], b[3]);
-          load_b_rows_k(b, sQ, kS, kk * 16, dn * 16, lane);
-          mma_16816(dk[2 * dn], ads, b[0], b[1]);
-          mma_16816(dk[2 * dn + 1], ads, b[2], b[3]);
-        }
+      for (int nn = 0; nn < kQc / 16; ++nn) {
+        uint32_t bb[4];
+        load_b_rows_n(bb, cQ, kS, nn * 16, ks * 16, lane);
+        mma_16816(st[2 * nn], ak, bb[0], bb[1]);
+        mma_16816(st[2 * nn + 1], ak, bb[2], bb[3]);
+        load_b_rows_n(bb, cdO, kS, nn * 16, ks * 16, lane);
+        mma_16816(dpt[2 * nn], av, bb[0], bb[1]);
+        mma_16816(dpt[2 * nn + 1], av, bb[2], bb[3]);
       }
     }
+
+    // P^T = exp(S^T - lse), dS^T = P^T (dP^T - D). Query rows past q_hi are zero (with lse and
+    // D zero), so they add nothing; key rows past the tile end are never written. Only chunks
+    // on the diagonal or the window edge need the mask.
+    const bool need_mask = qc < tile.end || (window > 0 && qc + kQc - 1 >= tile.begin + window);
+#pragma unroll
+    for (int nt = 0; nt < kQc / 8; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int qcol = nt * 8 + quad * 2 + (e & 1);
+        bool ok = true;
+        if (need_mask) {
+          const int qi = qc + qcol;
+          const int kj = e < 2 ? kj0 : kj1;
+          ok = kj <= qi && qi < q_hi && (window <= 0 || qi < kj + window);
+        }
+        const float p = ok ? fast_exp2(st[nt][e] * sl2 - sLse[qcol]) : 0.f;
+        st[nt][e] = p;
+        dpt[nt][e] = p * (dpt[nt][e] - sDv[qcol]);
+      }
+    }
+
+    // dV += P^T dO, dK += dS^T Q.
+#pragma unroll
+    for (int kk = 0; kk < kQc / 16; ++kk) {
+      uint32_t ap[4], ads[4];
+      ap[0] = pack_bf16(st[2 * kk][0], st[2 * kk][1]);
+      ap[1] = pack_bf16(st[2 * kk][2], st[2 * kk][3]);
+      ap[2] = pack_bf16(st[2 * kk + 1][0], st[2 * kk + 1][1]);
+      ap[3] = pack_bf16(st[2 * kk + 1][2], st[2 * kk + 1][3]);
+      ads[0] = pack_bf16(dpt[2 * kk][0], dpt[2 * kk][1]);
+      ads[1] = pack_bf16(dpt[2 * kk][2], dpt[2 * kk][3]);
+      ads[2] = pack_bf16(dpt[2 * kk + 1][0], dpt[2 * kk + 1][1]);
+      ads[3] = pack_bf16(dpt[2 * kk + 1][2], dpt[2 * kk + 1][3]);
+#pragma unroll
+      for (int dn = 0; dn < D / 16; ++dn) {
+        uint32_t bb[4];
+        load_b_rows_k(bb, cdO, kS, kk * 16, dn * 16, lane);
+        mma_16816(dv[2 * dn], ap, bb[0], bb[1]);
+        mma_16816(dv[2 * dn + 1], ap, bb[2], bb[3]);
+        load_b_rows_k(bb, cQ, kS, kk * 16, dn * 16, lane);
+        mma_16816(dk[2 * dn], ads, bb[0], bb[1]);
+        mma_16816(dk[2 * dn + 1], ads, bb[2], bb[3]);
+      }
+    }
+    __syncthreads();  // all warps are done with this stage before it is refilled
   }
 
   bf16_t* dk_head = dqkv + static_cast<int64_t>(hq + g) * D;

@@ -120,16 +120,16 @@ __global__ void __launch_bounds__(kWarps * 32)
     mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
     const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
     const float mu0 = mn0 == -INFINITY ? 0.f : mn0, mu1 = mn1 == -INFINITY ? 0.f : mn1;
-    const float alpha0 = exp2f(m0 - mu0), alpha1 = exp2f(m1 - mu1);
+    const float alpha0 = fast_exp2(m0 - mu0), alpha1 = fast_exp2(m1 - mu1);
     m0 = mn0;
     m1 = mn1;
     float rs0 = 0.f, rs1 = 0.f;
 #pragma unroll
     for (int nt = 0; nt < kN / 8; ++nt) {
-      s[nt][0] = exp2f(s[nt][0] - mu0);
-      s[nt][1] = exp2f(s[nt][1] - mu0);
-      s[nt][2] = exp2f(s[nt][2] - mu1);
-      s[nt][3] = exp2f(s[nt][3] - mu1);
+      s[nt][0] = fast_exp2(s[nt][0] - mu0);
+      s[nt][1] = fast_exp2(s[nt][1] - mu0);
+      s[nt][2] = fast_exp2(s[nt][2] - mu1);
+      s[nt][3] = fast_exp2(s[nt][3] - mu1);
       rs0 += s[nt][0] + s[nt][1];
       rs1 += s[nt][2] + s[nt][3];
     }

@@ -167,9 +167,10 @@ class CudaBackend final : public Backend {
       HP_USER_ERROR(ErrorKind::kConfig, "CUDA device ", device, " requested but ", count,
                     " device(s) are visible");
     CUDA_CHECK(cudaSetDevice(device));
-    CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    for (cudaStream_t& s : streams_)
+      CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
     CUBLAS_CHECK(cublasCreate(&cublas_));
-    CUBLAS_CHECK(cublasSetStream(cublas_, stream_));
+    CUBLAS_CHECK(cublasSetStream(cublas_, cur_stream()));
     // An explicit workspace keeps cuBLAS from allocating on its own and its results reproducible.
     cublas_workspace_ = Tensor::empty(*alloc_, {kCublasWorkspaceBytes / 4}, DType::kI32);
     CUBLAS_CHECK(cublasSetWorkspace(cublas_, cublas_workspace_.raw(), cublas_workspace_.nbytes()));
@@ -179,9 +180,9 @@ class CudaBackend final : public Backend {
 
   ~CudaBackend() override {
     // Destructors must not throw: errors are ignored, the device is left as it is.
-    cudaStreamSynchronize(stream_);
+    for (cudaStream_t s : streams_) cudaStreamSynchronize(s);
     cublasDestroy(cublas_);
-    cudaStreamDestroy(stream_);
+    for (cudaStream_t s : streams_) cudaStreamDestroy(s);
     cudaFreeHost(info_host_);
   }
 
@@ -191,7 +192,7 @@ class CudaBackend final : public Backend {
   DType master_dtype() const override { return DType::kF32; }
   Allocator& allocator() override { return *alloc_; }
 
-  cudaStream_t stream() const { return stream_; }
+  cudaStream_t compute_stream() const { return streams_[0]; }
   int device_ordinal() const { return device_; }
 
   // ---- memory
@@ -199,7 +200,7 @@ class CudaBackend final : public Backend {
 
   void fill(Tensor& t, double value) override {
     check_dev("fill", "t", t);
-    cuda::launch_fill(t.raw(), t.dtype(), t.numel(), value, stream_);
+    cuda::launch_fill(t.raw(), t.dtype(), t.numel(), value, cur_stream());
   }
 
   void copy(const Tensor& src, Tensor& dst) override {
@@ -208,7 +209,8 @@ class CudaBackend final : public Backend {
              " and dst ", dst.desc(), " must have the same dtype and numel");
     if (src.nbytes() == 0 || src.raw() == dst.raw()) return;
     // Unified addressing tells host from device; pageable host memory is staged by the driver.
-    CUDA_CHECK(cudaMemcpyAsync(dst.raw(), src.raw(), src.nbytes(), cudaMemcpyDefault, stream_));
+    CUDA_CHECK(
+        cudaMemcpyAsync(dst.raw(), src.raw(), src.nbytes(), cudaMemcpyDefault, cur_stream()));
   }
 
   void convert(const Tensor& src, Tensor& dst) override {
@@ -217,19 +219,43 @@ class CudaBackend final : public Backend {
     HP_CHECK(src.numel() == dst.numel(), "convert: src ", src.desc(), " and dst ", dst.desc(),
              " differ in numel");
     if (src.raw() == dst.raw() && src.dtype() == dst.dtype()) return;
-    cuda::launch_convert(src.raw(), src.dtype(), dst.raw(), dst.dtype(), src.numel(), stream_);
+    cuda::launch_convert(src.raw(), src.dtype(), dst.raw(), dst.dtype(), src.numel(), cur_stream());
   }
 
   void read_to_host(const Tensor& src, Tensor& host_dst, SyncCause cause) override {
     HP_CHECK(host_dst.defined() && host_dst.device() == Device::kCPU, "read_to_host: destination ",
              host_dst.desc(), " must be a host tensor");
     copy(src, host_dst);
-    CUDA_CHECK(cudaStreamSynchronize(stream_));
+    CUDA_CHECK(cudaStreamSynchronize(cur_stream()));
     syncs_.add(cause);
   }
 
   void synchronize(SyncCause cause) override {
-    CUDA_CHECK(cudaStreamSynchronize(stream_));
+    for (cudaStream_t s : streams_) CUDA_CHECK(cudaStreamSynchronize(s));
+    syncs_.add(cause);
+  }
+
+  // ---- streams and events ---------------------------------------------------------------------
+
+  void set_stream(StreamKind s) override {
+    if (s == stream_) return;
+    stream_ = s;
+    CUBLAS_CHECK(cublasSetStream(cublas_, cur_stream()));
+  }
+
+  std::shared_ptr<Event> record_event(StreamKind s) override {
+    auto e = std::make_shared<CudaEvent>();
+    CUDA_CHECK(cudaEventCreateWithFlags(&e->event, cudaEventDisableTiming));
+    CUDA_CHECK(cudaEventRecord(e->event, streams_[static_cast<int>(s)]));
+    return e;
+  }
+
+  void wait_event(StreamKind waiter, const Event& e) override {
+    CUDA_CHECK(cudaStreamWaitEvent(streams_[static_cast<int>(waiter)], as_cuda_event(e), 0));
+  }
+
+  void event_synchronize(const Event& e, SyncCause cause) override {
+    CUDA_CHECK(cudaEventSynchronize(as_cuda_event(e)));
     syncs_.add(cause);
   }
 
@@ -274,8 +300,8 @@ class CudaBackend final : public Backend {
     std::memcpy(host + off_cu, batch.cu_seqlens.data(), (n_seqs + 1) * 4);
     std::memcpy(host + off_tiles, tiles.data(), tiles.size() * sizeof(AttnTile));
     CUDA_CHECK(cudaMemcpyAsync(extra->buffer.raw(), host, static_cast<size_t>(words) * 4,
-                               cudaMemcpyHostToDevice, stream_));
-    staging_.mark_in_flight(slot, stream_);
+                               cudaMemcpyHostToDevice, cur_stream()));
+    staging_.mark_in_flight(slot, cur_stream());
 
     const std::shared_ptr<Storage>& st = extra->buffer.storage();
     BatchMeta meta;
@@ -307,10 +333,10 @@ class CudaBackend final : public Backend {
     int32_t* base = extra->buffer.data<int32_t>();
     AttnTile* tiles = reinterpret_cast<AttnTile*>(base + off_tiles);
     cuda::launch_rebuild_metadata(meta.positions.data<int32_t>(), n, base, tiles, base + off_info,
-                                  *alloc_, stream_);
+                                  *alloc_, cur_stream());
     CUDA_CHECK(cudaMemcpyAsync(info_host_, base + off_info, 3 * sizeof(int32_t),
-                               cudaMemcpyDeviceToHost, stream_));
-    CUDA_CHECK(cudaStreamSynchronize(stream_));
+                               cudaMemcpyDeviceToHost, cur_stream()));
+    CUDA_CHECK(cudaStreamSynchronize(cur_stream()));
     syncs_.add(SyncCause::kMetadata);
     const int64_t n_seqs = info_host_[0];
     meta.cu_seqlens = Tensor(extra->buffer.storage(), 0, {n_seqs + 1}, DType::kI32);
@@ -350,7 +376,8 @@ class CudaBackend final : public Backend {
       if (beta == 0) {
         fill(c, 0.0);
       } else {
-        cuda::launch_axpy(beta - 1.0, c.raw(), c.dtype(), c.raw(), c.dtype(), c.numel(), stream_);
+        cuda::launch_axpy(beta - 1.0, c.raw(), c.dtype(), c.raw(), c.dtype(), c.numel(),
+                          cur_stream());
       }
       return;
     }
@@ -368,14 +395,14 @@ class CudaBackend final : public Backend {
     check_ndim("add_bias", "y", y, 2);
     check_float("add_bias", "bias", bias, {y.dim(1)});
     cuda::launch_add_bias(y.raw(), y.dtype(), bias.raw(), bias.dtype(), y.dim(0), y.dim(1),
-                          stream_);
+                          cur_stream());
   }
 
   void bias_grad(const Tensor& dy, Tensor& db) override {
     check_ndim("bias_grad", "dy", dy, 2);
     check_tensor("bias_grad", "db", db, DType::kF32, {dy.dim(1)});
     cuda::launch_bias_grad(dy.raw(), dy.dtype(), dy.dim(0), dy.dim(1), db.data<float>(), *alloc_,
-                           stream_);
+                           cur_stream());
   }
 
   void add(const Tensor& a, const Tensor& b, Tensor& out) override {
@@ -386,14 +413,14 @@ class CudaBackend final : public Backend {
                  a.numel() == out.numel(),
              "add: a ", a.desc(), ", b ", b.desc(), " and out ", out.desc(),
              " must have one dtype and one numel");
-    cuda::launch_add(a.raw(), b.raw(), out.raw(), a.dtype(), a.numel(), stream_);
+    cuda::launch_add(a.raw(), b.raw(), out.raw(), a.dtype(), a.numel(), cur_stream());
   }
 
   void axpy(double alpha, const Tensor& x, Tensor& y) override {
     check_float("axpy", "x", x);
     check_float("axpy", "y", y);
     HP_CHECK(x.numel() == y.numel(), "axpy: x ", x.desc(), " and y ", y.desc(), " differ in numel");
-    cuda::launch_axpy(alpha, x.raw(), x.dtype(), y.raw(), y.dtype(), x.numel(), stream_);
+    cuda::launch_axpy(alpha, x.raw(), x.dtype(), y.raw(), y.dtype(), x.numel(), cur_stream());
   }
 
   // ---- normalization and position
@@ -408,7 +435,7 @@ class CudaBackend final : public Backend {
     check_tensor(op, "y", y, x.dtype(), {m, d});
     check_tensor(op, "rstd", rstd, DType::kF32, {m});
     cuda::launch_rmsnorm_fwd(x.raw(), x.dtype(), w.raw(), w.dtype(), static_cast<float>(eps),
-                             y.raw(), rstd.data<float>(), m, d, stream_);
+                             y.raw(), rstd.data<float>(), m, d, cur_stream());
   }
 
   void rmsnorm_bwd(const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dy,
@@ -422,7 +449,7 @@ class CudaBackend final : public Backend {
     check_tensor(op, "dx", dx, x.dtype(), {m, d});
     check_tensor(op, "dw", dw, DType::kF32, {d});
     cuda::launch_rmsnorm_bwd(x.raw(), x.dtype(), w.raw(), w.dtype(), rstd.data<float>(), dy.raw(),
-                             dx.raw(), dw.data<float>(), m, d, *alloc_, stream_);
+                             dx.raw(), dw.data<float>(), m, d, *alloc_, cur_stream());
   }
 
   void rope(Tensor& x, int n_rot_heads, const Tensor& positions, const RopeTable& table,
@@ -441,7 +468,7 @@ class CudaBackend final : public Backend {
     check_tensor(op, "table.sin", table.sin, DType::kF32, {n_pos, d / 2});
     cuda::launch_rope(x.raw(), x.dtype(), n, static_cast<int>(h), n_rot_heads, static_cast<int>(d),
                       positions.data<int32_t>(), table.cos.data<float>(), table.sin.data<float>(),
-                      n_pos, inverse, stream_);
+                      n_pos, inverse, cur_stream());
   }
 
   void qk_norm_fwd(const Tensor& qkv, const Tensor& qw, const Tensor& kw, int64_t n_heads,
@@ -454,7 +481,7 @@ class CudaBackend final : public Backend {
     cuda::launch_qk_norm_fwd(qkv.raw(), qkv.dtype(), qw.raw(), kw.raw(), qw.dtype(), n,
                              static_cast<int>(qkv.dim(1)), static_cast<int>(n_heads),
                              static_cast<int>(n_kv_heads), static_cast<int>(qkv.dim(2)),
-                             static_cast<float>(eps), out.raw(), rstd.data<float>(), stream_);
+                             static_cast<float>(eps), out.raw(), rstd.data<float>(), cur_stream());
   }
 
   void qk_norm_bwd(const Tensor& qkv, const Tensor& qw, const Tensor& kw, int64_t n_heads,
@@ -472,7 +499,7 @@ class CudaBackend final : public Backend {
                              static_cast<int>(qkv.dim(1)), static_cast<int>(n_heads),
                              static_cast<int>(n_kv_heads), static_cast<int>(d), rstd.data<float>(),
                              dout.raw(), din.raw(), dqw.data<float>(), dkw.data<float>(), *alloc_,
-                             stream_);
+                             cur_stream());
   }
 
   // ---- attention
@@ -485,9 +512,9 @@ class CudaBackend final : public Backend {
     check_tensor(op, "out", out, DType::kBF16, {args.n_tokens, args.hq, args.head_dim});
     check_tensor(op, "lse", lse, DType::kF32, {args.n_tokens, args.hq});
     if (tensor_core_ok(args, {out.raw()})) {
-      cuda::launch_attention_fwd(args, out.raw(), lse.data<float>(), stream_);
+      cuda::launch_attention_fwd(args, out.raw(), lse.data<float>(), cur_stream());
     } else if (args.n_tiles > 0) {
-      cuda::launch_attention_simple_fwd(args, out.raw(), lse.data<float>(), stream_);
+      cuda::launch_attention_simple_fwd(args, out.raw(), lse.data<float>(), cur_stream());
     }
   }
 
@@ -509,7 +536,7 @@ class CudaBackend final : public Backend {
     }
     if (!tensor_core_ok(args, {out.raw(), dout.raw(), dqkv.raw()})) args.force_simple = true;
     cuda::launch_attention_bwd(args, out.raw(), lse.data<float>(), dout.raw(), dqkv.raw(), dsinks_p,
-                               *alloc_, stream_);
+                               *alloc_, cur_stream());
   }
 
   // ---- feed-forward activations -----------------------------------------------------------------
@@ -521,7 +548,7 @@ class CudaBackend final : public Backend {
     const int64_t m = h.dim(0), f = h.dim(1) / 2;
     check_tensor(op, "a", a, h.dtype(), {m, f});
     cuda::launch_glu_fwd(h.raw(), a.raw(), h.dtype(), m, f, p.kind == GluKind::kGptOss ? 1 : 0,
-                         static_cast<float>(p.alpha), static_cast<float>(p.limit), stream_);
+                         static_cast<float>(p.alpha), static_cast<float>(p.limit), cur_stream());
   }
 
   void glu_bwd(const Tensor& h, const Tensor& da, const GluParams& p, Tensor& dh) override {
@@ -533,7 +560,7 @@ class CudaBackend final : public Backend {
     check_tensor(op, "dh", dh, h.dtype(), h.shape());
     cuda::launch_glu_bwd(h.raw(), da.raw(), dh.raw(), h.dtype(), m, f,
                          p.kind == GluKind::kGptOss ? 1 : 0, static_cast<float>(p.alpha),
-                         static_cast<float>(p.limit), stream_);
+                         static_cast<float>(p.limit), cur_stream());
   }
 
   // ---- mixture-of-experts routing
@@ -548,7 +575,7 @@ class CudaBackend final : public Backend {
     check_tensor(op, "idx", idx, DType::kI32, {n, k});
     check_float(op, "w", w, {n, k});
     cuda::launch_router_topk(logits.raw(), logits.dtype(), n, static_cast<int>(e), k,
-                             idx.data<int32_t>(), w.raw(), w.dtype(), stream_);
+                             idx.data<int32_t>(), w.raw(), w.dtype(), cur_stream());
   }
 
   void router_topk_bwd(const Tensor& idx, const Tensor& w, const Tensor& dw,
@@ -564,7 +591,7 @@ class CudaBackend final : public Backend {
     HP_CHECK(dlogits.dim(0) == n, op, ": dlogits ", dlogits.desc(), " must have ", n, " rows");
     cuda::launch_router_topk_bwd(idx.data<int32_t>(), w.raw(), dw.raw(), w.dtype(), n,
                                  static_cast<int>(dlogits.dim(1)), static_cast<int>(k),
-                                 dlogits.raw(), dlogits.dtype(), stream_);
+                                 dlogits.raw(), dlogits.dtype(), cur_stream());
   }
 
   void router_aux_loss(const Tensor& logits, const Tensor& counts, int k, double coef, Tensor& loss,
@@ -578,7 +605,7 @@ class CudaBackend final : public Backend {
     check_tensor(op, "dlogits", dlogits, logits.dtype(), {n, e});
     cuda::launch_router_aux_loss(logits.raw(), logits.dtype(), counts.data<int32_t>(), n,
                                  static_cast<int>(e), k, static_cast<float>(coef),
-                                 loss.data<float>(), dlogits.raw(), *alloc_, stream_);
+                                 loss.data<float>(), dlogits.raw(), *alloc_, cur_stream());
   }
 
   void histogram(const Tensor& ids, int n_bins, Tensor& counts) override {
@@ -587,7 +614,7 @@ class CudaBackend final : public Backend {
     HP_CHECK(n_bins >= 1, op, ": n_bins = ", n_bins, " must be positive");
     check_i32(op, "counts", counts, n_bins);
     cuda::launch_histogram(ids.data<int32_t>(), ids.numel(), n_bins, counts.data<int32_t>(),
-                           stream_);
+                           cur_stream());
   }
 
   void exclusive_scan(const Tensor& counts, Tensor& offsets) override {
@@ -595,7 +622,7 @@ class CudaBackend final : public Backend {
     check_i32(op, "counts", counts, counts.numel());
     check_i32(op, "offsets", offsets, counts.numel() + 1);
     cuda::launch_exclusive_scan(counts.data<int32_t>(), counts.numel(), offsets.data<int32_t>(),
-                                *alloc_, stream_);
+                                *alloc_, cur_stream());
   }
 
   void sort_by_id(const Tensor& ids, const Tensor& offsets, Tensor& sorted_to_assign,
@@ -609,7 +636,7 @@ class CudaBackend final : public Backend {
     check_i32(op, "assign_to_sorted", assign_to_sorted, m);
     cuda::launch_sort_by_id(ids.data<int32_t>(), m, static_cast<int>(offsets.numel() - 1),
                             sorted_to_assign.data<int32_t>(), assign_to_sorted.data<int32_t>(),
-                            *alloc_, stream_);
+                            *alloc_, cur_stream());
   }
 
   void permute_rows(const Tensor& x, const Tensor& sorted_to_assign, int k, Tensor& out) override {
@@ -620,7 +647,7 @@ class CudaBackend final : public Backend {
     check_i32(op, "sorted_to_assign", sorted_to_assign, m);
     check_tensor(op, "out", out, x.dtype(), {m, d});
     cuda::launch_permute_rows(x.raw(), x.dtype(), d, sorted_to_assign.data<int32_t>(), m, k,
-                              out.raw(), stream_);
+                              out.raw(), cur_stream());
   }
 
   void permute_rows_bwd(const Tensor& dout, const Tensor& sorted_to_assign, int k,
@@ -632,7 +659,7 @@ class CudaBackend final : public Backend {
     check_i32(op, "sorted_to_assign", sorted_to_assign, m);
     check_tensor(op, "dout", dout, dx.dtype(), {m, d});
     cuda::launch_permute_rows_bwd(dout.raw(), dout.dtype(), d, sorted_to_assign.data<int32_t>(), m,
-                                  k, n, dx.raw(), *alloc_, stream_);
+                                  k, n, dx.raw(), *alloc_, cur_stream());
   }
 
   void unpermute_combine(const Tensor& y, const Tensor& assign_to_sorted, const Tensor& w,
@@ -644,7 +671,8 @@ class CudaBackend final : public Backend {
     check_i32(op, "assign_to_sorted", assign_to_sorted, n * k);
     check_tensor(op, "out", out, y.dtype(), {n, d});
     cuda::launch_unpermute_combine(y.raw(), y.dtype(), d, assign_to_sorted.data<int32_t>(), m,
-                                   w.raw(), w.dtype(), n, static_cast<int>(k), out.raw(), stream_);
+                                   w.raw(), w.dtype(), n, static_cast<int>(k), out.raw(),
+                                   cur_stream());
   }
 
   void unpermute_combine_bwd(const Tensor& dout, const Tensor& y, const Tensor& assign_to_sorted,
@@ -660,7 +688,7 @@ class CudaBackend final : public Backend {
     fill(dy, 0.0);  // rows of y no assignment reads get a zero gradient
     cuda::launch_unpermute_combine_bwd(dout.raw(), y.raw(), y.dtype(), d,
                                        assign_to_sorted.data<int32_t>(), m, w.raw(), w.dtype(), n,
-                                       static_cast<int>(k), dy.raw(), dw.raw(), stream_);
+                                       static_cast<int>(k), dy.raw(), dw.raw(), cur_stream());
   }
 
   // ---- embedding and loss
@@ -673,7 +701,7 @@ class CudaBackend final : public Backend {
     check_i32(op, "ids", ids, n);
     check_float(op, "out", out, {n, d});
     cuda::launch_embedding_fwd(table.raw(), table.dtype(), v, ids.data<int32_t>(), n, d, out.raw(),
-                               out.dtype(), stream_);
+                               out.dtype(), cur_stream());
   }
 
   void embedding_bwd(const Tensor& dout, const Tensor& ids, Tensor& dtable) override {
@@ -685,7 +713,7 @@ class CudaBackend final : public Backend {
     check_i32(op, "ids", ids, n);
     check_float(op, "dout", dout, {n, d});
     cuda::launch_embedding_bwd(dout.raw(), dout.dtype(), ids.data<int32_t>(), n, d, v,
-                               dtable.data<float>(), *alloc_, stream_);
+                               dtable.data<float>(), *alloc_, cur_stream());
   }
 
   void cross_entropy(Tensor& logits, const Tensor& targets, double grad_scale,
@@ -698,7 +726,7 @@ class CudaBackend final : public Backend {
     HP_CHECK(n <= std::numeric_limits<int32_t>::max(), op, ": too many rows");
     cuda::launch_cross_entropy(logits.raw(), logits.dtype(), targets.data<int32_t>(), n, v,
                                static_cast<float>(grad_scale), loss.data<float>(), *alloc_,
-                               stream_);
+                               cur_stream());
   }
 
   // ---- optimizer
@@ -707,7 +735,8 @@ class CudaBackend final : public Backend {
   void sum_squares(const Tensor& x, Tensor& acc) override {
     check_float("sum_squares", "x", x);
     check_tensor("sum_squares", "acc", acc, DType::kF32, {1});
-    cuda::launch_sum_squares(x.raw(), x.dtype(), x.numel(), acc.data<float>(), *alloc_, stream_);
+    cuda::launch_sum_squares(x.raw(), x.dtype(), x.numel(), acc.data<float>(), *alloc_,
+                             cur_stream());
   }
 
   void adamw(Tensor& master, const Tensor& grad, Tensor& m, Tensor& v, const AdamWParams& p,
@@ -740,10 +769,26 @@ class CudaBackend final : public Backend {
     s.bias_correction1 = static_cast<float>(1.0 - std::pow(p.beta1, static_cast<double>(p.step)));
     s.bias_correction2 = static_cast<float>(1.0 - std::pow(p.beta2, static_cast<double>(p.step)));
     cuda::launch_adamw(master.data<float>(), grad.data<float>(), m.data<float>(), v.data<float>(),
-                       n, s, work, work ? working.dtype() : DType::kF32, stream_);
+                       n, s, work, work ? working.dtype() : DType::kF32, cur_stream());
   }
 
  private:
+  struct CudaEvent final : Event {
+    cudaEvent_t event = nullptr;
+    ~CudaEvent() override {
+      if (event) cudaEventDestroy(event);
+    }
+  };
+
+  static cudaEvent_t as_cuda_event(const Event& e) {
+    const auto* c = dynamic_cast<const CudaEvent*>(&e);
+    HP_CHECK(c != nullptr, "event was not recorded by a CUDA backend");
+    return c->event;
+  }
+
+  // Ops run on the stream set_stream chose (the compute stream unless told otherwise).
+  cudaStream_t cur_stream() const { return streams_[static_cast<int>(stream_)]; }
+
   static constexpr int64_t kCublasWorkspaceBytes = 32ll << 20;
 
   void check_qk_norm(const char* op, const Tensor& qkv, const Tensor& qw, const Tensor& kw,
@@ -802,7 +847,7 @@ class CudaBackend final : public Backend {
 
   int device_;
   CudaCachingAllocator* alloc_;
-  cudaStream_t stream_ = nullptr;
+  cudaStream_t streams_[3] = {};  // indexed by StreamKind: compute, copy, comm
   cublasHandle_t cublas_ = nullptr;
   Tensor cublas_workspace_;
   PinnedStaging staging_;
@@ -821,7 +866,7 @@ std::unique_ptr<Backend> make_cuda_backend(int device_ordinal) {
   return std::make_unique<CudaBackend>(device_ordinal);
 }
 
-CUstream_st* cuda_compute_stream(Backend& b) { return as_cuda(b).stream(); }
+CUstream_st* cuda_compute_stream(Backend& b) { return as_cuda(b).compute_stream(); }
 
 int cuda_backend_device(Backend& b) { return as_cuda(b).device_ordinal(); }
 
