@@ -44,6 +44,9 @@ run() {
   [ $rc -eq 0 ] || failed=1
 }
 
+missing=$(for p in "$bin"/*; do ldd "$p" | grep "not found"; done | sort -u)
+[ -z "$missing" ] || echo "gpu_suite: libraries not found on this host: $missing" >&2
+
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null |
   sed 's/^/gpu: /' || true
 
@@ -58,10 +61,29 @@ if [ "${GPU_SUITE_PERF:-1}" != 0 ] && [ -x "$bin/gpu_tests" ]; then
   run gpu_perf "$bin/gpu_tests" --gtest_also_run_disabled_tests --gtest_filter='CudaPerf.*'
 fi
 
-# ---- 3. benchmarks: add `hotpath bench ...` runs here --------------------------------------------
-# if [ -x "$bin/hotpath" ]; then
-#   run bench_step "$bin/hotpath" bench step --config examples/configs/<config> ...
-# fi
+# ---- 3. training runs and benchmarks with the hotpath executable ------------------------------
+# bench_row NAME: the "step" row of a bench log as the summary detail.
+bench_detail() {
+  awk '/^step /{printf "ms/step=%s tok/s=%s syncs=%s MFU=%s", $2, $3, $4, $5}' "$log_dir/$1.log"
+}
+if [ -x "$bin/hotpath" ]; then
+  cfg=examples/configs
+  run train_tiny_moe "$bin/hotpath" train --config $cfg/tiny-moe.ini --device=cuda --steps=120 \
+    --log_every=20 --metrics_path="$log_dir/train_tiny_moe.jsonl"
+  details[${#details[@]}-1]=$(grep -o 'done:.*' "$log_dir/train_tiny_moe.log" | cut -c1-90)
+  run train_baselines "$bin/hotpath" train --config $cfg/tiny-moe.ini --device=cuda --steps=3 \
+    --metadata=per-layer --routing=per-expert --metrics_path="$log_dir/train_baselines.jsonl"
+  details[${#details[@]}-1]="syncs/step $(tail -1 "$log_dir/train_baselines.jsonl" | grep -o '"syncs":{[^}]*}')"
+  for spec in "llama1b:llama-3.2-1b.ini:16" "gptoss20b_4l:gptoss-20b.ini:4"; do
+    IFS=: read -r name ini layers <<<"$spec"
+    for md in cached per-layer; do
+      run "bench_${name}_$md" "$bin/hotpath" bench step --config $cfg/$ini --device=cuda \
+        --n_layers=$layers --seq_len=4096 --batch_tokens=16384 --metadata=$md --bench_warmup=2 \
+        --bench_steps=5
+      details[${#details[@]}-1]=$(bench_detail "bench_${name}_$md")
+    done
+  done
+fi
 
 # ---- summary ------------------------------------------------------------------------------------
 if [ -f "$log_dir/gpu_perf.log" ]; then

@@ -48,7 +48,7 @@ po::options_description describe_options(TrainOptions& o, std::string& window_la
       ("data", po::value(&d.source)->default_value(d.source), "synthetic | token shard(s) .bin (path, comma list or glob) | HDF5 tokens .h5")
       ("eot_token", po::value(&d.eot_token)->default_value(d.eot_token), "end-of-text token id (-1: vocab_size - 1)")
       ("shuffle", po::value(&d.shuffle)->default_value(d.shuffle), "shuffle document order per epoch (file sources)")
-      ("synthetic_vocab", po::value(&d.synthetic_vocab)->default_value(d.synthetic_vocab), "synthetic: content tokens (0: vocab_size - 1)")
+      ("synthetic_vocab", po::value(&d.synthetic_vocab)->default_value(d.synthetic_vocab), "synthetic: content tokens 0..N-1 (0: every id below eot_token)")
       ("synthetic_zipf", po::value(&d.synthetic_zipf)->default_value(d.synthetic_zipf), "synthetic: Zipf exponent of each context's next-token distribution")
       ("synthetic_mean_doc_len", po::value(&d.synthetic_mean_doc_len)->default_value(d.synthetic_mean_doc_len), "synthetic: mean document length (geometric)");
   po::options_description model("Model");

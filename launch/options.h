@@ -14,7 +14,7 @@ struct DataOptions {
   std::string source = "synthetic";  // "synthetic", .bin shard(s) (path, list or glob), or .h5
   int32_t eot_token = -1;            // -1: vocab_size - 1
   bool shuffle = true;
-  int64_t synthetic_vocab = 0;       // 0: vocab_size - 1 content tokens
+  int64_t synthetic_vocab = 0;       // 0: every id below eot_token
   double synthetic_zipf = 1.0;
   double synthetic_mean_doc_len = 64;
 };

@@ -10,9 +10,11 @@
 #include <vector>
 
 #include "framework/core/log.h"
+#include "launch/bench_comm.h"
 #include "parallel/moe_exchange.h"
 #if HOTPATH_HAVE_CUDA
 #include "framework/backend/cuda/cuda_backend.h"
+#include "parallel/cuda/nccl_communicator.h"
 #endif
 
 namespace hp {
@@ -48,10 +50,18 @@ DataConfig make_data_config(const TrainOptions& o, int rank, int world) {
   d.world = world;
   d.seed = o.seed;
   d.shuffle = o.data.shuffle;
-  d.synthetic_vocab = o.data.synthetic_vocab > 0 ? o.data.synthetic_vocab : o.model.vocab_size - 1;
+  // Default: every id below the EOT is a content token.
+  d.synthetic_vocab = o.data.synthetic_vocab > 0 ? o.data.synthetic_vocab : d.eot_token;
   d.synthetic_zipf = o.data.synthetic_zipf;
   d.synthetic_mean_doc_len = o.data.synthetic_mean_doc_len;
   return d;
+}
+
+double step_model_flops(const ModelConfig& c, const PackedBatch& batch) {
+  double flops = 6.0 * static_cast<double>(count_params(c).active) * batch.num_tokens();
+  for (int l = 0; l < c.n_layers; ++l)
+    flops += 12.0 * batch.attention_pairs(c.window_for_layer(l)) * c.head_dim * c.n_heads;
+  return flops;
 }
 
 ModelOptions make_model_options(const TrainOptions& o) {
@@ -79,12 +89,20 @@ Trainer::Trainer(const TrainOptions& o, const RankContext& ctx)
            ctx_.groups.ep_size, " but options say ", o_.ep_size);
   be_ = make_backend(o_, ctx_.launch.local_rank);
   loader_ = DataLoader::open(make_data_config(o_, ctx_.rank(), ctx_.world()));
+  // Device tensors move over NCCL groups that mirror the host groups; scalars (valid-target
+  // counts, loss sums) stay on the host communicators of ctx_.groups.
+  ProcessGroups tensor_groups = ctx_.groups;
+#if HOTPATH_HAVE_CUDA
+  if (be_->device() == Device::kCUDA && ctx_.world() > 1)
+    tensor_groups = make_nccl_groups(ctx_.groups, *be_);
+#endif
   std::shared_ptr<ExpertExchange> exchange;
-  if (ctx_.world() > 1) exchange = std::make_shared<CommExpertExchange>(ctx_.groups.ep, ctx_.groups.world);
+  if (ctx_.world() > 1)
+    exchange = std::make_shared<CommExpertExchange>(tensor_groups.ep, tensor_groups.world);
   model_ = std::make_unique<Model>(o_.model, make_model_options(o_), *be_, exchange);
   model_->init_params(o_.seed);
   if (ctx_.world() > 1) {
-    grad_sync_ = std::make_unique<GradSync>(*be_, model_->params(), ctx_.groups);
+    grad_sync_ = std::make_unique<GradSync>(*be_, model_->params(), tensor_groups);
     model_->set_grad_ready_hook([this](int layer) { grad_sync_->layer_ready(layer); });
   }
   sched_.lr = o_.lr;
@@ -137,6 +155,7 @@ StepStats Trainer::step() {
   st.step = step_;
   st.valid_targets = valid;
   st.tokens = batch.num_tokens() * ctx_.world();
+  st.model_flops = step_model_flops(o_.model, batch) * ctx_.world();
   st.loss = valid > 0 ? s[0] / static_cast<double>(valid) : 0.0;
   st.aux_loss = s[1];
   st.grad_norm = std::sqrt(s[2] + s[3]);
@@ -232,30 +251,37 @@ int run_train(const TrainOptions& o, const RankContext& ctx) {
 }
 
 int run_bench(const std::string& scenario, const TrainOptions& o, const RankContext& ctx) {
+  if (scenario == "routing") return run_bench_routing(o, ctx);
+  if (scenario == "alltoall") return run_bench_alltoall(o, ctx);
   if (scenario != "step")
     HP_USER_ERROR(ErrorKind::kUser, "hotpath bench: unknown scenario '", scenario,
-                  "'; available: step");
+                  "'; available: step, routing, alltoall");
   Trainer trainer(o, ctx);
   for (int64_t i = 0; i < o.bench_warmup; ++i) trainer.step();
-  std::vector<double> ms, tps, syncs;
+  std::vector<double> ms, tps, syncs, flops;
   for (int64_t i = 0; i < o.bench_steps; ++i) {
     StepStats s = trainer.step();
     ms.push_back(s.ms);
     tps.push_back(s.tokens_per_s);
     syncs.push_back(static_cast<double>(s.syncs.total()));
+    flops.push_back(s.model_flops);
   }
   const double med_ms = median(ms), med_tps = median(tps), med_syncs = median(syncs);
+  const bool gpu = trainer.backend().device() == Device::kCUDA;
+  // MFU per GPU against the bf16 peak; meaningless for the CPU reference.
+  const double mfu = gpu ? median(flops) / ctx.world() / (med_ms / 1000.0) / kPeakBf16Flops : 0.0;
   if (ctx.rank() != 0) return 0;
-  std::printf("bench step: backend=%s tokens/step=%lld steps=%lld (warm-up %lld)\n",
-              trainer.backend().name().c_str(), static_cast<long long>(o.batch_tokens),
-              static_cast<long long>(o.bench_steps), static_cast<long long>(o.bench_warmup));
-  std::printf("%-10s %12s %12s %12s\n", "variant", "ms/step", "tokens/s", "syncs/step");
-  std::printf("%-10s %12.2f %12.1f %12.0f\n", "step", med_ms, med_tps, med_syncs);
+  std::printf("bench step: backend=%s world=%d tokens/step=%lld layers=%d steps=%lld (warm-up %lld)\n",
+              trainer.backend().name().c_str(), ctx.world(), static_cast<long long>(o.batch_tokens),
+              o.model.n_layers, static_cast<long long>(o.bench_steps),
+              static_cast<long long>(o.bench_warmup));
+  std::printf("%-10s %12s %12s %12s %8s\n", "variant", "ms/step", "tokens/s", "syncs/step", "MFU");
+  std::printf("%-10s %12.2f %12.1f %12.0f %7.1f%%\n", "step", med_ms, med_tps, med_syncs, 100 * mfu);
   if (!o.bench_json.empty()) {
     std::ofstream f(o.bench_json);
     f << "{\"scenario\":\"step\",\"backend\":\"" << trainer.backend().name()
       << "\",\"ms_per_step\":" << med_ms << ",\"tokens_per_s\":" << med_tps
-      << ",\"syncs_per_step\":" << med_syncs << "}\n";
+      << ",\"syncs_per_step\":" << med_syncs << ",\"mfu\":" << mfu << "}\n";
   }
   return 0;
 }

@@ -28,6 +28,7 @@ struct StepStats {
   double tokens_per_s = 0;
   int64_t tokens = 0;        // global tokens in the step
   int64_t valid_targets = 0; // global
+  double model_flops = 0;    // global: 6 * active params * tokens + causal attention FLOPs
   SyncCounter syncs;
 };
 
@@ -66,6 +67,12 @@ class Trainer {
   int64_t step_ = 0;
   Tensor stats_;  // [4]: lm loss sum, aux loss sum, dense grad sumsq, expert grad sumsq
 };
+
+// Training FLOPs of one step on this batch (ARCHITECTURE §8): 6 * N_active * tokens plus the
+// attention score and value products of the packed documents, forward and backward (3x).
+double step_model_flops(const ModelConfig& c, const PackedBatch& batch);
+// Dense bf16 peak of the H100/H200 that MFU is quoted against.
+constexpr double kPeakBf16Flops = 989e12;
 
 DataConfig make_data_config(const TrainOptions& o, int rank, int world);
 ModelOptions make_model_options(const TrainOptions& o);

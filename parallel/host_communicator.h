@@ -110,6 +110,7 @@ class HostCommunicator : public Communicator {
   // Starts a call: throws if the communicator is broken; returns the op with its deadline.
   Op begin(OpKind kind) const;
   bool broken() const { return !broken_reason_.empty(); }
+  const std::string& broken_reason() const { return broken_reason_; }
   // Marks the communicator broken without throwing (abort() does, before tearing down).
   void mark_broken(const std::string& reason);
   // Marks the communicator broken and throws hp::Error(kComm):

@@ -97,7 +97,11 @@ std::shared_ptr<MpiCommunicator> MpiCommunicator::create(MPI_Comm comm, const st
 }
 
 MpiCommunicator::~MpiCommunicator() {
-  if (comm_ != MPI_COMM_NULL && !broken() && mpi_usable()) MPI_Comm_free(&comm_);
+  if (comm_ == MPI_COMM_NULL || !mpi_usable()) return;
+  // A pending operation can neither be cancelled nor completed: freeing the communicator, or
+  // MPI_Finalize later, could wait forever. End the job instead.
+  if (broken()) abort(str_cat("communicator '", name(), "' destroyed after: ", broken_reason()));
+  MPI_Comm_free(&comm_);
 }
 
 std::vector<int> MpiCommunicator::world_ranks_of(MPI_Comm comm) {

@@ -5,13 +5,14 @@
 // waits longer than timeout(). Point-to-point timeouts name the peers whose messages are still
 // pending; for collectives MPI does not say which ranks are missing. A pending MPI operation
 // cannot be cancelled, so after a timeout the communicator is broken (see communicator.h) and
-// the caller must abort(), which calls MPI_Abort on MPI_COMM_WORLD and ends the whole job.
+// the caller must abort(), which calls MPI_Abort on MPI_COMM_WORLD and ends the whole job. As a
+// safety net, a broken communicator aborts the job when it is destroyed: with an operation
+// pending, neither MPI_Comm_free nor MPI_Finalize is sure to return.
 // Reductions are computed by HostCommunicator (rank-order folds), never by MPI_Allreduce, whose
 // summation order depends on the algorithm MPI picks.
 //
 // Ownership: the communicator owns its MPI_Comm (a duplicate or a split) and frees it on
-// destruction, unless MPI is already finalised or the communicator is broken (a pending
-// operation would make MPI_Comm_free hang).
+// destruction (unless MPI is already finalised).
 // Thread safety: MPI is called only from the thread that drives the communicator, which must be
 // the thread that initialised MPI (MPI_THREAD_FUNNELED).
 #pragma once

@@ -404,7 +404,8 @@ TcpCommunicator::TcpCommunicator(std::string name, int rank, int size, std::vect
                                  CommOptions options, std::vector<int> fds)
     : HostCommunicator(std::move(name), rank, size, std::move(world_ranks), options),
       fds_(std::move(fds)),
-      dirty_(fds_.size(), 0) {}
+      dirty_(fds_.size(), 0),
+      rx_partial_(fds_.size(), 0) {}
 
 TcpCommunicator::~TcpCommunicator() { close_all(); }
 
@@ -437,17 +438,19 @@ std::shared_ptr<TcpCommunicator> TcpCommunicator::connect_world(const Bootstrap&
   std::vector<int> fds(static_cast<size_t>(world), -1);
   std::vector<int> world_ranks(static_cast<size_t>(world));
   for (int r = 0; r < world; ++r) world_ranks[static_cast<size_t>(r)] = r;
-  struct Guard {  // closes whatever is open when rendezvous throws
+  struct Guard {  // closes whatever is open, and rank 0's file, when rendezvous throws
     std::vector<int>& fds;
     int listener = -1;
+    std::string file;
     bool armed = true;
     ~Guard() {
       close_fd(listener);
+      if (!file.empty()) std::remove(file.c_str());
       if (armed) {
         for (int& fd : fds) close_fd(fd);
       }
     }
-  } guard{fds};
+  } guard{fds, -1, "", true};
 
   if (rank == 0) {
     std::string err;
@@ -460,6 +463,7 @@ std::shared_ptr<TcpCommunicator> TcpCommunicator::connect_world(const Bootstrap&
     if (by_file) {
       write_rendezvous_file(bootstrap.path,
                             str_cat(advertised_host(), ":", local_port(guard.listener), "\n"));
+      guard.file = bootstrap.path;
     }
     std::vector<Endpoint> table(static_cast<size_t>(world), Endpoint{0, 0});
     int joined = 0;
@@ -513,6 +517,7 @@ std::shared_ptr<TcpCommunicator> TcpCommunicator::connect_world(const Bootstrap&
       }
     }
     if (by_file) std::remove(bootstrap.path.c_str());  // everyone has read it
+    guard.file.clear();
   } else {
     std::string err;
     guard.listener = make_listener(0, world + 16, &err);
@@ -665,8 +670,9 @@ bool TcpCommunicator::progress_send(const Op& op, Transfer& t) {
     if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return false;
     if (t.done > 0) dirty_[static_cast<size_t>(t.peer)] = 1;
     int e = errno;
-    HP_COMM_FAIL(op, "lost the connection to rank ", world_rank(t.peer), " while sending (",
-                 errno_str(e), "): it exited, crashed or aborted");
+    fail_lost_peer(op,
+                   str_cat("lost the connection to rank ", world_rank(t.peer), " while sending (",
+                           errno_str(e), "): it exited, crashed or aborted"));
   }
   return true;
 }
@@ -680,6 +686,24 @@ void TcpCommunicator::fail_abort_message(const Op& op, int peer, size_t bytes) {
     reason = "(reason not received)";
   }
   HP_COMM_FAIL(op, "rank ", world_rank(peer), " aborted: ", reason);
+}
+
+void TcpCommunicator::fail_lost_peer(const Op& op, const std::string& what) {
+  // One failure fans out: peers of a rank that failed first see it abort, then see each other
+  // close. An abort message already waiting on any link names the first failure: report it.
+  for (size_t p = 0; p < fds_.size(); ++p) {
+    if (fds_[p] < 0 || rx_partial_[p]) continue;  // only links at a message boundary
+    FrameHeader h{};
+    ssize_t k = ::recv(fds_[p], &h, sizeof(h), MSG_PEEK | MSG_DONTWAIT);
+    if (k != static_cast<ssize_t>(sizeof(h)) || h.magic != kFrameMagic || h.kind != kFrameAbort) {
+      continue;
+    }
+    if (::recv(fds_[p], &h, sizeof(h), MSG_DONTWAIT) == static_cast<ssize_t>(sizeof(h))) {
+      rx_partial_[p] = 1;
+      fail_abort_message(op, static_cast<int>(p), h.bytes);
+    }
+  }
+  HP_COMM_FAIL(op, what);
 }
 
 bool TcpCommunicator::progress_recv(const Op& op, Transfer& t) {
@@ -697,18 +721,22 @@ bool TcpCommunicator::progress_recv(const Op& op, Transfer& t) {
     }
     ssize_t k = ::recv(fd, dst, want, 0);
     if (k == 0) {
-      HP_COMM_FAIL(op, "rank ", peer,
-                   " closed the connection: it exited, crashed, or destroyed its communicator");
+      rx_partial_[static_cast<size_t>(t.peer)] = 1;  // the scan below must not read this link
+      fail_lost_peer(op, str_cat("rank ", peer,
+                                 " closed the connection: it exited, crashed, or destroyed its "
+                                 "communicator"));
     }
     if (k < 0) {
       if (errno == EINTR) continue;
       if (errno == EAGAIN || errno == EWOULDBLOCK) return false;
       int e = errno;
-      HP_COMM_FAIL(op, "lost the connection to rank ", peer, " (", errno_str(e),
-                   "): it exited, crashed or aborted");
+      rx_partial_[static_cast<size_t>(t.peer)] = 1;
+      fail_lost_peer(op, str_cat("lost the connection to rank ", peer, " (", errno_str(e),
+                                 "): it exited, crashed or aborted"));
     }
     const bool header_was_partial = t.done < sizeof(FrameHeader);
     t.done += static_cast<size_t>(k);
+    rx_partial_[static_cast<size_t>(t.peer)] = t.done < t.total();
     if (header_was_partial && t.done >= sizeof(FrameHeader)) {
       const FrameHeader& h = t.header;
       if (h.magic != kFrameMagic) {

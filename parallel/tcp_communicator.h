@@ -78,11 +78,14 @@ class TcpCommunicator final : public HostCommunicator {
   bool progress_send(const Op& op, Transfer& t);
   bool progress_recv(const Op& op, Transfer& t);
   [[noreturn]] void fail_abort_message(const Op& op, int peer, size_t bytes);
+  // A peer is gone: fails with an abort message waiting on any link, else with `what`.
+  [[noreturn]] void fail_lost_peer(const Op& op, const std::string& what);
   void close_all() noexcept;
 
-  std::vector<int> fds_;     // socket per rank; -1 for this rank
-  std::vector<char> dirty_;  // a message was left half-sent: an abort message would garble it
-  uint64_t splits_ = 0;      // splits made so far (same count on every rank)
+  std::vector<int> fds_;          // socket per rank; -1 for this rank
+  std::vector<char> dirty_;       // a message was left half-sent: an abort message would garble it
+  std::vector<char> rx_partial_;  // a message is half-received: the link is mid-stream
+  uint64_t splits_ = 0;           // splits made so far (same count on every rank)
 };
 
 }  // namespace hp

@@ -1,6 +1,7 @@
 #include "framework/model/model.h"
 
 #include <cmath>
+#include <type_traits>
 
 #include "framework/core/log.h"
 #include "framework/core/rng.h"
@@ -162,28 +163,27 @@ void Model::build_params() {
 
 void Model::init_params(uint64_t seed) {
   const DType md = be_.master_dtype();
+  HP_CHECK(md == DType::kF32 || md == DType::kF64, "init_params: master dtype ", dtype_name(md));
   for (auto& p : params_.all()) {
-    Tensor host = Tensor::host(p->shape, DType::kF64);
-    double* h = host.data<double>();
-    if (p->init_std > 0) {
-      // Element i of the local shard is element (offset + i) of the global tensor, so every
-      // layout draws the same numbers.
-      Philox rng(seed, "init." + p->name);
-      const int64_t offset =
-          p->group == ParamGroup::kExpert ? p->expert_begin * (p->global_numel() / p->global_shape[0]) : 0;
-      for (int64_t i = 0; i < p->numel(); ++i)
-        h[i] = p->init_std * rng.normal(static_cast<uint64_t>(offset + i));
-    } else {
-      for (int64_t i = 0; i < p->numel(); ++i) h[i] = p->init_value;
-    }
-    Tensor typed = Tensor::host(p->shape, md);
-    if (md == DType::kF64) {
-      typed = host;
-    } else {
-      float* t = typed.data<float>();
-      for (int64_t i = 0; i < p->numel(); ++i) t[i] = static_cast<float>(h[i]);
-    }
-    be_.copy(typed, p->master);
+    Tensor host = Tensor::host(p->shape, md);
+    const int64_t n = p->numel();
+    // Element i of the local shard is element (offset + i) of the global tensor, so every layout
+    // draws the same numbers; counter-based draws also make the loop order irrelevant.
+    const int64_t offset =
+        p->group == ParamGroup::kExpert ? p->expert_begin * (p->global_numel() / p->global_shape[0]) : 0;
+    const Philox rng(seed, "init." + p->name);
+    const double std = p->init_std, value = p->init_value;
+    auto fill = [&](auto* h) {
+#pragma omp parallel for schedule(static) if (n > (1 << 16))
+      for (int64_t i = 0; i < n; ++i)
+        h[i] = static_cast<std::remove_pointer_t<decltype(h)>>(
+            std > 0 ? std * rng.normal(static_cast<uint64_t>(offset + i)) : value);
+    };
+    if (md == DType::kF64)
+      fill(host.data<double>());
+    else
+      fill(host.data<float>());
+    be_.copy(host, p->master);
   }
   refresh_working_copies();
 }

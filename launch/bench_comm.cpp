@@ -1,0 +1,333 @@
+#include "launch/bench_comm.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+#include <vector>
+
+#include "framework/model/expert_exchange.h"
+#include "parallel/moe_exchange.h"
+#if HOTPATH_HAVE_CUDA
+#include "framework/backend/cuda/cuda_backend.h"
+#include "framework/backend/cuda/cuda_check.h"
+#include "parallel/cuda/nccl_communicator.h"
+#endif
+
+namespace hp {
+namespace {
+
+constexpr int64_t kTokens = 16384;
+constexpr int kTopK = 4;
+constexpr int64_t kDModel = 2880;
+constexpr int kMinIters = 20;
+
+double median_of(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+uint64_t next_random(uint64_t& s) {
+  s += 0x9E3779B97F4A7C15ull;
+  uint64_t z = s;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+// A device tensor of the given float dtype with random values in [-1, 1) (never all zero): a
+// block of rows is generated on the host, uploaded once and repeated.
+Tensor random_rows(Backend& be, int64_t rows, int64_t cols, DType dtype, uint64_t seed) {
+  const int64_t block = std::max<int64_t>(1, std::min<int64_t>(rows, 1024));
+  Tensor host = Tensor::host({block, cols}, DType::kF32);
+  float* p = host.data<float>();
+  for (int64_t i = 0; i < host.numel(); ++i)
+    p[i] = static_cast<float>(next_random(seed) >> 40) * 0x1.0p-23f - 1.0f;
+  Tensor dev32 = be.upload(host);
+  Tensor blk = dev32;
+  if (dtype != DType::kF32) {
+    blk = be.empty({block, cols}, dtype);
+    be.convert(dev32, blk);
+  }
+  Tensor out = be.empty({rows, cols}, dtype);
+  for (int64_t r = 0; r < rows; r += block) {
+    const int64_t n = std::min(block, rows - r);
+    Tensor dst = out.slice(r, r + n);
+    be.copy(blk.slice(0, n), dst);
+  }
+  return out;
+}
+
+// Times one region on the backend's compute stream: CUDA events on the GPU, wall clock on the
+// CPU (whose ops run on the host in issue order).
+class RegionTimer {
+ public:
+  explicit RegionTimer(Backend& be) : be_(be) {
+#if HOTPATH_HAVE_CUDA
+    if (be_.device() == Device::kCUDA) {
+      stream_ = cuda_compute_stream(be_);
+      CUDA_CHECK(cudaEventCreate(&start_));
+      CUDA_CHECK(cudaEventCreate(&stop_));
+    }
+#endif
+  }
+  ~RegionTimer() {
+#if HOTPATH_HAVE_CUDA
+    if (start_) cudaEventDestroy(start_);
+    if (stop_) cudaEventDestroy(stop_);
+#endif
+  }
+  RegionTimer(const RegionTimer&) = delete;
+  RegionTimer& operator=(const RegionTimer&) = delete;
+
+  void start() {
+#if HOTPATH_HAVE_CUDA
+    if (stream_) {
+      CUDA_CHECK(cudaEventRecord(start_, stream_));
+      return;
+    }
+#endif
+    t0_ = std::chrono::steady_clock::now();
+  }
+  // Milliseconds since start(); waits for the region (the timer's own wait counts no sync).
+  double stop_ms() {
+#if HOTPATH_HAVE_CUDA
+    if (stream_) {
+      CUDA_CHECK(cudaEventRecord(stop_, stream_));
+      CUDA_CHECK(cudaEventSynchronize(stop_));
+      float ms = 0;
+      CUDA_CHECK(cudaEventElapsedTime(&ms, start_, stop_));
+      return ms;
+    }
+#endif
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0_)
+        .count();
+  }
+
+ private:
+  Backend& be_;
+  std::chrono::steady_clock::time_point t0_;
+#if HOTPATH_HAVE_CUDA
+  cudaStream_t stream_ = nullptr;
+  cudaEvent_t start_ = nullptr;
+  cudaEvent_t stop_ = nullptr;
+#endif
+};
+
+struct RoutingRow {
+  int experts;
+  std::string variant;
+  double ms;
+  double syncs_per_layer;
+};
+
+}  // namespace
+
+int run_bench_routing(const TrainOptions& o, const RankContext& ctx) {
+  if (ctx.rank() != 0) return 0;  // one rank's routing: the others have nothing to do
+  auto be_ptr = make_backend(o, ctx.launch.local_rank);
+  Backend& be = *be_ptr;
+  const int warmup = static_cast<int>(std::max<int64_t>(3, o.bench_warmup));
+  const int iters = static_cast<int>(std::max<int64_t>(kMinIters, o.bench_steps));
+  const int64_t n = kTokens, d = kDModel, k = kTopK;
+  Tensor x = random_rows(be, n, d, be.act_dtype(), 101);
+  RegionTimer timer(be);
+  std::vector<RoutingRow> rows;
+  for (int e : {32, 128}) {
+    Tensor wr = random_rows(be, d, e, be.act_dtype(), 202 + e);
+    Tensor logits = be.empty({n, e}, be.act_dtype());
+    Tensor idx = be.empty({n, k}, DType::kI32);
+    Tensor w = be.empty({n, k}, be.act_dtype());
+    Tensor ids = idx.reshape({n * k});
+    Tensor counts = be.empty({e}, DType::kI32);
+    Tensor offsets = be.empty({e + 1}, DType::kI32);
+    Tensor s2a = be.empty({n * k}, DType::kI32);
+    Tensor a2s = be.empty({n * k}, DType::kI32);
+    Tensor xs = be.empty({n * k, d}, be.act_dtype());
+    for (RoutingMode mode : {RoutingMode::kBincount, RoutingMode::kPerExpert}) {
+      // The routing part of one MoE layer forward, in the model's order.
+      auto layer = [&] {
+        be.gemm(x, false, wr, false, logits, 1.0, 0.0);
+        be.router_topk(logits, static_cast<int>(k), idx, w);
+        be.histogram(ids, e, counts);
+        be.exclusive_scan(counts, offsets);
+        be.sort_by_id(ids, offsets, s2a, a2s);
+        std::vector<int64_t> c = read_expert_counts(be, counts, e, mode);
+        be.permute_rows(x, s2a, static_cast<int>(k), xs);
+        return c;
+      };
+      for (int i = 0; i < warmup; ++i) layer();
+      std::vector<double> ms;
+      int64_t syncs = 0;
+      for (int i = 0; i < iters; ++i) {
+        const int64_t before = be.syncs().get(SyncCause::kRouting);
+        timer.start();
+        std::vector<int64_t> c = layer();
+        ms.push_back(timer.stop_ms());
+        syncs += be.syncs().get(SyncCause::kRouting) - before;
+        int64_t total = 0;
+        for (int64_t v : c) total += v;
+        HP_CHECK(total == n * k, "routing bench: counts sum to ", total, ", expected ", n * k);
+      }
+      rows.push_back({e, mode == RoutingMode::kBincount ? "bincount" : "per-expert",
+                      median_of(ms), static_cast<double>(syncs) / iters});
+    }
+  }
+  std::printf("bench routing: backend=%s tokens=%lld top_k=%lld d_model=%lld iters=%d "
+              "(warm-up %d)\n",
+              be.name().c_str(), static_cast<long long>(n), static_cast<long long>(k),
+              static_cast<long long>(d), iters, warmup);
+  std::printf("%-8s %-11s %10s %14s %12s\n", "experts", "variant", "ms", "vs bincount",
+              "syncs/layer");
+  std::ostringstream js;
+  js << "{\"scenario\":\"routing\",\"backend\":\"" << be.name() << "\",\"tokens\":" << n
+     << ",\"top_k\":" << k << ",\"d_model\":" << d << ",\"rows\":[";
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const RoutingRow& r = rows[i];
+    const double base = rows[i - i % 2].ms;
+    std::printf("%-8d %-11s %10.3f %13.2fx %12.0f\n", r.experts, r.variant.c_str(), r.ms,
+                r.ms / base, r.syncs_per_layer);
+    js << (i ? "," : "") << "{\"experts\":" << r.experts << ",\"variant\":\"" << r.variant
+       << "\",\"ms\":" << r.ms << ",\"ratio\":" << r.ms / base
+       << ",\"syncs_per_layer\":" << r.syncs_per_layer << "}";
+  }
+  js << "]}\n";
+  if (!o.bench_json.empty()) std::ofstream(o.bench_json) << js.str();
+  return 0;
+}
+
+#if HOTPATH_HAVE_CUDA
+namespace {
+
+struct A2aRow {
+  std::string variant;
+  int64_t tokens;     // 0 for the even sweep
+  double mib;         // bytes this rank sends per all-to-all, MiB
+  double ms;          // median over iterations, max over ranks
+  double algbw;       // GB/s
+  double busbw;       // GB/s
+};
+
+}  // namespace
+
+int run_bench_alltoall(const TrainOptions& o, const RankContext& ctx) {
+  auto be_ptr = make_backend(o, ctx.launch.local_rank);
+  Backend& be = *be_ptr;
+  if (be.device() != Device::kCUDA)
+    HP_USER_ERROR(ErrorKind::kConfig, "hotpath bench alltoall: needs device=cuda (NCCL); got "
+                                      "backend ", be.name());
+  HP_CHECK(ctx.groups.world, "bench alltoall: no world communicator");
+  // The expert group is the whole world here: every rank owns E / world experts.
+  std::shared_ptr<NcclCommunicator> comm = NcclCommunicator::create(*ctx.groups.world, be, "world");
+  CommExpertExchange exchange(comm, comm);
+  Communicator& host = *ctx.groups.world;
+  const int world = comm->size();
+  const int experts = 32;
+  HP_CHECK(experts % world == 0, "bench alltoall: ", experts, " experts over ", world, " ranks");
+  const int warmup = static_cast<int>(std::max<int64_t>(3, o.bench_warmup));
+  const int iters = static_cast<int>(std::max<int64_t>(kMinIters, o.bench_steps));
+  const double bus_factor = world > 1 ? static_cast<double>(world - 1) / world : 1.0;
+  RegionTimer timer(be);
+
+  // Median over iterations, then the slowest rank (a collective ends when its last rank does).
+  auto time_op = [&](const std::function<void()>& op) {
+    for (int i = 0; i < warmup; ++i) op();
+    std::vector<double> ms;
+    for (int i = 0; i < iters; ++i) {
+      comm->barrier();  // start together: the timed region is the exchange, not the skew
+      timer.start();
+      op();
+      ms.push_back(timer.stop_ms());
+    }
+    Tensor t = Tensor::host_from(std::vector<double>{median_of(ms)}, DType::kF64);
+    host.all_reduce(t, ReduceOp::kMax);
+    return t.data<double>()[0];
+  };
+  auto row = [&](const std::string& v, int64_t tokens, double bytes, double ms) {
+    const double algbw = bytes / (ms * 1e-3) / 1e9;
+    return A2aRow{v, tokens, bytes / (1 << 20), ms, algbw, algbw * bus_factor};
+  };
+
+  std::vector<A2aRow> rows;
+  for (int64_t tokens : {int64_t{1024}, int64_t{4096}, kTokens, int64_t{23296}}) {
+    const int64_t m = tokens * kTopK;
+    // Uniform random routing, different on every rank.
+    uint64_t seed = 77 + 1000003ull * static_cast<uint64_t>(comm->rank()) +
+                    static_cast<uint64_t>(tokens);
+    Tensor ids_host = Tensor::host({m}, DType::kI32);
+    for (int64_t i = 0; i < m; ++i)
+      ids_host.data<int32_t>()[i] = static_cast<int32_t>(next_random(seed) % experts);
+    Tensor ids = be.upload(ids_host);
+    Tensor counts = be.empty({experts}, DType::kI32);
+    be.histogram(ids, experts, counts);
+    const ExchangePlan plan = exchange.plan(be, counts, experts, RoutingMode::kBincount);
+    Tensor x = random_rows(be, m, kDModel, DType::kBF16, seed);
+    const double row_bytes = static_cast<double>(kDModel) * dtype_size(DType::kBF16);
+    // Bytes this rank sends: dispatch sends its assignments, combine returns its experts' rows.
+    const double bytes = (plan.local_rows_in + plan.expert_rows) * row_bytes;
+
+    const double ms_ex = time_op([&] {
+      Tensor y = exchange.dispatch(be, plan, x);
+      Tensor z = exchange.combine(be, plan, y);
+    });
+    const std::vector<int64_t> send = CommExpertExchange::send_rows(plan);
+    const std::vector<int64_t> recv = CommExpertExchange::recv_rows(plan);
+    Tensor y = be.empty({plan.expert_rows, kDModel}, DType::kBF16);
+    Tensor z = be.empty({plan.local_rows_in, kDModel}, DType::kBF16);
+    const double ms_plain = time_op([&] {
+      comm->all_to_all_v(x, send, y, recv);
+      comm->all_to_all_v(y, recv, z, send);
+    });
+    rows.push_back(row("moe_exchange", tokens, bytes, ms_ex));
+    rows.push_back(row("all_to_all_v", tokens, bytes, ms_plain));
+  }
+  // Plain even all-to-all, the size nccl-tests quotes (bytes = this rank's send buffer).
+  for (int64_t mib : {int64_t{1}, int64_t{16}, int64_t{128}, int64_t{512}}) {
+    const int64_t elems = mib * (1 << 20) / 2 / world * world;
+    Tensor a = random_rows(be, elems / kDModel, kDModel, DType::kBF16, 9 + mib).reshape({-1});
+    const int64_t total = a.numel() - a.numel() % world;
+    Tensor send = a.flat_view(0, total);
+    Tensor recv = be.empty({total}, DType::kBF16);
+    std::vector<int64_t> c(static_cast<size_t>(world), total / world);
+    const double ms = time_op([&] { comm->all_to_all_v(send, c, recv, c); });
+    rows.push_back(row("even", 0, static_cast<double>(total) * 2, ms));
+  }
+
+  if (ctx.rank() != 0) return 0;
+  std::printf("bench alltoall: backend=%s world=%d experts=%d top_k=%d d_model=%lld bf16 "
+              "iters=%d (warm-up %d)\n",
+              be.name().c_str(), world, experts, kTopK, static_cast<long long>(kDModel), iters,
+              warmup);
+  std::printf("%-13s %7s %10s %9s %11s %11s %8s\n", "variant", "tokens", "MiB/rank", "ms",
+              "algbw GB/s", "busbw GB/s", "ratio");
+  std::ostringstream js;
+  js << "{\"scenario\":\"alltoall\",\"world\":" << world << ",\"experts\":" << experts
+     << ",\"top_k\":" << kTopK << ",\"d_model\":" << kDModel << ",\"rows\":[";
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const A2aRow& r = rows[i];
+    // Exchange rows: ratio of the exchange's bus bandwidth to the plain all_to_all_v's.
+    std::string ratio = "";
+    if (r.variant == "moe_exchange" && i + 1 < rows.size())
+      ratio = str_cat(static_cast<int>(100 * r.busbw / rows[i + 1].busbw + 0.5), "%");
+    std::printf("%-13s %7lld %10.1f %9.3f %11.1f %11.1f %8s\n", r.variant.c_str(),
+                static_cast<long long>(r.tokens), r.mib, r.ms, r.algbw, r.busbw, ratio.c_str());
+    js << (i ? "," : "") << "{\"variant\":\"" << r.variant << "\",\"tokens\":" << r.tokens
+       << ",\"mib_per_rank\":" << r.mib << ",\"ms\":" << r.ms << ",\"algbw_gbs\":" << r.algbw
+       << ",\"busbw_gbs\":" << r.busbw << "}";
+  }
+  js << "]}\n";
+  if (!o.bench_json.empty()) std::ofstream(o.bench_json) << js.str();
+  return 0;
+}
+#else
+int run_bench_alltoall(const TrainOptions&, const RankContext&) {
+  HP_USER_ERROR(ErrorKind::kConfig,
+                "hotpath bench alltoall: needs NCCL; this hotpath was built without CUDA (build "
+                "the cuda preset)");
+}
+#endif
+
+}  // namespace hp
