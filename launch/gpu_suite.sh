@@ -56,6 +56,12 @@ for t in "$bin"/*_tests; do
   run "$(basename "$t")" "$t"
 done
 
+# Multi-rank NCCL tests: one rank per GPU (they skip in the single-process run above).
+gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
+if [ "${gpus:-0}" -ge 2 ] && [ -x "$bin/gpu_tests" ] && command -v mpirun >/dev/null; then
+  run gpu_tests_nccl_np2 mpirun -np 2 "$bin/gpu_tests" --gtest_filter='Nccl*'
+fi
+
 # ---- 2. timings (disabled tests that print tables, never assert times) --------------------------
 if [ "${GPU_SUITE_PERF:-1}" != 0 ] && [ -x "$bin/gpu_tests" ]; then
   run gpu_perf "$bin/gpu_tests" --gtest_also_run_disabled_tests --gtest_filter='CudaPerf.*'
@@ -83,6 +89,22 @@ if [ -x "$bin/hotpath" ]; then
       details[${#details[@]}-1]=$(bench_detail "bench_${name}_$md")
     done
   done
+fi
+
+# MoE routing (one GPU) and the token all-to-all over NCCL (two GPUs): bench_comm.h.
+if [ -x "$bin/hotpath" ] && [ "${GPU_SUITE_PERF:-1}" != 0 ]; then
+  run bench_routing "$bin/hotpath" bench routing --config examples/configs/tiny-moe.ini \
+    --device=cuda --bench_json="$log_dir/bench_routing.json"
+  details[${#details[@]}-1]=$(awk '$1 ~ /^[0-9]+$/ && NF == 5 {printf "E=%s %s %sms %s; ", $1, $2, $3, $4}' \
+    "$log_dir/bench_routing.log")
+  if [ "${gpus:-0}" -ge 2 ] && command -v mpirun >/dev/null; then
+    run bench_alltoall_np2 mpirun -np 2 "$bin/hotpath" bench alltoall \
+      --config examples/configs/tiny-moe.ini --device=cuda --bench_json="$log_dir/bench_alltoall.json"
+    details[${#details[@]}-1]=$(awk '$1 == "moe_exchange" && $2 == 16384 {e = $6; r = $7}
+      $1 == "all_to_all_v" && $2 == 16384 {p = $6} $1 == "even" && $3 > 500 {v = $6}
+      END {printf "16k tok: exchange %s GB/s vs plain %s (%s); even 512MiB %s GB/s", e, p, r, v}' \
+      "$log_dir/bench_alltoall_np2.log")
+  fi
 fi
 
 # ---- summary ------------------------------------------------------------------------------------

@@ -2,6 +2,9 @@
 
 #include <algorithm>
 #include <chrono>
+#include <csignal>
+#include <cstdlib>
+#include <thread>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -110,6 +113,28 @@ Trainer::Trainer(const TrainOptions& o, const RankContext& ctx)
   sched_.warmup_steps = o_.warmup_steps;
   sched_.total_steps = std::max<int64_t>(1, o_.steps);
   stats_ = be_->zeros({4}, be_->master_dtype());
+  if (const char* f = std::getenv("HOTPATH_FAULT")) {
+    char kind[16] = {0};
+    int rank = -1;
+    long long step = -1;
+    if (std::sscanf(f, "%15[a-z]:%d:%lld", kind, &rank, &step) != 3 ||
+        (std::string(kind) != "throw" && std::string(kind) != "kill" && std::string(kind) != "hang"))
+      HP_USER_ERROR(ErrorKind::kConfig, "HOTPATH_FAULT='", f,
+                    "': expected KIND:RANK:STEP with KIND throw, kill or hang");
+    fault_kind_ = kind;
+    fault_rank_ = rank;
+    fault_step_ = step;
+  }
+}
+
+void Trainer::maybe_inject_fault() {
+  if (fault_rank_ != ctx_.rank() || fault_step_ != step_) return;
+  log_warn("injecting fault '", fault_kind_, "' at step ", step_, " (HOTPATH_FAULT)");
+  if (fault_kind_ == "throw") HP_FAIL(ErrorKind::kInternal, "injected failure at step ", step_);
+  if (fault_kind_ == "kill") std::raise(SIGKILL);
+  // hang: the peers must time out; this rank gives up after three timeouts.
+  std::this_thread::sleep_for(std::chrono::duration<double>(3 * o_.collective_timeout_s));
+  HP_FAIL(ErrorKind::kInternal, "injected hang at step ", step_, " ended");
 }
 
 StepStats Trainer::step() {
@@ -118,6 +143,7 @@ StepStats Trainer::step() {
   Backend& be = *be_;
   be.syncs().reset();
   ++step_;
+  maybe_inject_fault();
 
   PackedBatch batch = loader_->next();
   BatchMeta meta = be.upload_batch(batch);

@@ -65,7 +65,13 @@ class Trainer {
   AdamW opt_;
   LrSchedule sched_;
   int64_t step_ = 0;
-  Tensor stats_;  // [4]: lm loss sum, aux loss sum, dense grad sumsq, expert grad sumsq
+  Tensor stats_;
+  // Failure injection for tests of the no-hang guarantee: HOTPATH_FAULT=KIND:RANK:STEP with KIND
+  // throw (an exception), kill (SIGKILL itself) or hang (stop calling collectives).
+  std::string fault_kind_;
+  int fault_rank_ = -1;
+  int64_t fault_step_ = -1;
+  void maybe_inject_fault();  // [4]: lm loss sum, aux loss sum, dense grad sumsq, expert grad sumsq
 };
 
 // Training FLOPs of one step on this batch (ARCHITECTURE §8): 6 * N_active * tokens plus the

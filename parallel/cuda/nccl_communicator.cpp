@@ -180,6 +180,10 @@ std::string NcclCommunicator::where(const char* op) const {
 }
 
 void NcclCommunicator::check_usable(const char* op) {
+  // The stream and events belong to device_: make it current for this call and the next ones.
+  int current = -1;
+  CUDA_CHECK(cudaGetDevice(&current));
+  if (current != device_) CUDA_CHECK(cudaSetDevice(device_));
   std::lock_guard<std::mutex> lk(mu_);
   if (!error_.empty())
     HP_FAIL(error_kind_, error_, "; ", op, " on '", name(), "' refused: the communicator is broken");

@@ -1,0 +1,467 @@
+// The NCCL communicator and the GPU multi-rank path: every collective against host-computed
+// expectations on random data, the MoE token exchange, make_nccl_groups, a 2-rank MoE training
+// run against a 1-rank reference (ep_size 2 and 1) with its routing sync budget, and a stuck
+// collective that must fail promptly, naming itself, instead of hanging.
+//
+// One rank per process and one GPU per rank: run under `mpirun -np 2` (or more, with as many
+// GPUs). Skips when the world is smaller than 2 or there are fewer GPUs than ranks.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+
+#include "framework/backend/cuda/cuda_backend.h"
+#include "framework/backend/cuda/cuda_check.h"
+#include "launch/trainer.h"
+#include "parallel/cuda/nccl_communicator.h"
+#include "parallel/moe_exchange.h"
+#include "parallel/mpi_communicator.h"
+#include "parallel/process_groups.h"
+
+namespace hp {
+namespace {
+
+using namespace std::chrono_literals;
+using CommPtr = std::shared_ptr<Communicator>;
+
+// ---- the job ----------------------------------------------------------------------------------
+
+CommPtr host_world() {
+  static CommPtr world = []() -> CommPtr {
+    LaunchInfo info = detect_launch();
+    if (!info.use_mpi || info.world < 2) return nullptr;
+    CommOptions options;
+    options.timeout = 120s;
+    CommPtr w = MpiCommunicator::create(MPI_COMM_WORLD, "world", options);
+    set_error_rank(w->rank());
+    return w;
+  }();
+  return world;
+}
+
+Backend& gpu_backend() {
+  static std::unique_ptr<Backend> be =
+      make_cuda_backend(detect_launch().local_rank % std::max(1, cuda_device_count()));
+  return *be;
+}
+
+// The NCCL world all tests share (created once: communicator set-up costs seconds).
+std::shared_ptr<NcclCommunicator> nccl_world() {
+  static std::shared_ptr<NcclCommunicator> c =
+      NcclCommunicator::create(*host_world(), gpu_backend(), "world");
+  return c;
+}
+
+// Every rank takes the same decision: the world size and the GPU count are the same everywhere.
+#define HP_NCCL_WORLD(var)                                                                     \
+  CommPtr hw = host_world();                                                                \
+  if (!hw) GTEST_SKIP() << "needs an mpirun launch of 2 or more ranks";                     \
+  if (cuda_device_count() < hw->size())                                                     \
+    GTEST_SKIP() << "needs one GPU per rank: " << cuda_device_count() << " GPUs for "          \
+                 << hw->size() << " ranks";                                                 \
+  std::shared_ptr<NcclCommunicator> var = nccl_world();                                        \
+  Backend& be = gpu_backend();                                                                 \
+  (void)be
+
+// ---- data -------------------------------------------------------------------------------------
+
+uint64_t mix(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+// Value i of rank r (never all zero; integers small enough that sums never wrap).
+double value(uint64_t seed, int rank, int64_t i, DType dt) {
+  const uint64_t h = mix(mix(seed) ^ mix(static_cast<uint64_t>(rank) * 7919 + 1) ^ mix(i));
+  if (dt == DType::kI32 || dt == DType::kI64) return static_cast<double>(h % 20001) - 10000.0;
+  const double u = static_cast<double>(h >> 11) * 0x1.0p-53;  // [0, 1)
+  double v = (u * 2.0 - 1.0) * 8.0;
+  if (dt == DType::kBF16) v = static_cast<float>(bf16(static_cast<float>(v)));
+  if (dt == DType::kF32) v = static_cast<float>(v);
+  return v;
+}
+
+Tensor hwtensor(const std::vector<double>& v, DType dt, Shape shape = {}) {
+  if (shape.empty()) shape = {static_cast<int64_t>(v.size())};
+  Tensor t = Tensor::host(shape, dt);
+  for (size_t i = 0; i < v.size(); ++i) {
+    switch (dt) {
+      case DType::kF32: t.data<float>()[i] = static_cast<float>(v[i]); break;
+      case DType::kF64: t.data<double>()[i] = v[i]; break;
+      case DType::kBF16: t.data<bf16>()[i] = bf16(static_cast<float>(v[i])); break;
+      case DType::kI32: t.data<int32_t>()[i] = static_cast<int32_t>(v[i]); break;
+      case DType::kI64: t.data<int64_t>()[i] = static_cast<int64_t>(v[i]); break;
+    }
+  }
+  return t;
+}
+
+std::vector<double> read_values(Backend& be, const Tensor& dev) {
+  Tensor h = Tensor::host(dev.shape(), dev.dtype());
+  be.read_to_host(dev, h, SyncCause::kOther);
+  std::vector<double> out(static_cast<size_t>(h.numel()));
+  for (size_t i = 0; i < out.size(); ++i) {
+    switch (h.dtype()) {
+      case DType::kF32: out[i] = h.data<float>()[i]; break;
+      case DType::kF64: out[i] = h.data<double>()[i]; break;
+      case DType::kBF16: out[i] = static_cast<float>(h.data<bf16>()[i]); break;
+      case DType::kI32: out[i] = h.data<int32_t>()[i]; break;
+      case DType::kI64: out[i] = static_cast<double>(h.data<int64_t>()[i]); break;
+    }
+  }
+  return out;
+}
+
+std::vector<double> rank_values(uint64_t seed, int rank, int64_t n, DType dt) {
+  std::vector<double> v(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) v[static_cast<size_t>(i)] = value(seed, rank, i, dt);
+  return v;
+}
+
+double tolerance(DType dt, int world) {
+  switch (dt) {
+    case DType::kF32: return 1e-5;
+    case DType::kF64: return 1e-12;
+    case DType::kBF16: return world <= 2 ? 4e-3 : 2e-2;  // one bf16 rounding per partial sum
+    default: return 0;
+  }
+}
+
+// ---- collectives ------------------------------------------------------------------------------
+
+TEST(NcclComm, AllReduceEveryDtypeAndOp) {
+  HP_NCCL_WORLD(comm);
+  const int n = comm->size();
+  for (DType dt : {DType::kF32, DType::kBF16, DType::kI32, DType::kI64, DType::kF64}) {
+    for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMax, ReduceOp::kMin}) {
+      for (int64_t numel : {int64_t{1}, int64_t{4099}}) {
+        const uint64_t seed = 11 + static_cast<uint64_t>(dt) * 31 + static_cast<uint64_t>(op);
+        Tensor t = be.upload(hwtensor(rank_values(seed, comm->rank(), numel, dt), dt));
+        comm->all_reduce(t, op);
+        std::vector<double> got = read_values(be, t);
+        for (int64_t i = 0; i < numel; ++i) {
+          double want = value(seed, 0, i, dt);
+          for (int r = 1; r < n; ++r) {
+            const double v = value(seed, r, i, dt);
+            want = op == ReduceOp::kSum ? want + v : op == ReduceOp::kMax ? std::max(want, v)
+                                                                          : std::min(want, v);
+          }
+          const double tol = op == ReduceOp::kSum ? tolerance(dt, n) * std::max(1.0, std::abs(want))
+                                                  : 0.0;
+          ASSERT_NEAR(got[static_cast<size_t>(i)], want, tol)
+              << dtype_name(dt) << " " << reduce_op_name(op) << " element " << i;
+        }
+      }
+    }
+  }
+}
+
+TEST(NcclComm, AllReduceBitwiseEqualAcrossRanks) {
+  HP_NCCL_WORLD(comm);
+  const int64_t numel = 1 << 16;
+  Tensor t = be.upload(hwtensor(rank_values(5, comm->rank(), numel, DType::kF32), DType::kF32));
+  comm->all_reduce(t, ReduceOp::kSum);
+  Tensor mine = Tensor::host({numel}, DType::kF32);
+  be.read_to_host(t, mine, SyncCause::kOther);
+  Tensor root = Tensor::host({numel}, DType::kF32);
+  std::memcpy(root.raw(), mine.raw(), mine.nbytes());
+  hw->broadcast(root, 0);
+  EXPECT_EQ(std::memcmp(root.raw(), mine.raw(), mine.nbytes()), 0);
+}
+
+TEST(NcclComm, Broadcast) {
+  HP_NCCL_WORLD(comm);
+  for (DType dt : {DType::kBF16, DType::kI64, DType::kF32}) {
+    for (int root = 0; root < comm->size(); ++root) {
+      Tensor t = be.upload(hwtensor(rank_values(21, comm->rank(), 777, dt), dt));
+      comm->broadcast(t, root);
+      EXPECT_EQ(read_values(be, t), rank_values(21, root, 777, dt)) << dtype_name(dt);
+    }
+  }
+}
+
+TEST(NcclComm, AllGather) {
+  HP_NCCL_WORLD(comm);
+  const int n = comm->size();
+  for (DType dt : {DType::kF32, DType::kBF16, DType::kI32}) {
+    Tensor in = be.upload(hwtensor(rank_values(31, comm->rank(), 513, dt), dt, {171, 3}));
+    Tensor out = be.empty({171 * n, 3}, dt);
+    comm->all_gather(in, out);
+    std::vector<double> want;
+    for (int r = 0; r < n; ++r) {
+      auto v = rank_values(31, r, 513, dt);
+      want.insert(want.end(), v.begin(), v.end());
+    }
+    EXPECT_EQ(read_values(be, out), want) << dtype_name(dt);
+  }
+}
+
+TEST(NcclComm, ReduceScatter) {
+  HP_NCCL_WORLD(comm);
+  const int n = comm->size();
+  const int64_t chunk = 1001;
+  for (DType dt : {DType::kF32, DType::kI32, DType::kI64}) {
+    for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMax}) {
+      Tensor in = be.upload(hwtensor(rank_values(41, comm->rank(), chunk * n, dt), dt));
+      Tensor out = be.empty({chunk}, dt);
+      comm->reduce_scatter(in, out, op);
+      std::vector<double> got = read_values(be, out);
+      for (int64_t i = 0; i < chunk; ++i) {
+        const int64_t at = comm->rank() * chunk + i;
+        double want = value(41, 0, at, dt);
+        for (int r = 1; r < n; ++r)
+          want = op == ReduceOp::kSum ? want + value(41, r, at, dt)
+                                      : std::max(want, value(41, r, at, dt));
+        ASSERT_NEAR(got[static_cast<size_t>(i)], want,
+                    op == ReduceOp::kSum ? tolerance(dt, n) * std::max(1.0, std::abs(want)) : 0)
+            << dtype_name(dt) << " " << reduce_op_name(op);
+      }
+    }
+  }
+}
+
+// Rows rank src sends to rank dst: uneven, with zeros (including some ranks sending nothing to
+// anyone in the second pattern).
+int64_t a2a_rows(int pattern, int src, int dst) {
+  if (pattern == 0) return (src * 3 + dst * 5 + 1) % 4;                  // 0..3, zeros included
+  if (pattern == 1) return src == 0 ? 0 : 7 * (dst + 1) + src;           // rank 0 sends nothing
+  return src == dst ? 0 : 1000 + 13 * src + dst;                         // nothing to itself
+}
+
+TEST(NcclComm, AllToAllVUnevenAndZeroCounts) {
+  HP_NCCL_WORLD(comm);
+  const int n = comm->size(), me = comm->rank();
+  const int64_t width = 5;
+  for (int pattern = 0; pattern < 3; ++pattern) {
+    for (DType dt : {DType::kI64, DType::kBF16}) {
+      std::vector<int64_t> send_counts(n), recv_counts(n);
+      std::vector<double> send_vals;
+      for (int dst = 0; dst < n; ++dst) {
+        send_counts[dst] = a2a_rows(pattern, me, dst);
+        recv_counts[dst] = a2a_rows(pattern, dst, me);
+        for (int64_t r = 0; r < send_counts[dst]; ++r)
+          for (int64_t c = 0; c < width; ++c)  // exact in bf16: small integers
+            send_vals.push_back(static_cast<double>((me * n + dst) * 4 + (r + c) % 4));
+      }
+      int64_t send_rows = 0, recv_rows = 0;
+      for (int p = 0; p < n; ++p) send_rows += send_counts[p], recv_rows += recv_counts[p];
+      Tensor send = send_rows > 0 ? be.upload(hwtensor(send_vals, dt, {send_rows, width}))
+                                  : be.empty({0, width}, dt);
+      Tensor recv = be.empty({recv_rows, width}, dt);
+      comm->all_to_all_v(send, send_counts, recv, recv_counts);
+      std::vector<double> want;
+      for (int src = 0; src < n; ++src)
+        for (int64_t r = 0; r < recv_counts[src]; ++r)
+          for (int64_t c = 0; c < width; ++c)
+            want.push_back(static_cast<double>((src * n + me) * 4 + (r + c) % 4));
+      if (recv_rows > 0) EXPECT_EQ(read_values(be, recv), want) << "pattern " << pattern;
+    }
+  }
+  comm->synchronize();
+}
+
+TEST(NcclComm, SendRecvRingInGroupAndBarrier) {
+  HP_NCCL_WORLD(comm);
+  const int n = comm->size(), me = comm->rank();
+  const int next = (me + 1) % n, prev = (me + n - 1) % n;
+  Tensor out = be.upload(hwtensor(rank_values(51, me, 3000, DType::kF32), DType::kF32));
+  Tensor in = be.empty({3000}, DType::kF32);
+  comm->group_start();
+  comm->send(out, next);
+  comm->recv(in, prev);
+  comm->group_end();
+  EXPECT_EQ(read_values(be, in), rank_values(51, prev, 3000, DType::kF32));
+  const int64_t syncs = be.syncs().get(SyncCause::kOther);
+  comm->barrier();
+  EXPECT_EQ(be.syncs().get(SyncCause::kOther), syncs + 1);
+  EXPECT_EQ(comm->pending(), 0u);
+}
+
+TEST(NcclComm, SplitOrdersByKeyAndMirrorsHostGroups) {
+  HP_NCCL_WORLD(comm);
+  const int n = comm->size(), me = comm->rank();
+  // One group, ranks reversed by key.
+  CommPtr rev = comm->split(0, n - 1 - me, "reversed");
+  ASSERT_TRUE(rev);
+  EXPECT_EQ(rev->rank(), n - 1 - me);
+  EXPECT_EQ(rev->world_rank(), comm->world_rank());
+  Tensor t = be.upload(hwtensor({static_cast<double>(rev->rank())}, DType::kI32));
+  rev->all_reduce(t, ReduceOp::kMax);
+  EXPECT_EQ(read_values(be, t)[0], n - 1);
+  // Rank 0 stays out.
+  CommPtr rest = comm->split(me == 0 ? -1 : 1, me, "rest");
+  EXPECT_EQ(rest == nullptr, me == 0);
+  if (rest) EXPECT_EQ(rest->size(), n - 1);
+
+  for (int ep : {1, n}) {
+    ProcessGroups host = make_process_groups(hw, ep);
+    ProcessGroups dev = make_nccl_groups(host, be);
+    for (auto [h, d] : {std::pair{host.world, dev.world}, std::pair{host.dp, dev.dp},
+                        std::pair{host.ep, dev.ep}, std::pair{host.node, dev.node}}) {
+      ASSERT_TRUE(d);
+      EXPECT_EQ(d->device(), Device::kCUDA);
+      EXPECT_EQ(d->name(), h->name());
+      EXPECT_EQ(d->world_ranks(), h->world_ranks());
+      EXPECT_EQ(d->rank(), h->rank());
+    }
+    Tensor s = be.upload(hwtensor({1.0}, DType::kI64));
+    dev.ep->all_reduce(s, ReduceOp::kSum);
+    EXPECT_EQ(read_values(be, s)[0], ep);
+  }
+}
+
+// ---- the MoE exchange -------------------------------------------------------------------------
+
+TEST(NcclMoeExchange, DispatchCombineRoundTrip) {
+  HP_NCCL_WORLD(comm);
+  const int n = comm->size(), me = comm->rank();
+  const int experts = 4 * n, width = 6;
+  CommExpertExchange ex(comm, comm);
+  // Uneven random routing; one expert gets nothing from this rank.
+  std::vector<double> ids;
+  for (int64_t a = 0; a < 997; ++a) {
+    int e = static_cast<int>(mix(me * 100003 + a) % experts);
+    if (e == (me + 1) % experts) e = (e + 1) % experts;
+    ids.push_back(e);
+  }
+  std::vector<int64_t> counts(experts, 0);
+  for (double e : ids) ++counts[static_cast<size_t>(e)];
+  Tensor dev_ids = be.upload(hwtensor(ids, DType::kI32));
+  Tensor dev_counts = be.empty({experts}, DType::kI32);
+  be.histogram(dev_ids, experts, dev_counts);
+  const int64_t routing = be.syncs().get(SyncCause::kRouting);
+  const ExchangePlan plan = ex.plan(be, dev_counts, experts, RoutingMode::kBincount);
+  EXPECT_EQ(be.syncs().get(SyncCause::kRouting), routing + 1) << "one count read per plan";
+  for (int e = 0; e < experts; ++e) EXPECT_EQ(plan.count(me, e), counts[e]);
+
+  // Rows sorted by expert; each row says (source rank, expert, row).
+  std::vector<double> x;
+  for (int e = 0; e < experts; ++e)
+    for (int64_t r = 0; r < counts[e]; ++r)
+      for (int c = 0; c < width; ++c) x.push_back(me * 1e6 + e * 1e3 + r % 500 + c * 0.5);
+  Tensor xs = be.upload(hwtensor(x, DType::kF32, {static_cast<int64_t>(ids.size()), width}));
+  Tensor y = ex.dispatch(be, plan, xs);
+  ASSERT_EQ(y.dim(0), plan.expert_rows);
+  std::vector<double> got = read_values(be, y);
+  for (const auto& c : plan.chunks()) {
+    const int e = me * plan.experts_per_rank + c.local_expert;
+    for (int64_t r = 0; r < c.rows; ++r) {
+      const double v = got[static_cast<size_t>((c.begin + r) * width)];
+      const int src = static_cast<int>(v / 1e6);
+      EXPECT_EQ(static_cast<int>((v - src * 1e6) / 1e3), e) << "row " << c.begin + r;
+    }
+  }
+  Tensor back = ex.combine(be, plan, y);
+  EXPECT_EQ(read_values(be, back), x);
+}
+
+// ---- training ---------------------------------------------------------------------------------
+
+TrainOptions tiny_moe_options(int ep_size) {
+  TrainOptions o;
+  ModelConfig& c = o.model;
+  c.vocab_size = 16;
+  c.d_model = 128;
+  c.n_layers = 4;
+  c.n_heads = 4;
+  c.n_kv_heads = 2;
+  c.head_dim = 32;
+  c.n_experts = 8;
+  c.top_k = 2;
+  c.expert_ffn_dim = 128;
+  c.sliding_window = 32;
+  c.window_layers = WindowLayers::kEven;
+  c.attn_sinks = true;
+  c.attn_bias = true;
+  c.activation = "gptoss";
+  c.moe_aux_coef = 0.01;
+  o.data.synthetic_vocab = 8;
+  o.data.synthetic_zipf = 2.0;
+  o.data.synthetic_mean_doc_len = 64;
+  o.device = "cuda";
+  o.seq_len = 256;
+  o.batch_tokens = 4096;
+  o.steps = 10;
+  o.lr = 3e-3;
+  o.min_lr = 3e-4;
+  o.warmup_steps = 2;
+  o.weight_decay = 0.0;
+  o.ep_size = ep_size;
+  return o;
+}
+
+TEST(NcclTrain, TwoRankLossesMatchOneRankAndRoutingSyncsPerLayer) {
+  HP_NCCL_WORLD(comm);
+  const int steps = 10;
+  // The 1-rank reference, computed by every rank on its own GPU from the same global batches.
+  std::vector<double> ref;
+  {
+    RankContext one = single_rank_context();
+    one.launch.local_rank = detect_launch().local_rank;  // this rank's own GPU
+    Trainer t(tiny_moe_options(1), one);
+    for (int i = 0; i < steps; ++i) ref.push_back(t.step().loss);
+  }
+  for (int ep : {hw->size(), 1}) {
+    RankContext ctx;
+    ctx.launch = detect_launch();
+    ctx.groups = make_process_groups(hw, ep);
+    TrainOptions o = tiny_moe_options(ep);
+    Trainer t(o, ctx);
+    for (int i = 0; i < steps; ++i) {
+      StepStats s = t.step();
+      EXPECT_NEAR(s.loss, ref[static_cast<size_t>(i)], 2e-2 * std::abs(ref[static_cast<size_t>(i)]))
+          << "ep_size " << ep << " step " << i + 1;
+      // Bincount routing: one count read per MoE layer forward, none in backward.
+      EXPECT_EQ(s.syncs.get(SyncCause::kRouting), o.model.n_layers)
+          << "ep_size " << ep << " step " << i + 1;
+    }
+  }
+}
+
+// ---- failure: a stuck collective --------------------------------------------------------------
+
+// Runs last in this file: rank 1 skips an all_reduce; rank 0 must get an error naming the
+// collective and the communicator within about its timeout, and nothing may hang.
+TEST(NcclTimeout, StuckCollectiveFailsNamingItWithoutHanging) {
+  HP_NCCL_WORLD(comm);
+  // Its own stream, so the aborted operation cannot hold up the backend's stream.
+  cudaStream_t stream = nullptr;
+  CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  auto stuck = NcclCommunicator::create(*hw, cuda_backend_device(be), stream, "timeout_test");
+  stuck->set_timeout(2s);
+  Tensor t = be.upload(hwtensor({1.0, 2.0, 3.0}, DType::kF32));
+  be.synchronize(SyncCause::kOther);  // the upload is on the compute stream
+  if (stuck->rank() == 0) {
+    const auto t0 = std::chrono::steady_clock::now();
+    std::string msg;
+    try {
+      // Fails here while NCCL connects to the absent peer, or in the wait for the result.
+      stuck->all_reduce(t, ReduceOp::kSum);
+      stuck->synchronize();
+    } catch (const Error& e) {
+      msg = e.what();
+    }
+    const double secs =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    EXPECT_NE(msg.find("all_reduce"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("'timeout_test'"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("timed out"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("rank 0"), std::string::npos) << msg;
+    EXPECT_LT(secs, 15.0);
+    // Broken from now on: later calls fail at once.
+    EXPECT_THROW(stuck->all_reduce(t, ReduceOp::kSum), Error);
+  }
+  hw->barrier();  // rank 1 waits here while rank 0 times out
+  if (stuck->rank() != 0) stuck->abort("timeout test over");
+  stuck.reset();
+  CUDA_CHECK(cudaStreamDestroy(stream));
+  // The shared world still works.
+  comm->barrier();
+}
+
+}  // namespace
+}  // namespace hp
