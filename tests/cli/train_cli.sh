@@ -64,18 +64,20 @@ expect_error "bad device" "device" "$hp" train --config "$cfg/tiny-moe.ini" --de
 expect_error "unknown command" "unknown command" "$hp" frobnicate
 
 # Bad data files.
-small="--config $cfg/tiny-moe.ini --steps=1 --batch_tokens=512 --seq_len=64"
+small="--config $cfg/tiny-moe.ini --batch_tokens=512 --seq_len=64"
 expect_error "missing data file" "missing.bin" "$hp" train $small --data="$work/missing.bin"
-"$hp" data synth --out "$work/ok.bin" --docs 200 --vocab_size 64 --seed 3 >/dev/null 2>&1 ||
+"$hp" data synth --out "$work/ok.bin" --docs 200 --vocab_size 16 --seed 3 >/dev/null 2>&1 ||
   fail "data synth .bin"
-"$hp" data synth --out "$work/ok.h5" --docs 200 --vocab_size 64 --seed 3 >/dev/null 2>&1 ||
+"$hp" data synth --out "$work/ok.h5" --docs 200 --vocab_size 16 --seed 3 >/dev/null 2>&1 ||
   fail "data synth .h5"
+"$hp" data synth --out "$work/wide.bin" --docs 50 --vocab_size 64 --seed 3 >/dev/null 2>&1 ||
+  fail "data synth wide .bin"
 head -c 2000 "$work/ok.bin" >"$work/truncated.bin"
 expect_error "truncated shard" "truncated.bin.*(truncated|header)" "$hp" train $small --data="$work/truncated.bin"
 cp "$work/ok.bin" "$work/badmagic.bin"
 printf '\x01\x02\x03\x04' | dd of="$work/badmagic.bin" bs=1 seek=0 conv=notrunc status=none
-expect_error "bad magic" "badmagic.bin.*magic" "$hp" train $small --data="$work/badmagic.bin"
-expect_error "token id >= vocab" "ok.bin.*(offset|vocab)" "$hp" train $small --data="$work/ok.bin" --vocab_size=32 --eot_token=31
+expect_error "bad magic" "magic.*badmagic.bin" "$hp" train $small --data="$work/badmagic.bin"
+expect_error "token id >= vocab" "offset.*wide.bin.*vocab_size" "$hp" train $small --data="$work/wide.bin" --eot_token=15
 printf 'not hdf5' >"$work/garbage.h5"
 expect_error "not an HDF5 file" "garbage.h5" "$hp" train $small --data="$work/garbage.h5"
 expect_error "unknown extension" "tokens.txt" "$hp" train $small --data="$work/tokens.txt"
