@@ -21,7 +21,8 @@ constexpr const char* kUsage =
     "\n"
     "commands:\n"
     "  train --config FILE [--key=value ...]   train a model (--dry-run: validate and count)\n"
-    "  bench <scenario> --config FILE [...]    time hot-path variants side by side (step)\n"
+    "  bench <scenario> --config FILE [...]    time hot-path variants side by side:\n"
+    "                                          step, metadata, routing, alltoall\n"
     "  data synth --out FILE.{bin,h5} [...]     write synthetic documents as a token file\n"
     "  --version                                print the version\n"
     "\n"
@@ -70,7 +71,7 @@ int train_main(const std::vector<std::string>& args, int* argc, char*** argv) {
 
 int bench_main(const std::vector<std::string>& args, int* argc, char*** argv) {
   if (args.empty() || args[0].rfind("--", 0) == 0)
-    HP_USER_ERROR(ErrorKind::kUser, "hotpath bench: name a scenario first (available: step), e.g. "
+    HP_USER_ERROR(ErrorKind::kUser, "hotpath bench: name a scenario first (step, metadata, routing, alltoall), e.g. "
                                     "'hotpath bench step --config FILE'");
   TrainOptions o;
   std::vector<std::string> rest(args.begin() + 1, args.end());

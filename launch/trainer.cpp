@@ -13,6 +13,8 @@
 #include <vector>
 
 #include "framework/core/log.h"
+#include "framework/core/trace.h"
+#include "launch/bench_model.h"
 #include "launch/bench_comm.h"
 #include "parallel/moe_exchange.h"
 #if HOTPATH_HAVE_CUDA
@@ -186,7 +188,10 @@ StepStats Trainer::step() {
   st.aux_loss = s[1];
   st.grad_norm = std::sqrt(s[2] + s[3]);
   st.lr = sched_.at(step_);
-  opt_.step(be, model_->params(), step_, st.lr, clip_coefficient(st.grad_norm, o_.grad_clip));
+  {
+    TraceRange range("optimizer");
+    opt_.step(be, model_->params(), step_, st.lr, clip_coefficient(st.grad_norm, o_.grad_clip));
+  }
   st.syncs = be.syncs();
   st.ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
   st.tokens_per_s = st.tokens / (st.ms / 1000.0);
@@ -277,11 +282,12 @@ int run_train(const TrainOptions& o, const RankContext& ctx) {
 }
 
 int run_bench(const std::string& scenario, const TrainOptions& o, const RankContext& ctx) {
+  if (scenario == "metadata") return run_bench_metadata(o, ctx);
   if (scenario == "routing") return run_bench_routing(o, ctx);
   if (scenario == "alltoall") return run_bench_alltoall(o, ctx);
   if (scenario != "step")
     HP_USER_ERROR(ErrorKind::kUser, "hotpath bench: unknown scenario '", scenario,
-                  "'; available: step, routing, alltoall");
+                  "'; available: step, metadata, routing, alltoall");
   Trainer trainer(o, ctx);
   for (int64_t i = 0; i < o.bench_warmup; ++i) trainer.step();
   std::vector<double> ms, tps, syncs, flops;

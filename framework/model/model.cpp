@@ -5,6 +5,7 @@
 
 #include "framework/core/log.h"
 #include "framework/core/rng.h"
+#include "framework/core/trace.h"
 #include "framework/model/rope_table.h"
 
 namespace hp {
@@ -61,6 +62,15 @@ struct Model::LayerActs {
 };
 
 namespace {
+// Static range names (profilers keep the pointer); layers past the table share the last name.
+constexpr int kMaxNamedLayers = 9;
+const char* const kLayerFwd[kMaxNamedLayers] = {"layer 0 fwd", "layer 1 fwd", "layer 2 fwd",
+                                                "layer 3 fwd", "layer 4 fwd", "layer 5 fwd",
+                                                "layer 6 fwd", "layer 7 fwd", "layer 8+ fwd"};
+const char* const kLayerBwd[kMaxNamedLayers] = {"layer 0 bwd", "layer 1 bwd", "layer 2 bwd",
+                                                "layer 3 bwd", "layer 4 bwd", "layer 5 bwd",
+                                                "layer 6 bwd", "layer 7 bwd", "layer 8+ bwd"};
+
 // C += or = A @ B with 2-D views, the one matmul shape the model needs most.
 void matmul(Backend& be, const Tensor& a, const Tensor& b, Tensor& c, bool ta = false,
             bool tb = false, double beta = 0.0) {
@@ -329,6 +339,7 @@ LossSums Model::run(const BatchMeta& meta, double grad_scale, bool backward, Los
   be_.embedding_fwd(embed_->work, meta.inputs, x);
   for (int l = 0; l < cfg_.n_layers; ++l) {
     LayerActs& a = acts[static_cast<size_t>(l)];
+    TraceRange range(kLayerFwd[std::min(l, kMaxNamedLayers - 1)]);
     a.x = x;
     layer_forward(l, meta, a, false);
     // Layer output: h + ffn(hn).
@@ -351,6 +362,7 @@ LossSums Model::run(const BatchMeta& meta, double grad_scale, bool backward, Los
   const int64_t chunk = std::max<int64_t>(1, opts_.ce_chunk_tokens);
   for (int64_t r0 = 0; r0 < n; r0 += chunk) {
     const int64_t r1 = std::min(n, r0 + chunk);
+    TraceRange range("unembed+loss chunk");
     Tensor xc = xf.slice(r0, r1);
     Tensor logits = new_act({r1 - r0, vocab});
     if (lm_head_)
@@ -375,6 +387,7 @@ LossSums Model::run(const BatchMeta& meta, double grad_scale, bool backward, Los
   be_.rmsnorm_bwd(x, final_norm_->work, rstdf, dxf, dx, final_norm_->grad);
   for (int l = cfg_.n_layers - 1; l >= 0; --l) {
     LayerActs& a = acts[static_cast<size_t>(l)];
+    TraceRange range(kLayerBwd[std::min(l, kMaxNamedLayers - 1)]);
     if (ckpt) layer_forward(l, meta, a, true);
     layer_backward(l, a, dx);
     a = LayerActs();

@@ -46,6 +46,8 @@ class Model {
 
   const ModelConfig& config() const { return cfg_; }
   const ModelOptions& options() const { return opts_; }
+  // Switches between cached metadata and the per-layer rebuild baseline (benchmarks).
+  void set_metadata_mode(MetadataMode m) { opts_.metadata = m; }
   ParamRegistry& params() { return params_; }
   Backend& backend() { return be_; }
 

@@ -541,14 +541,36 @@ std::shared_ptr<Communicator> NcclCommunicator::split(int color, int key,
   }
   const auto deadline = Clock::now() + timeout();
   ncclConfig_t config = nonblocking_config(child ? child->name() : name);
-  ncclComm_t nc = nullptr;
+  // A non-blocking split writes the new handle from NCCL's background job once it is ready, so
+  // the slot lives on the heap: if we give up waiting, the late write still lands somewhere valid.
+  auto* slot = new ncclComm_t(nullptr);
   {
     std::lock_guard<std::mutex> lk(mu_);
     HP_NCCL_ENQUEUE("split", ncclCommSplit(comm_, color >= 0 ? color : NCCL_SPLIT_NOCOLOR, key,
-                                           &nc, &config));
+                                           slot, &config));
+    // The parent reports ncclInProgress until its part of the split is done, whatever the call
+    // returned.
+    try {
+      settle(comm_, "split", where("split"), deadline);
+    } catch (const Error& e) {
+      error_ = e.what();
+      error_kind_ = e.kind();
+      abort_locked();
+      throw;
+    }
   }
-  if (!child) return nullptr;
-  HP_CHECK(nc, "ncclCommSplit gave no communicator for color ", color, " on '", this->name(), "'");
+  if (!child) {
+    delete slot;
+    return nullptr;
+  }
+  ncclComm_t nc = nullptr;
+  for (int spins = 0; (nc = __atomic_load_n(slot, __ATOMIC_ACQUIRE)) == nullptr; ++spins) {
+    if (Clock::now() > deadline)
+      HP_FAIL(ErrorKind::kComm, child->where("split"), ": ncclCommSplit gave no communicator for "
+              "color ", color, " within ", seconds_str(timeout()));
+    if (spins > 64) std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+  delete slot;
   try {
     settle(nc, "creating the split NCCL communicator", child->where("split"), deadline);
   } catch (...) {
@@ -581,17 +603,14 @@ void NcclCommunicator::abort(const std::string& reason) noexcept {
 ProcessGroups make_nccl_groups(const ProcessGroups& host, Backend& be) {
   HP_CHECK(host.world, "make_nccl_groups: no host world communicator");
   ProcessGroups g = host;
-  auto world = NcclCommunicator::create(*host.world, be, host.world->name());
-  g.world = world;
-  // Each host group is mirrored by a split of the NCCL world: color = the group's first world
-  // rank (groups are disjoint), key = the rank inside the host group (same order).
+  // Each group gets its own unique id over its host group, so ranks, order and world ranks are
+  // the host group's by construction. Groups are created one kind at a time, in the same order
+  // on every rank (each creation is collective over the ranks of one group).
   auto mirror = [&](const std::shared_ptr<Communicator>& h) -> std::shared_ptr<Communicator> {
     if (!h) return nullptr;
-    auto c = world->split(h->world_rank(0), h->rank(), h->name());
-    HP_CHECK(c && c->world_ranks() == h->world_ranks() && c->rank() == h->rank(),
-             "NCCL group '", h->name(), "' does not mirror the host group");
-    return c;
+    return NcclCommunicator::create(*h, be, h->name());
   };
+  g.world = mirror(host.world);
   g.dp = mirror(host.dp);
   g.ep = mirror(host.ep);
   // Every rank has a node group or none does (it comes from one collective split).

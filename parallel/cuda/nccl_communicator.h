@@ -162,8 +162,8 @@ class NcclCommunicator final : public Communicator {
 
 // Collective over host_groups.world: NCCL communicators for world, dp, ep (and node when the
 // host groups have one) with exactly the ranks, names and options of the host groups, on the
-// backend's device and compute stream. world comes from a unique id shared over the host world;
-// the others are ncclCommSplit of it.
+// backend's device and compute stream. Each comes from a unique id shared over its host group
+// (create() above), so it mirrors that group by construction.
 ProcessGroups make_nccl_groups(const ProcessGroups& host_groups, Backend& be);
 
 }  // namespace hp

@@ -258,7 +258,9 @@ TEST(NcclComm, AllToAllVUnevenAndZeroCounts) {
         for (int64_t r = 0; r < recv_counts[src]; ++r)
           for (int64_t c = 0; c < width; ++c)
             want.push_back(static_cast<double>((src * n + me) * 4 + (r + c) % 4));
-      if (recv_rows > 0) EXPECT_EQ(read_values(be, recv), want) << "pattern " << pattern;
+      if (recv_rows > 0) {
+        EXPECT_EQ(read_values(be, recv), want) << "pattern " << pattern;
+      }
     }
   }
   comm->synchronize();
@@ -295,7 +297,10 @@ TEST(NcclComm, SplitOrdersByKeyAndMirrorsHostGroups) {
   // Rank 0 stays out.
   CommPtr rest = comm->split(me == 0 ? -1 : 1, me, "rest");
   EXPECT_EQ(rest == nullptr, me == 0);
-  if (rest) EXPECT_EQ(rest->size(), n - 1);
+  if (rest) {
+    EXPECT_EQ(rest->size(), n - 1);
+    EXPECT_EQ(rest->rank(), me - 1);
+  }
 
   for (int ep : {1, n}) {
     ProcessGroups host = make_process_groups(hw, ep);
