@@ -173,14 +173,15 @@ int run_bench_routing(const TrainOptions& o, const RankContext& ctx) {
         for (int64_t v : c) total += v;
         HP_CHECK(total == n * k, "routing bench: counts sum to ", total, ", expected ", n * k);
       }
-      rows.push_back({e, mode == RoutingMode::kBincount ? "bincount" : "per-expert",
-                      median_of(ms), static_cast<double>(syncs) / iters});
+      rows.push_back({e, mode == RoutingMode::kBincount ? "bincount" : "per-expert", median_of(ms),
+                      static_cast<double>(syncs) / iters});
     }
   }
-  std::printf("bench routing: backend=%s tokens=%lld top_k=%lld d_model=%lld iters=%d "
-              "(warm-up %d)\n",
-              be.name().c_str(), static_cast<long long>(n), static_cast<long long>(k),
-              static_cast<long long>(d), iters, warmup);
+  std::printf(
+      "bench routing: backend=%s tokens=%lld top_k=%lld d_model=%lld iters=%d "
+      "(warm-up %d)\n",
+      be.name().c_str(), static_cast<long long>(n), static_cast<long long>(k),
+      static_cast<long long>(d), iters, warmup);
   std::printf("%-8s %-11s %10s %14s %12s\n", "experts", "variant", "ms", "vs bincount",
               "syncs/layer");
   std::ostringstream js;
@@ -205,11 +206,11 @@ namespace {
 
 struct A2aRow {
   std::string variant;
-  int64_t tokens;     // 0 for the even sweep
-  double mib;         // bytes this rank sends per all-to-all, MiB
-  double ms;          // median over iterations, max over ranks
-  double algbw;       // GB/s
-  double busbw;       // GB/s
+  int64_t tokens;  // 0 for the even sweep
+  double mib;      // bytes this rank sends per all-to-all, MiB
+  double ms;       // median over iterations, max over ranks
+  double algbw;    // GB/s
+  double busbw;    // GB/s
 };
 
 }  // namespace
@@ -218,8 +219,10 @@ int run_bench_alltoall(const TrainOptions& o, const RankContext& ctx) {
   auto be_ptr = make_backend(o, ctx.launch.local_rank);
   Backend& be = *be_ptr;
   if (be.device() != Device::kCUDA)
-    HP_USER_ERROR(ErrorKind::kConfig, "hotpath bench alltoall: needs device=cuda (NCCL); got "
-                                      "backend ", be.name());
+    HP_USER_ERROR(ErrorKind::kConfig,
+                  "hotpath bench alltoall: needs device=cuda (NCCL); got "
+                  "backend ",
+                  be.name());
   HP_CHECK(ctx.groups.world, "bench alltoall: no world communicator");
   // The expert group is the whole world here: every rank owns E / world experts.
   std::shared_ptr<NcclCommunicator> comm = NcclCommunicator::create(*ctx.groups.world, be, "world");
@@ -256,8 +259,8 @@ int run_bench_alltoall(const TrainOptions& o, const RankContext& ctx) {
   for (int64_t tokens : {int64_t{1024}, int64_t{4096}, kTokens, int64_t{23296}}) {
     const int64_t m = tokens * kTopK;
     // Uniform random routing, different on every rank.
-    uint64_t seed = 77 + 1000003ull * static_cast<uint64_t>(comm->rank()) +
-                    static_cast<uint64_t>(tokens);
+    uint64_t seed =
+        77 + 1000003ull * static_cast<uint64_t>(comm->rank()) + static_cast<uint64_t>(tokens);
     Tensor ids_host = Tensor::host({m}, DType::kI32);
     for (int64_t i = 0; i < m; ++i)
       ids_host.data<int32_t>()[i] = static_cast<int32_t>(next_random(seed) % experts);
@@ -298,10 +301,10 @@ int run_bench_alltoall(const TrainOptions& o, const RankContext& ctx) {
   }
 
   if (ctx.rank() != 0) return 0;
-  std::printf("bench alltoall: backend=%s world=%d experts=%d top_k=%d d_model=%lld bf16 "
-              "iters=%d (warm-up %d)\n",
-              be.name().c_str(), world, experts, kTopK, static_cast<long long>(kDModel), iters,
-              warmup);
+  std::printf(
+      "bench alltoall: backend=%s world=%d experts=%d top_k=%d d_model=%lld bf16 "
+      "iters=%d (warm-up %d)\n",
+      be.name().c_str(), world, experts, kTopK, static_cast<long long>(kDModel), iters, warmup);
   std::printf("%-13s %7s %10s %9s %11s %11s %8s\n", "variant", "tokens", "MiB/rank", "ms",
               "algbw GB/s", "busbw GB/s", "ratio");
   std::ostringstream js;

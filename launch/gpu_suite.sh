@@ -95,11 +95,12 @@ fi
 if [ -x "$bin/hotpath" ] && [ "${GPU_SUITE_PERF:-1}" != 0 ]; then
   run bench_routing "$bin/hotpath" bench routing --config examples/configs/tiny-moe.ini \
     --device=cuda --bench_json="$log_dir/bench_routing.json"
-  details[${#details[@]}-1]=$(awk '$1 ~ /^[0-9]+$/ && NF == 5 {printf "E=%s %s %sms %s; ", $1, $2, $3, $4}' \
-    "$log_dir/bench_routing.log")
+  details[${#details[@]}-1]=$(awk '$1 ~ /^[0-9]+$/ && NF == 5 {
+      printf "E=%s %s %sms %s; ", $1, $2, $3, $4}' "$log_dir/bench_routing.log")
   if [ "${gpus:-0}" -ge 2 ] && command -v mpirun >/dev/null; then
     run bench_alltoall_np2 mpirun -np 2 "$bin/hotpath" bench alltoall \
-      --config examples/configs/tiny-moe.ini --device=cuda --bench_json="$log_dir/bench_alltoall.json"
+      --config examples/configs/tiny-moe.ini --device=cuda \
+      --bench_json="$log_dir/bench_alltoall.json"
     details[${#details[@]}-1]=$(awk '$1 == "moe_exchange" && $2 == 16384 {e = $6; r = $7}
       $1 == "all_to_all_v" && $2 == 16384 {p = $6} $1 == "even" && $3 > 500 {v = $6}
       END {printf "16k tok: exchange %s GB/s vs plain %s (%s); even 512MiB %s GB/s", e, p, r, v}' \

@@ -35,20 +35,28 @@ std::string seconds_str(std::chrono::milliseconds ms) {
 
 ncclDataType_t nccl_type(DType t) {
   switch (t) {
-    case DType::kF32: return ncclFloat32;
-    case DType::kF64: return ncclFloat64;
-    case DType::kBF16: return ncclBfloat16;
-    case DType::kI32: return ncclInt32;
-    case DType::kI64: return ncclInt64;
+    case DType::kF32:
+      return ncclFloat32;
+    case DType::kF64:
+      return ncclFloat64;
+    case DType::kBF16:
+      return ncclBfloat16;
+    case DType::kI32:
+      return ncclInt32;
+    case DType::kI64:
+      return ncclInt64;
   }
   HP_FAIL(ErrorKind::kInternal, "no NCCL type for dtype ", dtype_name(t));
 }
 
 ncclRedOp_t nccl_op(ReduceOp op) {
   switch (op) {
-    case ReduceOp::kSum: return ncclSum;
-    case ReduceOp::kMax: return ncclMax;
-    case ReduceOp::kMin: return ncclMin;
+    case ReduceOp::kSum:
+      return ncclSum;
+    case ReduceOp::kMax:
+      return ncclMax;
+    case ReduceOp::kMin:
+      return ncclMin;
   }
   HP_FAIL(ErrorKind::kInternal, "no NCCL reduction for op ", reduce_op_name(op));
 }
@@ -61,8 +69,8 @@ ncclConfig_t nonblocking_config(const std::string& name) {
 }
 
 void check_device_tensor(const Tensor& t, const char* op, const char* what) {
-  HP_CHECK(t.defined() && t.device() == Device::kCUDA, op, ": ", what, " must be a CUDA tensor, got ",
-           t.defined() ? t.desc() : std::string("undefined"));
+  HP_CHECK(t.defined() && t.device() == Device::kCUDA, op, ": ", what,
+           " must be a CUDA tensor, got ", t.defined() ? t.desc() : std::string("undefined"));
 }
 
 char* bytes_of(const Tensor& t) { return static_cast<char*>(t.raw()); }
@@ -101,9 +109,9 @@ std::shared_ptr<NcclCommunicator> NcclCommunicator::create(Communicator& host, i
   HP_CHECK(blob.size() == sizeof(id), "NCCL unique id of ", blob.size(), " bytes from rank 0 of '",
            host.name(), "'");
   std::memcpy(&id, blob.data(), sizeof(id));
-  std::shared_ptr<NcclCommunicator> c(new NcclCommunicator(
-      name.empty() ? host.name() : name, host.rank(), host.size(), host.world_ranks(),
-      host.options(), device, stream, nullptr));
+  std::shared_ptr<NcclCommunicator> c(
+      new NcclCommunicator(name.empty() ? host.name() : name, host.rank(), host.size(),
+                           host.world_ranks(), host.options(), device, stream, nullptr));
   c->init_from_id(id);
   return c;
 }
@@ -151,7 +159,8 @@ NcclCommunicator::~NcclCommunicator() {
   std::lock_guard<std::mutex> lk(mu_);
   // Let enqueued work finish (bounded), then release the communicator. ncclCommAbort, not
   // ncclCommDestroy: destroy may wait for peers that are gone or have moved on.
-  const auto deadline = Clock::now() + std::min<std::chrono::milliseconds>(timeout(), std::chrono::seconds(30));
+  const auto deadline =
+      Clock::now() + std::min<std::chrono::milliseconds>(timeout(), std::chrono::seconds(30));
   while (comm_ && error_.empty() && !pending_.empty() && Clock::now() < deadline) {
     cudaError_t q = cudaEventQuery(pending_.front().event);
     if (q == cudaSuccess) {
@@ -186,7 +195,8 @@ void NcclCommunicator::check_usable(const char* op) {
   if (current != device_) CUDA_CHECK(cudaSetDevice(device_));
   std::lock_guard<std::mutex> lk(mu_);
   if (!error_.empty())
-    HP_FAIL(error_kind_, error_, "; ", op, " on '", name(), "' refused: the communicator is broken");
+    HP_FAIL(error_kind_, error_, "; ", op, " on '", name(),
+            "' refused: the communicator is broken");
   HP_CHECK(comm_, op, " on '", name(), "': no NCCL communicator");
 }
 
@@ -348,8 +358,8 @@ void NcclCommunicator::broadcast(Tensor& t, int root) {
   HP_CHECK(root >= 0 && root < size(), "broadcast root ", root, " of ", size(), " ranks");
   std::lock_guard<std::mutex> lk(mu_);
   HP_CHECK(group_depth_ == 0, "broadcast inside a group");
-  HP_NCCL_ENQUEUE("broadcast", ncclBroadcast(t.raw(), t.raw(), t.nbytes(), ncclInt8, root, comm_,
-                                             stream_));
+  HP_NCCL_ENQUEUE("broadcast",
+                  ncclBroadcast(t.raw(), t.raw(), t.nbytes(), ncclInt8, root, comm_, stream_));
   track("broadcast");
 }
 
@@ -357,8 +367,8 @@ void NcclCommunicator::all_gather(const Tensor& in, Tensor& out) {
   check_usable("all_gather");
   check_device_tensor(in, "all_gather", "in");
   check_device_tensor(out, "all_gather", "out");
-  HP_CHECK(in.dtype() == out.dtype() && out.numel() == in.numel() * size(), "all_gather: ",
-           in.desc(), " into ", out.desc(), " over ", size(), " ranks");
+  HP_CHECK(in.dtype() == out.dtype() && out.numel() == in.numel() * size(),
+           "all_gather: ", in.desc(), " into ", out.desc(), " over ", size(), " ranks");
   std::lock_guard<std::mutex> lk(mu_);
   HP_CHECK(group_depth_ == 0, "all_gather inside a group");
   HP_NCCL_ENQUEUE("all_gather",
@@ -370,8 +380,8 @@ void NcclCommunicator::reduce_scatter(const Tensor& in, Tensor& out, ReduceOp op
   check_usable("reduce_scatter");
   check_device_tensor(in, "reduce_scatter", "in");
   check_device_tensor(out, "reduce_scatter", "out");
-  HP_CHECK(in.dtype() == out.dtype() && in.numel() == out.numel() * size(), "reduce_scatter: ",
-           in.desc(), " into ", out.desc(), " over ", size(), " ranks");
+  HP_CHECK(in.dtype() == out.dtype() && in.numel() == out.numel() * size(),
+           "reduce_scatter: ", in.desc(), " into ", out.desc(), " over ", size(), " ranks");
   std::lock_guard<std::mutex> lk(mu_);
   HP_CHECK(group_depth_ == 0, "reduce_scatter inside a group");
   HP_NCCL_ENQUEUE("reduce_scatter",
@@ -386,14 +396,14 @@ void NcclCommunicator::all_to_all_v(const Tensor& send, const std::vector<int64_
   check_device_tensor(send, "all_to_all_v", "send");
   check_device_tensor(recv, "all_to_all_v", "recv");
   const size_t n = static_cast<size_t>(size());
-  HP_CHECK(send_counts.size() == n && recv_counts.size() == n, "all_to_all_v: ",
-           send_counts.size(), " send and ", recv_counts.size(), " recv counts for ", n, " ranks");
+  HP_CHECK(send_counts.size() == n && recv_counts.size() == n, "all_to_all_v: ", send_counts.size(),
+           " send and ", recv_counts.size(), " recv counts for ", n, " ranks");
   HP_CHECK(send.dtype() == recv.dtype(), "all_to_all_v: ", send.desc(), " vs ", recv.desc());
   const int64_t send_rows = std::accumulate(send_counts.begin(), send_counts.end(), int64_t{0});
   const int64_t recv_rows = std::accumulate(recv_counts.begin(), recv_counts.end(), int64_t{0});
   auto rows_of = [](const Tensor& t) { return t.ndim() == 0 ? t.numel() : t.dim(0); };
-  HP_CHECK(rows_of(send) == send_rows && rows_of(recv) == recv_rows, "all_to_all_v: ",
-           send.desc(), " for ", send_rows, " rows, ", recv.desc(), " for ", recv_rows, " rows");
+  HP_CHECK(rows_of(send) == send_rows && rows_of(recv) == recv_rows, "all_to_all_v: ", send.desc(),
+           " for ", send_rows, " rows, ", recv.desc(), " for ", recv_rows, " rows");
   const int64_t send_row_elems = send_rows > 0 ? send.numel() / send_rows : 0;
   const int64_t recv_row_elems = recv_rows > 0 ? recv.numel() / recv_rows : 0;
   HP_CHECK(send_rows == 0 || recv_rows == 0 || send_row_elems == recv_row_elems,
@@ -427,13 +437,13 @@ void NcclCommunicator::all_to_all_v(const Tensor& send, const std::vector<int64_
     if (p == me) continue;
     const int peer = static_cast<int>(p);
     if (send_counts[p] > 0) {
-      first = ncclSend(src + send_off[p], static_cast<size_t>(send_counts[p]) * row_bytes,
-                       ncclInt8, peer, comm_, stream_);
+      first = ncclSend(src + send_off[p], static_cast<size_t>(send_counts[p]) * row_bytes, ncclInt8,
+                       peer, comm_, stream_);
       if (first != ncclSuccess) failed = "ncclSend(...) in all_to_all_v";
     }
     if (first == ncclSuccess && recv_counts[p] > 0) {
-      first = ncclRecv(dst + recv_off[p], static_cast<size_t>(recv_counts[p]) * row_bytes,
-                       ncclInt8, peer, comm_, stream_);
+      first = ncclRecv(dst + recv_off[p], static_cast<size_t>(recv_counts[p]) * row_bytes, ncclInt8,
+                       peer, comm_, stream_);
       if (first != ncclSuccess) failed = "ncclRecv(...) in all_to_all_v";
     }
   }
@@ -500,8 +510,7 @@ void NcclCommunicator::group_end() {
 
 // ---- groups -----------------------------------------------------------------------------------
 
-std::shared_ptr<Communicator> NcclCommunicator::split(int color, int key,
-                                                      const std::string& name) {
+std::shared_ptr<Communicator> NcclCommunicator::split(int color, int key, const std::string& name) {
   check_usable("split");
   const int n = size();
   // Who joins whom: (color, key) of every rank, gathered on the device and read once.
@@ -512,8 +521,8 @@ std::shared_ptr<Communicator> NcclCommunicator::split(int color, int key,
   std::shared_ptr<void> release(dev, [this](void* p) { cudaFreeAsync(p, stream_); });
   int32_t* dev_mine = static_cast<int32_t*>(dev);
   int32_t* dev_all = dev_mine + 2;
-  CUDA_CHECK(cudaMemcpyAsync(dev_mine, mine.data(), sizeof(int32_t) * 2, cudaMemcpyHostToDevice,
-                             stream_));
+  CUDA_CHECK(
+      cudaMemcpyAsync(dev_mine, mine.data(), sizeof(int32_t) * 2, cudaMemcpyHostToDevice, stream_));
   {
     std::lock_guard<std::mutex> lk(mu_);
     HP_CHECK(group_depth_ == 0, "split inside a group");
@@ -534,8 +543,8 @@ std::shared_ptr<Communicator> NcclCommunicator::split(int color, int key,
   if (color >= 0) {
     std::vector<int> world;
     for (int r : members) world.push_back(world_rank(r));
-    const int my = static_cast<int>(std::find(members.begin(), members.end(), rank()) -
-                                    members.begin());
+    const int my =
+        static_cast<int>(std::find(members.begin(), members.end(), rank()) - members.begin());
     child.reset(new NcclCommunicator(name, my, static_cast<int>(members.size()), world, options(),
                                      device_, stream_, be_));
   }
@@ -546,8 +555,8 @@ std::shared_ptr<Communicator> NcclCommunicator::split(int color, int key,
   auto* slot = new ncclComm_t(nullptr);
   {
     std::lock_guard<std::mutex> lk(mu_);
-    HP_NCCL_ENQUEUE("split", ncclCommSplit(comm_, color >= 0 ? color : NCCL_SPLIT_NOCOLOR, key,
-                                           slot, &config));
+    HP_NCCL_ENQUEUE(
+        "split", ncclCommSplit(comm_, color >= 0 ? color : NCCL_SPLIT_NOCOLOR, key, slot, &config));
     // The parent reports ncclInProgress until its part of the split is done, whatever the call
     // returned.
     try {
@@ -566,8 +575,10 @@ std::shared_ptr<Communicator> NcclCommunicator::split(int color, int key,
   ncclComm_t nc = nullptr;
   for (int spins = 0; (nc = __atomic_load_n(slot, __ATOMIC_ACQUIRE)) == nullptr; ++spins) {
     if (Clock::now() > deadline)
-      HP_FAIL(ErrorKind::kComm, child->where("split"), ": ncclCommSplit gave no communicator for "
-              "color ", color, " within ", seconds_str(timeout()));
+      HP_FAIL(ErrorKind::kComm, child->where("split"),
+              ": ncclCommSplit gave no communicator for "
+              "color ",
+              color, " within ", seconds_str(timeout()));
     if (spins > 64) std::this_thread::sleep_for(std::chrono::microseconds(50));
   }
   delete slot;

@@ -48,12 +48,12 @@ struct CUevent_st;   // cudaEvent_t is CUevent_st*
 struct CUstream_st;  // cudaStream_t is CUstream_st*
 
 // Throws hp::Error(kNccl) naming the statement, NCCL's error string and last-error text.
-#define NCCL_CHECK(stmt)                                                                     \
-  do {                                                                                       \
-    ncclResult_t hp_nccl_rc_ = (stmt);                                                       \
-    if (hp_nccl_rc_ != ncclSuccess && hp_nccl_rc_ != ncclInProgress)                         \
-      HP_FAIL(::hp::ErrorKind::kNccl, #stmt, " failed: ", ncclGetErrorString(hp_nccl_rc_),   \
-              " (", ::hp::nccl_last_error(nullptr), ")");                                    \
+#define NCCL_CHECK(stmt)                                                                         \
+  do {                                                                                           \
+    ncclResult_t hp_nccl_rc_ = (stmt);                                                           \
+    if (hp_nccl_rc_ != ncclSuccess && hp_nccl_rc_ != ncclInProgress)                             \
+      HP_FAIL(::hp::ErrorKind::kNccl, #stmt, " failed: ", ncclGetErrorString(hp_nccl_rc_), " (", \
+              ::hp::nccl_last_error(nullptr), ")");                                              \
   } while (0)
 
 namespace hp {

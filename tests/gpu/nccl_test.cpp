@@ -55,14 +55,14 @@ std::shared_ptr<NcclCommunicator> nccl_world() {
 }
 
 // Every rank takes the same decision: the world size and the GPU count are the same everywhere.
-#define HP_NCCL_WORLD(var)                                                                     \
-  CommPtr hw = host_world();                                                                \
-  if (!hw) GTEST_SKIP() << "needs an mpirun launch of 2 or more ranks";                     \
-  if (cuda_device_count() < hw->size())                                                     \
-    GTEST_SKIP() << "needs one GPU per rank: " << cuda_device_count() << " GPUs for "          \
-                 << hw->size() << " ranks";                                                 \
-  std::shared_ptr<NcclCommunicator> var = nccl_world();                                        \
-  Backend& be = gpu_backend();                                                                 \
+#define HP_NCCL_WORLD(var)                                                            \
+  CommPtr hw = host_world();                                                          \
+  if (!hw) GTEST_SKIP() << "needs an mpirun launch of 2 or more ranks";               \
+  if (cuda_device_count() < hw->size())                                               \
+    GTEST_SKIP() << "needs one GPU per rank: " << cuda_device_count() << " GPUs for " \
+                 << hw->size() << " ranks";                                           \
+  std::shared_ptr<NcclCommunicator> var = nccl_world();                               \
+  Backend& be = gpu_backend();                                                        \
   (void)be
 
 // ---- data -------------------------------------------------------------------------------------
@@ -90,11 +90,21 @@ Tensor hwtensor(const std::vector<double>& v, DType dt, Shape shape = {}) {
   Tensor t = Tensor::host(shape, dt);
   for (size_t i = 0; i < v.size(); ++i) {
     switch (dt) {
-      case DType::kF32: t.data<float>()[i] = static_cast<float>(v[i]); break;
-      case DType::kF64: t.data<double>()[i] = v[i]; break;
-      case DType::kBF16: t.data<bf16>()[i] = bf16(static_cast<float>(v[i])); break;
-      case DType::kI32: t.data<int32_t>()[i] = static_cast<int32_t>(v[i]); break;
-      case DType::kI64: t.data<int64_t>()[i] = static_cast<int64_t>(v[i]); break;
+      case DType::kF32:
+        t.data<float>()[i] = static_cast<float>(v[i]);
+        break;
+      case DType::kF64:
+        t.data<double>()[i] = v[i];
+        break;
+      case DType::kBF16:
+        t.data<bf16>()[i] = bf16(static_cast<float>(v[i]));
+        break;
+      case DType::kI32:
+        t.data<int32_t>()[i] = static_cast<int32_t>(v[i]);
+        break;
+      case DType::kI64:
+        t.data<int64_t>()[i] = static_cast<int64_t>(v[i]);
+        break;
     }
   }
   return t;
@@ -106,11 +116,21 @@ std::vector<double> read_values(Backend& be, const Tensor& dev) {
   std::vector<double> out(static_cast<size_t>(h.numel()));
   for (size_t i = 0; i < out.size(); ++i) {
     switch (h.dtype()) {
-      case DType::kF32: out[i] = h.data<float>()[i]; break;
-      case DType::kF64: out[i] = h.data<double>()[i]; break;
-      case DType::kBF16: out[i] = static_cast<float>(h.data<bf16>()[i]); break;
-      case DType::kI32: out[i] = h.data<int32_t>()[i]; break;
-      case DType::kI64: out[i] = static_cast<double>(h.data<int64_t>()[i]); break;
+      case DType::kF32:
+        out[i] = h.data<float>()[i];
+        break;
+      case DType::kF64:
+        out[i] = h.data<double>()[i];
+        break;
+      case DType::kBF16:
+        out[i] = static_cast<float>(h.data<bf16>()[i]);
+        break;
+      case DType::kI32:
+        out[i] = h.data<int32_t>()[i];
+        break;
+      case DType::kI64:
+        out[i] = static_cast<double>(h.data<int64_t>()[i]);
+        break;
     }
   }
   return out;
@@ -124,10 +144,14 @@ std::vector<double> rank_values(uint64_t seed, int rank, int64_t n, DType dt) {
 
 double tolerance(DType dt, int world) {
   switch (dt) {
-    case DType::kF32: return 1e-5;
-    case DType::kF64: return 1e-12;
-    case DType::kBF16: return world <= 2 ? 4e-3 : 2e-2;  // one bf16 rounding per partial sum
-    default: return 0;
+    case DType::kF32:
+      return 1e-5;
+    case DType::kF64:
+      return 1e-12;
+    case DType::kBF16:
+      return world <= 2 ? 4e-3 : 2e-2;  // one bf16 rounding per partial sum
+    default:
+      return 0;
   }
 }
 
@@ -147,11 +171,12 @@ TEST(NcclComm, AllReduceEveryDtypeAndOp) {
           double want = value(seed, 0, i, dt);
           for (int r = 1; r < n; ++r) {
             const double v = value(seed, r, i, dt);
-            want = op == ReduceOp::kSum ? want + v : op == ReduceOp::kMax ? std::max(want, v)
-                                                                          : std::min(want, v);
+            want = op == ReduceOp::kSum   ? want + v
+                   : op == ReduceOp::kMax ? std::max(want, v)
+                                          : std::min(want, v);
           }
-          const double tol = op == ReduceOp::kSum ? tolerance(dt, n) * std::max(1.0, std::abs(want))
-                                                  : 0.0;
+          const double tol =
+              op == ReduceOp::kSum ? tolerance(dt, n) * std::max(1.0, std::abs(want)) : 0.0;
           ASSERT_NEAR(got[static_cast<size_t>(i)], want, tol)
               << dtype_name(dt) << " " << reduce_op_name(op) << " element " << i;
         }
@@ -227,9 +252,9 @@ TEST(NcclComm, ReduceScatter) {
 // Rows rank src sends to rank dst: uneven, with zeros (including some ranks sending nothing to
 // anyone in the second pattern).
 int64_t a2a_rows(int pattern, int src, int dst) {
-  if (pattern == 0) return (src * 3 + dst * 5 + 1) % 4;                  // 0..3, zeros included
-  if (pattern == 1) return src == 0 ? 0 : 7 * (dst + 1) + src;           // rank 0 sends nothing
-  return src == dst ? 0 : 1000 + 13 * src + dst;                         // nothing to itself
+  if (pattern == 0) return (src * 3 + dst * 5 + 1) % 4;         // 0..3, zeros included
+  if (pattern == 1) return src == 0 ? 0 : 7 * (dst + 1) + src;  // rank 0 sends nothing
+  return src == dst ? 0 : 1000 + 13 * src + dst;                // nothing to itself
 }
 
 TEST(NcclComm, AllToAllVUnevenAndZeroCounts) {

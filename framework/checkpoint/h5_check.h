@@ -1,0 +1,82 @@
+// Internal to framework/checkpoint: checked HDF5 calls and owned HDF5 identifiers.
+#pragma once
+
+#include <hdf5.h>
+
+#include <string>
+
+#include "framework/core/error.h"
+
+namespace hp {
+
+// The most specific message on HDF5's error stack; call right after the failing call.
+std::string h5_error_text();
+
+[[noreturn]] void h5_fail(const char* stmt, const std::string& where, const char* file, int line);
+
+template <typename T>
+T h5_checked(T rc, const char* stmt, const std::string& where, const char* file, int line) {
+  if (rc < 0) h5_fail(stmt, where, file, line);
+  return rc;
+}
+
+// Evaluates an HDF5 call once; a negative result (failed herr_t or hid_t) throws
+// Error(kHdf5) with the statement, `where` (file and dataset) and HDF5's message.
+#define H5_CHECK(stmt, where) ::hp::h5_checked((stmt), #stmt, (where), __FILE__, __LINE__)
+
+// Switches HDF5's automatic error printing off for its lifetime (our exceptions report).
+class H5Quiet {
+ public:
+  H5Quiet() {
+    H5Eget_auto2(H5E_DEFAULT, &func_, &data_);
+    H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
+  }
+  ~H5Quiet() { H5Eset_auto2(H5E_DEFAULT, func_, data_); }
+  H5Quiet(const H5Quiet&) = delete;
+  H5Quiet& operator=(const H5Quiet&) = delete;
+
+ private:
+  H5E_auto2_t func_ = nullptr;
+  void* data_ = nullptr;
+};
+
+// An HDF5 identifier closed by its own close function when it goes out of scope.
+class H5Handle {
+ public:
+  H5Handle() = default;
+  H5Handle(hid_t id, herr_t (*close)(hid_t)) : id_(id), close_(close) {}
+  ~H5Handle() { reset(); }
+  H5Handle(H5Handle&& o) noexcept : id_(o.id_), close_(o.close_) { o.id_ = -1; }
+  H5Handle& operator=(H5Handle&& o) noexcept {
+    if (this != &o) {
+      reset();
+      id_ = o.id_;
+      close_ = o.close_;
+      o.id_ = -1;
+    }
+    return *this;
+  }
+  H5Handle(const H5Handle&) = delete;
+  H5Handle& operator=(const H5Handle&) = delete;
+
+  hid_t get() const { return id_; }
+  bool valid() const { return id_ >= 0; }
+  // Closes now; returns the close function's status (0 when nothing was open).
+  herr_t reset() {
+    herr_t rc = 0;
+    if (id_ >= 0 && close_ != nullptr) rc = close_(id_);
+    id_ = -1;
+    return rc;
+  }
+  hid_t release() {
+    hid_t id = id_;
+    id_ = -1;
+    return id;
+  }
+
+ private:
+  hid_t id_ = -1;
+  herr_t (*close_)(hid_t) = nullptr;
+};
+
+}  // namespace hp
