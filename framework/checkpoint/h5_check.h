@@ -12,17 +12,17 @@ namespace hp {
 // The most specific message on HDF5's error stack; call right after the failing call.
 std::string h5_error_text();
 
-[[noreturn]] void h5_fail(const char* stmt, const std::string& where, const char* file, int line);
-
-template <typename T>
-T h5_checked(T rc, const char* stmt, const std::string& where, const char* file, int line) {
-  if (rc < 0) h5_fail(stmt, where, file, line);
-  return rc;
-}
-
-// Evaluates an HDF5 call once; a negative result (failed herr_t or hid_t) throws
-// Error(kHdf5) with the statement, `where` (file and dataset) and HDF5's message.
-#define H5_CHECK(stmt, where) ::hp::h5_checked((stmt), #stmt, (where), __FILE__, __LINE__)
+// Evaluates an HDF5 call once and yields its result; a negative result (a failed herr_t or
+// hid_t) throws Error(kHdf5) with the statement, file:line, `where` (the file and the dataset or
+// attribute) and HDF5's own message.
+#define H5_CHECK(stmt, where)                                                  \
+  ([&]() {                                                                     \
+    auto hp_h5_rc_ = (stmt);                                                   \
+    if (hp_h5_rc_ < 0)                                                         \
+      HP_FAIL(::hp::ErrorKind::kHdf5, #stmt, " failed on ", (where), ": ",     \
+              ::hp::h5_error_text());                                          \
+    return hp_h5_rc_;                                                          \
+  }())
 
 // Switches HDF5's automatic error printing off for its lifetime (our exceptions report).
 class H5Quiet {
