@@ -121,7 +121,8 @@ class RegionTimer {
 struct RoutingRow {
   int experts;
   std::string variant;
-  double ms;
+  double ms;       // router GEMM + routing + permute
+  double core_ms;  // routing alone: top-k, histogram, scan, sort, count read
   double syncs_per_layer;
 };
 
@@ -173,8 +174,24 @@ int run_bench_routing(const TrainOptions& o, const RankContext& ctx) {
         for (int64_t v : c) total += v;
         HP_CHECK(total == n * k, "routing bench: counts sum to ", total, ", expected ", n * k);
       }
+      // The routing decision alone, from logits to host-known counts (what per-expert `where`
+      // loops and bincount+argsort replace in PyTorch stacks).
+      auto core = [&] {
+        be.router_topk(logits, static_cast<int>(k), idx, w);
+        be.histogram(ids, e, counts);
+        be.exclusive_scan(counts, offsets);
+        be.sort_by_id(ids, offsets, s2a, a2s);
+        return read_expert_counts(be, counts, e, mode);
+      };
+      for (int i = 0; i < warmup; ++i) core();
+      std::vector<double> core_ms;
+      for (int i = 0; i < iters; ++i) {
+        timer.start();
+        core();
+        core_ms.push_back(timer.stop_ms());
+      }
       rows.push_back({e, mode == RoutingMode::kBincount ? "bincount" : "per-expert", median_of(ms),
-                      static_cast<double>(syncs) / iters});
+                      median_of(core_ms), static_cast<double>(syncs) / iters});
     }
   }
   std::printf(
@@ -182,18 +199,18 @@ int run_bench_routing(const TrainOptions& o, const RankContext& ctx) {
       "(warm-up %d)\n",
       be.name().c_str(), static_cast<long long>(n), static_cast<long long>(k),
       static_cast<long long>(d), iters, warmup);
-  std::printf("%-8s %-11s %10s %14s %12s\n", "experts", "variant", "ms", "vs bincount",
-              "syncs/layer");
+  std::printf("%-8s %-11s %10s %14s %12s %12s\n", "experts", "variant", "layer ms", "vs bincount",
+              "routing ms", "syncs/layer");
   std::ostringstream js;
   js << "{\"scenario\":\"routing\",\"backend\":\"" << be.name() << "\",\"tokens\":" << n
      << ",\"top_k\":" << k << ",\"d_model\":" << d << ",\"rows\":[";
   for (size_t i = 0; i < rows.size(); ++i) {
     const RoutingRow& r = rows[i];
     const double base = rows[i - i % 2].ms;
-    std::printf("%-8d %-11s %10.3f %13.2fx %12.0f\n", r.experts, r.variant.c_str(), r.ms,
-                r.ms / base, r.syncs_per_layer);
+    std::printf("%-8d %-11s %10.3f %13.2fx %12.3f %12.0f\n", r.experts, r.variant.c_str(), r.ms,
+                r.ms / base, r.core_ms, r.syncs_per_layer);
     js << (i ? "," : "") << "{\"experts\":" << r.experts << ",\"variant\":\"" << r.variant
-       << "\",\"ms\":" << r.ms << ",\"ratio\":" << r.ms / base
+       << "\",\"ms\":" << r.ms << ",\"routing_ms\":" << r.core_ms << ",\"ratio\":" << r.ms / base
        << ",\"syncs_per_layer\":" << r.syncs_per_layer << "}";
   }
   js << "]}\n";

@@ -89,14 +89,35 @@ if [ -x "$bin/hotpath" ]; then
       details[${#details[@]}-1]=$(bench_detail "bench_${name}_$md")
     done
   done
+  # Packed metadata: cached vs the per-layer rebuild, on the 16- and 28-layer dense shapes.
+  for spec in "llama1b:llama-3.2-1b.ini" "qwen06b:qwen3-0.6b.ini"; do
+    IFS=: read -r name ini <<<"$spec"
+    run "bench_metadata_$name" "$bin/hotpath" bench metadata --config $cfg/$ini --device=cuda \
+      --seq_len=4096 --batch_tokens=16384 --bench_warmup=2 --bench_steps=7
+    details[${#details[@]}-1]=$(awk '$1 == "cached" {c = $4} $1 == "per-layer" {p = $4; s = $5}
+      /^per-layer rebuild/ {m = $3} END {printf "fwd+bwd cached %s ms, per-layer %s ms (%s syncs), %s", c, p, s, m}' \
+      "$log_dir/bench_metadata_$name.log")
+  done
+  # A Llama-3.2-1B-shaped model trains on the GPU (synthetic data over 1024 token ids).
+  run train_llama1b "$bin/hotpath" train --config $cfg/llama-3.2-1b.ini --device=cuda --steps=30 \
+    --seq_len=4096 --batch_tokens=16384 --synthetic_vocab=1024 --synthetic_mean_doc_len=512 \
+    --lr=1e-3 --min_lr=1e-4 --warmup_steps=5 --log_every=5
+  details[${#details[@]}-1]=$(grep -oE 'step=(1|30) loss=[0-9.]+' "$log_dir/train_llama1b.log" | tr '\n' ' ')
+fi
+
+# Attention against PyTorch's varlen attention (FlashAttention-2) where PyTorch is installed.
+if [ -f "$log_dir/gpu_perf.log" ] && command -v python3 >/dev/null; then
+  run attention_vs_torch python3 examples/benchmarks/attention_vs_torch.py "$log_dir/gpu_perf.log"
+  details[${#details[@]}-1]=$(awk '$1 != "shape" && $NF ~ /^[0-9.]+$/ {printf "%s ", $NF}' \
+    "$log_dir/attention_vs_torch.log" | sed 's/^/ratios hotpath\/torch: /')
 fi
 
 # MoE routing (one GPU) and the token all-to-all over NCCL (two GPUs): bench_comm.h.
 if [ -x "$bin/hotpath" ] && [ "${GPU_SUITE_PERF:-1}" != 0 ]; then
   run bench_routing "$bin/hotpath" bench routing --config examples/configs/tiny-moe.ini \
     --device=cuda --bench_json="$log_dir/bench_routing.json"
-  details[${#details[@]}-1]=$(awk '$1 ~ /^[0-9]+$/ && NF == 5 {
-      printf "E=%s %s %sms %s; ", $1, $2, $3, $4}' "$log_dir/bench_routing.log")
+  details[${#details[@]}-1]=$(awk '$1 ~ /^[0-9]+$/ && NF == 6 {
+      printf "E=%s %s layer %sms routing %sms; ", $1, $2, $3, $5}' "$log_dir/bench_routing.log")
   if [ "${gpus:-0}" -ge 2 ] && command -v mpirun >/dev/null; then
     run bench_alltoall_np2 mpirun -np 2 "$bin/hotpath" bench alltoall \
       --config examples/configs/tiny-moe.ini --device=cuda \
@@ -108,11 +129,29 @@ if [ -x "$bin/hotpath" ] && [ "${GPU_SUITE_PERF:-1}" != 0 ]; then
   fi
 fi
 
+# Where a step's GPU time goes (when Nsight Systems is installed): kernel time by kernel.
+if [ -x "$bin/hotpath" ] && command -v nsys >/dev/null && [ "${GPU_SUITE_PERF:-1}" != 0 ]; then
+  run profile_llama1b nsys profile -t cuda,nvtx -o "$log_dir/llama1b" --force-overwrite true \
+    "$bin/hotpath" bench step --config examples/configs/llama-3.2-1b.ini --device=cuda \
+    --seq_len=4096 --batch_tokens=16384 --bench_warmup=1 --bench_steps=3
+  nsys stats -r cuda_gpu_kern_sum -f csv -o "$log_dir/llama1b" "$log_dir/llama1b.nsys-rep" \
+    >/dev/null 2>&1 || true
+  rm -f "$log_dir/llama1b.nsys-rep" "$log_dir/llama1b.sqlite"
+fi
+
 # ---- summary ------------------------------------------------------------------------------------
 if [ -f "$log_dir/gpu_perf.log" ]; then
   echo
   grep -E '^(attention|gpt-oss|d[0-9])' "$log_dir/gpu_perf.log" || true
 fi
+[ -f "$log_dir/attention_vs_torch.log" ] && { echo; cat "$log_dir/attention_vs_torch.log"; }
+for f in "$log_dir"/llama1b*kern_sum*.csv; do
+  [ -f "$f" ] || continue
+  echo
+  echo "GPU kernel time, llama-3.2-1b step (top 12: % time, total ms, calls, kernel)"
+  awk -F'","' 'NR > 1 {gsub(/"/, "", $1); gsub(/"/, "", $NF);
+      printf "%6s%% %10.1f %7s  %.70s\n", $1, $2 / 1e6, $3, $NF}' "$f" | head -12
+done
 echo
 printf '%-22s %-9s %6s  %s\n' "run" "status" "sec" "details"
 for i in "${!names[@]}"; do

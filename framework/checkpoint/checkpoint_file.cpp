@@ -1,0 +1,427 @@
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "framework/checkpoint/checkpoint.h"
+#include "framework/checkpoint/h5_check.h"
+#include "framework/core/rng.h"
+
+namespace hp {
+namespace {
+
+constexpr int64_t kChunkBytes = int64_t{16} << 20;
+// HDF5 limits one chunk to 4 GiB.
+constexpr int64_t kMaxChunkBytes = (int64_t{1} << 32) - 1;
+
+herr_t innermost_error(unsigned n, const H5E_error2_t* e, void* data) {
+  if (n == 0) {
+    char minor[160] = {};
+    H5Eget_msg(e->min_num, nullptr, minor, sizeof minor);
+    *static_cast<std::string*>(data) =
+        str_cat(e->func_name ? e->func_name : "?", ": ", e->desc ? e->desc : "", " (", minor, ")");
+  }
+  return 0;
+}
+
+hid_t file_type(DType t) {
+  switch (t) {
+    case DType::kF32: return H5T_IEEE_F32LE;
+    case DType::kF64: return H5T_IEEE_F64LE;
+    case DType::kI64: return H5T_STD_I64LE;
+    default: HP_FAIL(ErrorKind::kInternal, "checkpoint datasets hold f32, f64 or i64, not ", dtype_name(t));
+  }
+}
+
+hid_t memory_type(DType t) {
+  switch (t) {
+    case DType::kF32: return H5T_NATIVE_FLOAT;
+    case DType::kF64: return H5T_NATIVE_DOUBLE;
+    case DType::kI64: return H5T_NATIVE_INT64;
+    default: HP_FAIL(ErrorKind::kInternal, "checkpoint datasets hold f32, f64 or i64, not ", dtype_name(t));
+  }
+}
+
+std::vector<hsize_t> to_hsize(const Shape& s) { return std::vector<hsize_t>(s.begin(), s.end()); }
+
+int64_t row_elems(const Shape& s) {
+  int64_t n = 1;
+  for (size_t i = 1; i < s.size(); ++i) n *= s[i];
+  return n;
+}
+
+// File space of `shape` with rows `rows` selected (none when rows.count == 0), and the matching
+// memory space.
+void select_rows(hid_t file_space, const Shape& shape, RowRange rows, hid_t* mem_space,
+                 const std::string& where) {
+  if (rows.count == 0) {
+    H5_CHECK(H5Sselect_none(file_space), where);
+    *mem_space = H5_CHECK(H5Scopy(file_space), where);
+    H5_CHECK(H5Sselect_none(*mem_space), where);
+    return;
+  }
+  std::vector<hsize_t> start(shape.size(), 0), count = to_hsize(shape);
+  start[0] = static_cast<hsize_t>(rows.begin);
+  count[0] = static_cast<hsize_t>(rows.count);
+  H5_CHECK(H5Sselect_hyperslab(file_space, H5S_SELECT_SET, start.data(), nullptr, count.data(),
+                               nullptr),
+           where);
+  *mem_space = H5_CHECK(H5Screate_simple(static_cast<int>(count.size()), count.data(), nullptr),
+                        where);
+}
+
+void fsync_file(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY);
+  if (fd < 0 || ::fsync(fd) != 0) {
+    const int err = errno;
+    if (fd >= 0) ::close(fd);
+    HP_FAIL(ErrorKind::kIo, "fsync of ", path, " failed: ", std::strerror(err));
+  }
+  ::close(fd);
+}
+
+}  // namespace
+
+std::string h5_error_text() {
+  std::string s;
+  H5Ewalk2(H5E_DEFAULT, H5E_WALK_UPWARD, innermost_error, &s);
+  return s.empty() ? std::string("no HDF5 error message") : s;
+}
+
+int64_t checkpoint_chunk_rows(const Shape& global_shape, DType dtype) {
+  HP_CHECK(!global_shape.empty() && global_shape[0] > 0, "chunking shape ", shape_str(global_shape));
+  const int64_t row_bytes = row_elems(global_shape) * static_cast<int64_t>(dtype_size(dtype));
+  HP_CHECK(row_bytes <= kMaxChunkBytes, "one leading-axis row of ", shape_str(global_shape),
+           " exceeds HDF5's 4 GiB chunk limit");
+  return std::max<int64_t>(1, std::min(global_shape[0], kChunkBytes / std::max<int64_t>(1, row_bytes)));
+}
+
+RowRange split_rows_by_chunk(int64_t rows, int64_t chunk_rows, int parts, int part) {
+  HP_CHECK(chunk_rows > 0 && parts > 0 && part >= 0 && part < parts, "split_rows_by_chunk");
+  const int64_t chunks = (rows + chunk_rows - 1) / chunk_rows;
+  const int64_t c0 = chunks * part / parts, c1 = chunks * (part + 1) / parts;
+  RowRange r;
+  r.begin = std::min(rows, c0 * chunk_rows);
+  r.count = std::min(rows, c1 * chunk_rows) - r.begin;
+  return r;
+}
+
+// ---- writer ---------------------------------------------------------------------------------
+
+struct CheckpointWriter::Impl {
+  H5Quiet quiet;
+  H5Handle file;
+  H5Handle dxpl;
+  H5Handle lcpl;
+};
+
+CheckpointWriter::CheckpointWriter(const std::string& path, MPI_Comm comm)
+    : impl_(std::make_unique<Impl>()), path_(path), comm_(comm) {
+  const std::string where = str_cat("checkpoint ", path_);
+  H5Handle fapl(H5_CHECK(H5Pcreate(H5P_FILE_ACCESS), where), H5Pclose);
+  if (parallel()) H5_CHECK(H5Pset_fapl_mpio(fapl.get(), comm_, MPI_INFO_NULL), where);
+  // The 1.10 format: checksummed superblock, object headers and B-trees.
+  H5_CHECK(H5Pset_libver_bounds(fapl.get(), H5F_LIBVER_V110, H5F_LIBVER_V110), where);
+  impl_->file = H5Handle(
+      H5_CHECK(H5Fcreate(path_.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.get()), where), H5Fclose);
+  impl_->dxpl = H5Handle(H5_CHECK(H5Pcreate(H5P_DATASET_XFER), where), H5Pclose);
+  if (parallel()) H5_CHECK(H5Pset_dxpl_mpio(impl_->dxpl.get(), H5FD_MPIO_COLLECTIVE), where);
+  impl_->lcpl = H5Handle(H5_CHECK(H5Pcreate(H5P_LINK_CREATE), where), H5Pclose);
+  H5_CHECK(H5Pset_create_intermediate_group(impl_->lcpl.get(), 1), where);
+}
+
+CheckpointWriter::~CheckpointWriter() = default;
+
+void CheckpointWriter::set_attr(const std::string& name, const std::string& value) {
+  const std::string where = str_cat(path_, " attribute '", name, "'");
+  H5Handle type(H5_CHECK(H5Tcopy(H5T_C_S1), where), H5Tclose);
+  H5_CHECK(H5Tset_size(type.get(), H5T_VARIABLE), where);
+  H5_CHECK(H5Tset_cset(type.get(), H5T_CSET_UTF8), where);
+  H5Handle space(H5_CHECK(H5Screate(H5S_SCALAR), where), H5Sclose);
+  H5Handle attr(H5_CHECK(H5Acreate2(impl_->file.get(), name.c_str(), type.get(), space.get(),
+                                    H5P_DEFAULT, H5P_DEFAULT),
+                         where),
+                H5Aclose);
+  const char* p = value.c_str();
+  H5_CHECK(H5Awrite(attr.get(), type.get(), &p), where);
+}
+
+void CheckpointWriter::set_attr(const std::string& name, int64_t value) {
+  const std::string where = str_cat(path_, " attribute '", name, "'");
+  H5Handle space(H5_CHECK(H5Screate(H5S_SCALAR), where), H5Sclose);
+  H5Handle attr(H5_CHECK(H5Acreate2(impl_->file.get(), name.c_str(), H5T_STD_I64LE, space.get(),
+                                    H5P_DEFAULT, H5P_DEFAULT),
+                         where),
+                H5Aclose);
+  H5_CHECK(H5Awrite(attr.get(), H5T_NATIVE_INT64, &value), where);
+}
+
+void CheckpointWriter::set_attr(const std::string& name, const std::vector<int64_t>& value) {
+  const std::string where = str_cat(path_, " attribute '", name, "'");
+  const hsize_t n = value.size();
+  H5Handle space(H5_CHECK(H5Screate_simple(1, &n, nullptr), where), H5Sclose);
+  H5Handle attr(H5_CHECK(H5Acreate2(impl_->file.get(), name.c_str(), H5T_STD_I64LE, space.get(),
+                                    H5P_DEFAULT, H5P_DEFAULT),
+                         where),
+                H5Aclose);
+  H5_CHECK(H5Awrite(attr.get(), H5T_NATIVE_INT64, value.data()), where);
+}
+
+void CheckpointWriter::write_rows(const std::string& name, const Shape& shape, DType dtype,
+                                  int64_t chunk_rows, RowRange rows, const void* data) {
+  const std::string where = str_cat(path_, " dataset '", name, "'");
+  HP_CHECK(!shape.empty() && shape[0] > 0 && chunk_rows > 0, where, ": shape ", shape_str(shape));
+  HP_CHECK(rows.begin >= 0 && rows.count >= 0 && rows.begin + rows.count <= shape[0], where,
+           ": rows [", rows.begin, ", ", rows.begin + rows.count, ") of ", shape[0]);
+  const std::vector<hsize_t> dims = to_hsize(shape);
+  std::vector<hsize_t> chunk = dims;
+  chunk[0] = static_cast<hsize_t>(std::min(chunk_rows, shape[0]));
+  H5Handle space(H5_CHECK(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr),
+                          where),
+                 H5Sclose);
+  H5Handle dcpl(H5_CHECK(H5Pcreate(H5P_DATASET_CREATE), where), H5Pclose);
+  H5_CHECK(H5Pset_chunk(dcpl.get(), static_cast<int>(chunk.size()), chunk.data()), where);
+  H5_CHECK(H5Pset_fletcher32(dcpl.get()), where);
+  // Every element is written: no fill pass.
+  H5_CHECK(H5Pset_fill_time(dcpl.get(), H5D_FILL_TIME_NEVER), where);
+  H5Handle ds(H5_CHECK(H5Dcreate2(impl_->file.get(), name.c_str(), file_type(dtype), space.get(),
+                                  impl_->lcpl.get(), dcpl.get(), H5P_DEFAULT),
+                       where),
+              H5Dclose);
+  hid_t mem_raw = -1;
+  select_rows(space.get(), shape, rows, &mem_raw, where);
+  H5Handle mem(mem_raw, H5Sclose);
+  // A rank with nothing to write still takes part in the collective transfer.
+  static const double kNothing = 0;
+  H5_CHECK(H5Dwrite(ds.get(), memory_type(dtype), mem.get(), space.get(), impl_->dxpl.get(),
+                    rows.count > 0 ? data : &kNothing),
+           where);
+  if (parallel()) {
+    H5D_mpio_actual_io_mode_t mode = H5D_MPIO_NO_COLLECTIVE;
+    H5_CHECK(H5Pget_mpio_actual_io_mode(impl_->dxpl.get(), &mode), where);
+    if (mode == H5D_MPIO_NO_COLLECTIVE) {
+      uint32_t local = 0, global = 0;
+      H5_CHECK(H5Pget_mpio_no_collective_cause(impl_->dxpl.get(), &local, &global), where);
+      fallbacks_.push_back(str_cat(name, " (no-collective cause bits local=0x", std::hex, local,
+                                   " global=0x", global, ")"));
+    }
+  }
+}
+
+void CheckpointWriter::write_i64(const std::string& name, const std::vector<int64_t>& values,
+                                 bool write) {
+  const Shape shape{static_cast<int64_t>(std::max<size_t>(1, values.size()))};
+  HP_CHECK(!values.empty(), path_, " dataset '", name, "' is empty");
+  RowRange rows;
+  if (write) rows.count = shape[0];
+  write_rows(name, shape, DType::kI64, shape[0], rows, values.data());
+}
+
+void CheckpointWriter::close() {
+  const std::string where = str_cat("checkpoint ", path_);
+  impl_->dxpl.reset();
+  impl_->lcpl.reset();
+  if (impl_->file.valid()) {
+    H5_CHECK(H5Fflush(impl_->file.get(), H5F_SCOPE_GLOBAL), where);
+    H5_CHECK(impl_->file.reset(), where);
+  }
+  fsync_file(path_);
+}
+
+// ---- reader ---------------------------------------------------------------------------------
+
+struct CheckpointReader::Impl {
+  H5Quiet quiet;
+  H5Handle file;
+};
+
+CheckpointReader::CheckpointReader(const std::string& path)
+    : impl_(std::make_unique<Impl>()), path_(path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0)
+    HP_USER_ERROR(ErrorKind::kData, "checkpoint ", path, ": ", std::strerror(errno));
+  const std::string where = str_cat("checkpoint ", path_);
+  impl_->file =
+      H5Handle(H5_CHECK(H5Fopen(path_.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), where), H5Fclose);
+  if (!has_attr("format") || string_attr("format") != kCheckpointFormat)
+    HP_USER_ERROR(ErrorKind::kData, "checkpoint ", path_,
+                  ": not a hotpath checkpoint (root attribute 'format' is not '",
+                  kCheckpointFormat, "')");
+  const int64_t version = int_attr("format_version");
+  if (version != kCheckpointVersion)
+    HP_USER_ERROR(ErrorKind::kData, "checkpoint ", path_, ": format_version ", version,
+                  " is not supported (this hotpath reads version ", kCheckpointVersion, ")");
+}
+
+CheckpointReader::~CheckpointReader() = default;
+
+bool CheckpointReader::has_attr(const std::string& name) const {
+  const std::string where = str_cat(path_, " attribute '", name, "'");
+  return H5_CHECK(H5Aexists(impl_->file.get(), name.c_str()), where) > 0;
+}
+
+std::string CheckpointReader::string_attr(const std::string& name) const {
+  const std::string where = str_cat(path_, " attribute '", name, "'");
+  H5Handle attr(H5_CHECK(H5Aopen(impl_->file.get(), name.c_str(), H5P_DEFAULT), where), H5Aclose);
+  H5Handle type(H5_CHECK(H5Aget_type(attr.get()), where), H5Tclose);
+  if (H5Tget_class(type.get()) != H5T_STRING)
+    HP_USER_ERROR(ErrorKind::kData, where, " is not a string");
+  H5Handle space(H5_CHECK(H5Aget_space(attr.get()), where), H5Sclose);
+  if (H5_CHECK(H5Tis_variable_str(type.get()), where) > 0) {
+    H5Handle mem(H5_CHECK(H5Tcopy(H5T_C_S1), where), H5Tclose);
+    H5_CHECK(H5Tset_size(mem.get(), H5T_VARIABLE), where);
+    H5_CHECK(H5Tset_cset(mem.get(), H5Tget_cset(type.get())), where);
+    char* p = nullptr;
+    H5_CHECK(H5Aread(attr.get(), mem.get(), &p), where);
+    std::string s = p != nullptr ? p : "";
+    H5_CHECK(H5Dvlen_reclaim(mem.get(), space.get(), H5P_DEFAULT, &p), where);
+    return s;
+  }
+  const size_t n = H5Tget_size(type.get());
+  std::string s(n, '\0');
+  H5_CHECK(H5Aread(attr.get(), type.get(), s.data()), where);
+  s.resize(std::strlen(s.c_str()));
+  return s;
+}
+
+int64_t CheckpointReader::int_attr(const std::string& name) const {
+  std::vector<int64_t> v = ints_attr(name);
+  if (v.size() != 1)
+    HP_USER_ERROR(ErrorKind::kData, path_, " attribute '", name, "' holds ", v.size(),
+                  " values, expected 1");
+  return v[0];
+}
+
+std::vector<int64_t> CheckpointReader::ints_attr(const std::string& name) const {
+  const std::string where = str_cat(path_, " attribute '", name, "'");
+  H5Handle attr(H5_CHECK(H5Aopen(impl_->file.get(), name.c_str(), H5P_DEFAULT), where), H5Aclose);
+  H5Handle space(H5_CHECK(H5Aget_space(attr.get()), where), H5Sclose);
+  const hssize_t n = H5_CHECK(H5Sget_simple_extent_npoints(space.get()), where);
+  std::vector<int64_t> v(static_cast<size_t>(n));
+  if (n > 0) H5_CHECK(H5Aread(attr.get(), H5T_NATIVE_INT64, v.data()), where);
+  return v;
+}
+
+bool CheckpointReader::has_dataset(const std::string& name) const {
+  // Every component of the path must exist for H5Lexists to answer about the last one.
+  size_t pos = 0;
+  while (true) {
+    pos = name.find('/', pos + 1);
+    const std::string prefix = name.substr(0, pos);
+    if (!prefix.empty() && prefix != "/" &&
+        H5Lexists(impl_->file.get(), prefix.c_str(), H5P_DEFAULT) <= 0)
+      return false;
+    if (pos == std::string::npos) break;
+  }
+  H5O_info_t oi;
+  if (H5Oget_info_by_name2(impl_->file.get(), name.c_str(), &oi, H5O_INFO_BASIC, H5P_DEFAULT) < 0)
+    return false;
+  return oi.type == H5O_TYPE_DATASET;
+}
+
+DatasetInfo CheckpointReader::info(const std::string& name) const {
+  const std::string where = str_cat(path_, " dataset '", name, "'");
+  if (!has_dataset(name)) HP_FAIL(ErrorKind::kHdf5, where, " is missing");
+  H5Handle ds(H5_CHECK(H5Dopen2(impl_->file.get(), name.c_str(), H5P_DEFAULT), where), H5Dclose);
+  DatasetInfo d;
+  d.name = name;
+  H5Handle space(H5_CHECK(H5Dget_space(ds.get()), where), H5Sclose);
+  const int rank = H5_CHECK(H5Sget_simple_extent_ndims(space.get()), where);
+  std::vector<hsize_t> dims(static_cast<size_t>(rank));
+  H5_CHECK(H5Sget_simple_extent_dims(space.get(), dims.data(), nullptr), where);
+  d.shape.assign(dims.begin(), dims.end());
+  H5Handle type(H5_CHECK(H5Dget_type(ds.get()), where), H5Tclose);
+  const H5T_class_t cls = H5Tget_class(type.get());
+  const size_t size = H5Tget_size(type.get());
+  if (cls == H5T_FLOAT && size == 4) {
+    d.dtype = DType::kF32;
+  } else if (cls == H5T_FLOAT && size == 8) {
+    d.dtype = DType::kF64;
+  } else if (cls == H5T_INTEGER && size == 8) {
+    d.dtype = DType::kI64;
+  } else {
+    HP_USER_ERROR(ErrorKind::kData, where, ": element type is not f32, f64 or i64");
+  }
+  H5Handle dcpl(H5_CHECK(H5Dget_create_plist(ds.get()), where), H5Pclose);
+  if (H5_CHECK(H5Pget_layout(dcpl.get()), where) == H5D_CHUNKED && rank > 0) {
+    std::vector<hsize_t> chunk(static_cast<size_t>(rank));
+    H5_CHECK(H5Pget_chunk(dcpl.get(), rank, chunk.data()), where);
+    d.chunk_rows = static_cast<int64_t>(chunk[0]);
+  }
+  const int nf = H5_CHECK(H5Pget_nfilters(dcpl.get()), where);
+  for (int i = 0; i < nf; ++i) {
+    unsigned flags = 0, cd[8];
+    size_t ncd = 8;
+    char fname[64];
+    const H5Z_filter_t f =
+        H5Pget_filter2(dcpl.get(), static_cast<unsigned>(i), &flags, &ncd, cd, sizeof fname, fname, nullptr);
+    if (f == H5Z_FILTER_FLETCHER32) d.fletcher32 = true;
+  }
+  return d;
+}
+
+std::vector<DatasetInfo> CheckpointReader::datasets() const {
+  std::vector<std::string> names;
+  auto visit = [](hid_t, const char* name, const H5O_info_t* oi, void* data) -> herr_t {
+    if (oi->type == H5O_TYPE_DATASET)
+      static_cast<std::vector<std::string>*>(data)->push_back(std::string("/") + name);
+    return 0;
+  };
+  H5_CHECK(H5Ovisit2(impl_->file.get(), H5_INDEX_NAME, H5_ITER_INC, visit, &names, H5O_INFO_BASIC),
+           str_cat("checkpoint ", path_));
+  std::vector<DatasetInfo> out;
+  for (const std::string& n : names) out.push_back(info(n));
+  return out;
+}
+
+void CheckpointReader::read_rows(const std::string& name, RowRange rows, DType dtype,
+                                 void* out) const {
+  const std::string where = str_cat(path_, " dataset '", name, "'");
+  const DatasetInfo d = info(name);
+  if (d.shape.empty() || rows.begin < 0 || rows.count < 0 || rows.begin + rows.count > d.shape[0])
+    HP_USER_ERROR(ErrorKind::kData, where, ": rows [", rows.begin, ", ", rows.begin + rows.count,
+                  ") requested from shape ", shape_str(d.shape));
+  if (rows.count == 0) return;
+  H5Handle ds(H5_CHECK(H5Dopen2(impl_->file.get(), name.c_str(), H5P_DEFAULT), where), H5Dclose);
+  H5Handle space(H5_CHECK(H5Dget_space(ds.get()), where), H5Sclose);
+  hid_t mem_raw = -1;
+  select_rows(space.get(), d.shape, rows, &mem_raw, where);
+  H5Handle mem(mem_raw, H5Sclose);
+  H5_CHECK(H5Dread(ds.get(), memory_type(dtype), mem.get(), space.get(), H5P_DEFAULT, out), where);
+}
+
+std::vector<int64_t> CheckpointReader::read_i64(const std::string& name) const {
+  const DatasetInfo d = info(name);
+  if (d.shape.size() != 1 || d.dtype != DType::kI64)
+    HP_USER_ERROR(ErrorKind::kData, path_, " dataset '", name, "': expected a 1-D i64 array, got ",
+                  dtype_name(d.dtype), " ", shape_str(d.shape));
+  std::vector<int64_t> v(static_cast<size_t>(d.shape[0]));
+  read_rows(name, RowRange{0, d.shape[0]}, DType::kI64, v.data());
+  return v;
+}
+
+uint64_t CheckpointReader::verify(const std::string& name) const {
+  const DatasetInfo d = info(name);
+  if (d.shape.empty()) HP_USER_ERROR(ErrorKind::kData, path_, " dataset '", name, "' is a scalar");
+  const int64_t elem = static_cast<int64_t>(dtype_size(d.dtype));
+  const int64_t row_bytes = std::max<int64_t>(1, row_elems(d.shape) * elem);
+  const int64_t step =
+      std::max<int64_t>(1, std::max(d.chunk_rows, (int64_t{64} << 20) / row_bytes));
+  std::vector<char> buf;
+  uint64_t h = hash64("");
+  for (int64_t r = 0; r < d.shape[0]; r += step) {
+    const RowRange rows{r, std::min(step, d.shape[0] - r)};
+    buf.resize(static_cast<size_t>(rows.count * row_bytes));
+    read_rows(name, rows, d.dtype, buf.data());
+    for (char c : buf) {
+      h ^= static_cast<unsigned char>(c);
+      h *= 1099511628211ull;
+    }
+  }
+  return h;
+}
+
+}  // namespace hp
