@@ -8,6 +8,7 @@
 #include "framework/core/error.h"
 #include "framework/core/log.h"
 #include "framework/model/config.h"
+#include "launch/checkpointing.h"
 #include "launch/options.h"
 #include "launch/tools.h"
 #include "launch/trainer.h"
@@ -23,6 +24,9 @@ constexpr const char* kUsage =
     "  train --config FILE [--key=value ...]   train a model (--dry-run: validate and count)\n"
     "  bench <scenario> --config FILE [...]    time hot-path variants side by side:\n"
     "                                          step, metadata, routing, alltoall\n"
+    "  eval --config FILE --checkpoint C [--data D] [--batches N]\n"
+    "                                          mean loss of a checkpoint: eval_loss=... tokens=...\n"
+    "  inspect CHECKPOINT                      step, layout, tensors and checksums of a checkpoint\n"
     "  data synth --out FILE.{bin,h5} [...]     write synthetic documents as a token file\n"
     "  --version                                print the version\n"
     "\n"
@@ -69,6 +73,12 @@ int train_main(const std::vector<std::string>& args, int* argc, char*** argv) {
   return with_rank_context(o, argc, argv, [&](const RankContext& ctx) { return run_train(o, ctx); });
 }
 
+int eval_main(const std::vector<std::string>& args, int* argc, char*** argv) {
+  TrainOptions o;
+  if (!parse_train_options(args, "eval", o)) return 0;
+  return with_rank_context(o, argc, argv, [&](const RankContext& ctx) { return run_eval(o, ctx); });
+}
+
 int bench_main(const std::vector<std::string>& args, int* argc, char*** argv) {
   if (args.empty() || args[0].rfind("--", 0) == 0)
     HP_USER_ERROR(ErrorKind::kUser, "hotpath bench: name a scenario first (step, metadata, routing, alltoall), e.g. "
@@ -98,6 +108,8 @@ int run_cli(int argc, char** argv) {
     if (cmd == "train") return train_main(rest, &argc, &argv);
     if (cmd == "bench") return bench_main(rest, &argc, &argv);
     if (cmd == "data") return data_tool_main(rest);
+    if (cmd == "eval") return eval_main(rest, &argc, &argv);
+    if (cmd == "inspect") return inspect_main(rest);
     std::cerr << "hotpath: unknown command '" << cmd << "'\n\n" << kUsage;
     return 2;
   } catch (const UserError& e) {

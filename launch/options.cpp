@@ -43,6 +43,15 @@ po::options_description describe_options(TrainOptions& o, std::string& window_la
       ("bench_warmup", po::value(&o.bench_warmup)->default_value(o.bench_warmup), "bench: warm-up steps (not timed)")
       ("bench_steps", po::value(&o.bench_steps)->default_value(o.bench_steps), "bench: timed steps")
       ("bench_json", po::value(&o.bench_json)->default_value(o.bench_json), "bench: write results as JSON here");
+  po::options_description ckpt("Checkpoints and evaluation");
+  ckpt.add_options()
+      ("checkpoint_dir", po::value(&o.checkpoint_dir)->default_value(o.checkpoint_dir), "directory of step_<N>.h5 checkpoints and `latest` (empty: no checkpoints)")
+      ("checkpoint_every", po::value(&o.checkpoint_every)->default_value(o.checkpoint_every), "save every N steps (0: only at the end of the run and on preemption)")
+      ("keep_last", po::value(&o.keep_last)->default_value(o.keep_last), "committed checkpoints to keep (0: all)")
+      ("resume", po::value(&o.resume)->default_value(o.resume), "none | auto (newest committed checkpoint in checkpoint_dir) | PATH of a checkpoint")
+      ("stop_at_step", po::value(&o.stop_at_step)->default_value(o.stop_at_step), "end this run after this step, saving a checkpoint (0: run to `steps`; the LR schedule still spans `steps`)")
+      ("checkpoint", po::value(&o.eval_checkpoint)->default_value(o.eval_checkpoint), "eval: checkpoint file (or directory: its newest) to evaluate")
+      ("batches", po::value(&o.eval_batches)->default_value(o.eval_batches), "eval: global batches from the start of the data");
   po::options_description data("Data");
   data.add_options()
       ("data", po::value(&d.source)->default_value(d.source), "synthetic | token shard(s) .bin (path, comma list or glob) | HDF5 tokens .h5")
@@ -81,7 +90,7 @@ po::options_description describe_options(TrainOptions& o, std::string& window_la
       ("moe_aux_coef", po::value(&m.moe_aux_coef)->default_value(m.moe_aux_coef), "load-balancing loss coefficient (0: off)")
       ("init_std", po::value(&m.init_std)->default_value(m.init_std), "init standard deviation of weights");
   po::options_description all;
-  all.add(run).add(data).add(model);
+  all.add(run).add(ckpt).add(data).add(model);
   return all;
 }
 
@@ -191,6 +200,13 @@ void validate_train_options(const TrainOptions& o, int world) {
           "synthetic_vocab", str_cat("must be in [0, vocab_size), got ", o.data.synthetic_vocab));
   require(o.data.synthetic_zipf >= 0, "synthetic_zipf", "must be >= 0");
   require(o.data.synthetic_mean_doc_len > 1, "synthetic_mean_doc_len", "must be > 1");
+  require(o.checkpoint_every >= 0, "checkpoint_every", "must be >= 0");
+  require(o.keep_last >= 0, "keep_last", "must be >= 0");
+  require(o.stop_at_step >= 0, "stop_at_step", "must be >= 0");
+  require(!o.resume.empty(), "resume", "must be none, auto or the path of a checkpoint");
+  require(o.resume != "auto" || !o.checkpoint_dir.empty(), "resume",
+          "auto needs checkpoint_dir (the directory to resume from)");
+  require(o.eval_batches >= 1, "batches", "must be >= 1");
   require(o.bench_warmup >= 0 && o.bench_steps >= 1, "bench_steps",
           "bench_warmup must be >= 0 and bench_steps >= 1");
 }

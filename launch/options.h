@@ -49,6 +49,15 @@ struct TrainOptions {
   int ep_size = 1;                    // expert-parallel group size; world = dp x ep
   std::string bootstrap;              // mpi | file:PATH | tcp:HOST:PORT ("" : from the launch)
   double collective_timeout_s = 300;  // a collective stuck this long becomes an error
+  // checkpoints (docs/checkpoints.md)
+  std::string checkpoint_dir;    // "" : no checkpoints
+  int64_t checkpoint_every = 0;  // steps between saves (0: only at the end and on preemption)
+  int64_t keep_last = 0;         // committed checkpoints kept (0: all)
+  std::string resume = "none";   // none | auto | PATH
+  int64_t stop_at_step = 0;      // end this run after this step (0: at `steps`); LR still spans steps
+  // eval
+  std::string eval_checkpoint;  // --checkpoint: a file or a checkpoint directory
+  int64_t eval_batches = 10;    // --batches: global batches from the start of the data
   // bench
   int64_t bench_warmup = 2;
   int64_t bench_steps = 5;

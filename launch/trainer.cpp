@@ -16,6 +16,7 @@
 #include "framework/core/trace.h"
 #include "launch/bench_model.h"
 #include "launch/bench_comm.h"
+#include "launch/checkpointing.h"
 #include "parallel/moe_exchange.h"
 #if HOTPATH_HAVE_CUDA
 #include "framework/backend/cuda/cuda_backend.h"
@@ -116,13 +117,14 @@ Trainer::Trainer(const TrainOptions& o, const RankContext& ctx)
   sched_.total_steps = std::max<int64_t>(1, o_.steps);
   stats_ = be_->zeros({4}, be_->master_dtype());
   if (const char* f = std::getenv("HOTPATH_FAULT")) {
-    char kind[16] = {0};
+    char kind[32] = {0};
     int rank = -1;
     long long step = -1;
-    if (std::sscanf(f, "%15[a-z]:%d:%lld", kind, &rank, &step) != 3 ||
-        (std::string(kind) != "throw" && std::string(kind) != "kill" && std::string(kind) != "hang"))
+    const std::string k = std::sscanf(f, "%31[a-z-]:%d:%lld", kind, &rank, &step) == 3 ? kind : "";
+    if (k != "throw" && k != "kill" && k != "hang" && !is_save_fault_kind(k))
       HP_USER_ERROR(ErrorKind::kConfig, "HOTPATH_FAULT='", f,
-                    "': expected KIND:RANK:STEP with KIND throw, kill or hang");
+                    "': expected KIND:RANK:STEP with KIND throw, kill, hang or kill-save-POINT (",
+                    "POINT: begin, data, close, rename)");
     fault_kind_ = kind;
     fault_rank_ = rank;
     fault_step_ = step;
@@ -130,7 +132,7 @@ Trainer::Trainer(const TrainOptions& o, const RankContext& ctx)
 }
 
 void Trainer::maybe_inject_fault() {
-  if (fault_rank_ != ctx_.rank() || fault_step_ != step_) return;
+  if (fault_rank_ != ctx_.rank() || fault_step_ != step_ || is_save_fault_kind(fault_kind_)) return;
   log_warn("injecting fault '", fault_kind_, "' at step ", step_, " (HOTPATH_FAULT)");
   if (fault_kind_ == "throw") HP_FAIL(ErrorKind::kInternal, "injected failure at step ", step_);
   if (fault_kind_ == "kill") std::raise(SIGKILL);
@@ -188,6 +190,7 @@ StepStats Trainer::step() {
   st.aux_loss = s[1];
   st.grad_norm = std::sqrt(s[2] + s[3]);
   st.lr = sched_.at(step_);
+  tokens_seen_ += st.tokens;
   {
     TraceRange range("optimizer");
     opt_.step(be, model_->params(), step_, st.lr, clip_coefficient(st.grad_norm, o_.grad_clip));
@@ -228,6 +231,8 @@ double median(std::vector<double> v) {
 int run_train(const TrainOptions& o, const RankContext& ctx) {
   using Clock = std::chrono::steady_clock;
   const auto t_start = Clock::now();
+  // SIGUSR1/SIGTERM only set a flag from here on; the step loop acts on it.
+  install_preemption_handlers();
   Trainer trainer(o, ctx);
   const ParamCounts pc = count_params(o.model);
   const double floor = trainer.loader().entropy_floor();
@@ -239,6 +244,13 @@ int run_train(const TrainOptions& o, const RankContext& ctx) {
   log_info(trainer.loader().describe(), " seq_len=", o.seq_len,
            " batch_tokens=", o.batch_tokens, " steps=", o.steps);
   if (!std::isnan(floor)) log_info("entropy_floor=", fmt(floor, 6), " nats (lowest achievable mean loss)");
+  // ---- resume (launch/checkpointing.h): --resume=none|auto|PATH ----
+  int64_t saved_step = resume_from_options(trainer);
+  const int64_t last_step = o.stop_at_step > 0 ? std::min(o.steps, o.stop_at_step) : o.steps;
+  auto save = [&] {
+    save_checkpoint(trainer, o.checkpoint_dir, o.keep_last);
+    saved_step = trainer.steps_done();
+  };
 
   std::ofstream metrics;
   if (!o.metrics_path.empty() && ctx.rank() == 0) {
@@ -251,7 +263,7 @@ int run_train(const TrainOptions& o, const RankContext& ctx) {
   std::vector<double> recent;
   double last_loss = 0;
   int64_t tokens = 0;
-  for (int64_t i = 0; i < o.steps; ++i) {
+  while (trainer.steps_done() < last_step) {
     // ---- one training step ----
     StepStats s = trainer.step();
     // ---------------------------
@@ -268,7 +280,18 @@ int run_train(const TrainOptions& o, const RankContext& ctx) {
     if (!std::isfinite(s.loss))
       HP_USER_ERROR(ErrorKind::kUser, "loss is ", s.loss, " at step ", s.step,
                     ": training diverged (try a lower lr or grad_clip)");
+    // ---- checkpoint cadence and preemption (all ranks agree on the signal) ----
+    const bool preempted = preemption_agreed(ctx);
+    const bool periodic = o.checkpoint_every > 0 && s.step % o.checkpoint_every == 0;
+    if (!o.checkpoint_dir.empty() && (periodic || preempted)) save();
+    if (preempted) {
+      log_warn("preemption signal: stopping after step ", s.step,
+               o.checkpoint_dir.empty() ? " without a checkpoint (no checkpoint_dir)" : "",
+               "; exit status ", kRequeueExitCode, " (requeue and resume with --resume=auto)");
+      return kRequeueExitCode;
+    }
   }
+  if (!o.checkpoint_dir.empty() && saved_step != trainer.steps_done()) save();
   const double secs = std::chrono::duration<double>(Clock::now() - t_start).count();
   double avg = 0;
   for (double v : recent) avg += v;

@@ -54,6 +54,15 @@ class Trainer {
   Backend& backend() { return *be_; }
   DataLoader& loader() { return *loader_; }
   int64_t steps_done() const { return step_; }
+  // Checkpointing (launch/checkpointing.h) reads and restores the run's position through these.
+  const TrainOptions& options() const { return o_; }
+  const RankContext& context() const { return ctx_; }
+  const LrSchedule& schedule() const { return sched_; }
+  int64_t tokens_seen() const { return tokens_seen_; }
+  void set_position(int64_t step, int64_t tokens_seen) {
+    step_ = step;
+    tokens_seen_ = tokens_seen;
+  }
 
  private:
   TrainOptions o_;
@@ -65,9 +74,11 @@ class Trainer {
   AdamW opt_;
   LrSchedule sched_;
   int64_t step_ = 0;
+  int64_t tokens_seen_ = 0;  // global tokens of all steps so far
   Tensor stats_;
   // Failure injection for tests of the no-hang guarantee: HOTPATH_FAULT=KIND:RANK:STEP with KIND
-  // throw (an exception), kill (SIGKILL itself) or hang (stop calling collectives).
+  // throw (an exception), kill (SIGKILL itself) or hang (stop calling collectives); kill-save-*
+  // kinds act inside a checkpoint save (launch/checkpointing.h).
   std::string fault_kind_;
   int fault_rank_ = -1;
   int64_t fault_step_ = -1;

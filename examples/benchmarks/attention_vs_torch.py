@@ -76,13 +76,16 @@ def hotpath_numbers(path):
     out = {}
     if not path:
         return out
+    # Longest names first: "d128 full 16k" must not be read as "d128 full".
+    names = sorted((shape[0] for shape in SHAPES), key=len, reverse=True)
     with open(path) as f:
         for line in f:
-            for name, *_ in SHAPES:
+            for name in names:
                 if line.startswith(name + " ") or line.startswith(name + "\t"):
                     cols = line[len(name):].split()
                     if len(cols) >= 4:
                         out[name] = (float(cols[0]), float(cols[1]))
+                    break
     return out
 
 

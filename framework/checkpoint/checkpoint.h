@@ -164,10 +164,12 @@ int64_t checkpoint_step_of(const std::string& file_name);
 void make_checkpoint_dir(const std::string& dir);
 // fsync of a file or a directory (opened read-only).
 void fsync_path(const std::string& path);
-// The commit: renames step_<N>.h5.tmp to step_<N>.h5 and fsyncs `dir`, then points `latest` at
-// it (temp file, fsync, rename, fsync `dir`). One process calls it, after every writer has
-// closed and fsynced the temporary file.
+// The commit: renames step_<N>.h5.tmp to step_<N>.h5 and fsyncs `dir`. One process calls it,
+// after every writer has closed and fsynced the temporary file.
 void commit_checkpoint(const std::string& dir, int64_t step);
+// Points `latest` at step_<N>.h5: writes latest.tmp, fsyncs it, renames it to `latest`, fsyncs
+// `dir`. Called after commit_checkpoint.
+void update_latest(const std::string& dir, int64_t step);
 // Steps of the committed checkpoints in `dir` (step_*.h5; *.tmp skipped), newest first.
 std::vector<int64_t> committed_steps(const std::string& dir);
 // The file `latest` names, as a path inside `dir`. Empty when there is no `latest`; throws

@@ -90,6 +90,9 @@ void fsync_path(const std::string& path) {
 void commit_checkpoint(const std::string& dir, int64_t step) {
   rename_or_fail(checkpoint_tmp_path(dir, step), checkpoint_path(dir, step));
   fsync_path(dir);
+}
+
+void update_latest(const std::string& dir, int64_t step) {
   const std::string latest = (fs::path(dir) / "latest").string();
   const std::string tmp = latest + ".tmp";
   {

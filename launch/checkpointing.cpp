@@ -1,0 +1,558 @@
+#include "launch/checkpointing.h"
+
+#include <hdf5.h>
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <iomanip>
+#include <iostream>
+#include <sstream>
+
+#include "framework/checkpoint/checkpoint.h"
+#include "framework/core/log.h"
+#include "parallel/mpi_communicator.h"
+
+namespace fs = std::filesystem;
+
+namespace hp {
+namespace {
+
+volatile std::sig_atomic_t g_preempt = 0;
+
+extern "C" void on_preemption_signal(int) { g_preempt = 1; }
+
+constexpr const char* kSaveFaultPrefix = "kill-save-";
+constexpr const char* kSavePoints[] = {"begin", "data", "close", "rename"};
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// HOTPATH_FAULT=kill-save-<point>:RANK:STEP, parsed once.
+struct SaveFault {
+  std::string point;
+  int rank = -1;
+  int64_t step = -1;
+};
+
+const SaveFault& save_fault() {
+  static const SaveFault fault = [] {
+    SaveFault f;
+    const char* env = std::getenv("HOTPATH_FAULT");
+    char kind[32] = {0};
+    int rank = -1;
+    long long step = -1;
+    if (env != nullptr && std::sscanf(env, "%31[a-z-]:%d:%lld", kind, &rank, &step) == 3 &&
+        is_save_fault_kind(kind)) {
+      f.point = std::string(kind).substr(std::strlen(kSaveFaultPrefix));
+      f.rank = rank;
+      f.step = step;
+    }
+    return f;
+  }();
+  return fault;
+}
+
+void maybe_kill_in_save(const char* point, int rank, int64_t step) {
+  const SaveFault& f = save_fault();
+  if (f.point != point || f.rank != rank || f.step != step) return;
+  log_warn("injecting fault 'kill-save-", point, "' in the save of step ", step, " (HOTPATH_FAULT)");
+  std::raise(SIGKILL);
+}
+
+// One dataset of the checkpoint: a parameter's master weights or one of its AdamW moments.
+struct Item {
+  std::string name;
+  const Param* param;
+  Tensor local;
+};
+
+std::vector<Item> checkpoint_items(ParamRegistry& params, bool params_only) {
+  std::vector<Item> items;
+  for (auto& p : params.all()) items.push_back({"/params/" + p->name, p.get(), p->master});
+  if (params_only) return items;
+  for (auto& p : params.all()) {
+    items.push_back({"/optim/" + p->name + "/m", p.get(), p->m});
+    items.push_back({"/optim/" + p->name + "/v", p.get(), p->v});
+  }
+  return items;
+}
+
+bool is_expert(const Param& p) { return p.group == ParamGroup::kExpert; }
+
+// Leading-axis rows of the global tensor this rank holds.
+RowRange held_rows(const Param& p) {
+  return is_expert(p) ? RowRange{p.expert_begin, p.shape[0]} : RowRange{0, p.global_shape[0]};
+}
+
+// One expert per chunk, so a chunk never straddles two ranks' shards in any layout.
+int64_t chunk_rows_of(const Param& p, DType dtype) {
+  return is_expert(p) ? 1 : checkpoint_chunk_rows(p.global_shape, dtype);
+}
+
+size_t row_bytes(const Param& p, DType dtype) {
+  return static_cast<size_t>(p.global_numel() / p.global_shape[0]) * dtype_size(dtype);
+}
+
+std::string mib(int64_t bytes) {
+  std::ostringstream os;
+  os << std::fixed << std::setprecision(1) << static_cast<double>(bytes) / (1 << 20) << " MiB";
+  return os.str();
+}
+
+std::string hdf5_version() {
+  unsigned maj = 0, min = 0, rel = 0;
+  H5get_libversion(&maj, &min, &rel);
+  return str_cat(maj, ".", min, ".", rel);
+}
+
+int64_t file_size(const std::string& path) {
+  std::error_code ec;
+  const auto n = fs::file_size(path, ec);
+  return ec ? 0 : static_cast<int64_t>(n);
+}
+
+// Loads on every rank, then agrees: true when every rank loaded `path`. A rank that failed has
+// logged why and returns its message in *error.
+bool load_agreed(Trainer& t, const std::string& path, bool params_only, std::string* error) {
+  const RankContext& ctx = t.context();
+  int32_t failed = 0;
+  try {
+    load_checkpoint(t, path, params_only);
+  } catch (const std::exception& e) {
+    failed = 1;
+    *error = e.what();
+    log_error("cannot load checkpoint ", path, ": ", e.what());
+  }
+  if (ctx.world() > 1) {
+    Tensor f = Tensor::host_from(std::vector<int32_t>{failed}, DType::kI32);
+    ctx.groups.world->all_reduce(f, ReduceOp::kMax);
+    failed = f.data<int32_t>()[0];
+  }
+  return failed == 0;
+}
+
+// Rank 0's list of checkpoints to try under resume=auto, newest first, shared with every rank.
+std::vector<int64_t> auto_candidates(const RankContext& ctx, const std::string& dir) {
+  std::vector<int64_t> steps;
+  if (ctx.rank() == 0) {
+    std::string latest;
+    try {
+      latest = read_latest(dir);
+    } catch (const UserError& e) {
+      log_warn("resume=auto: ", e.what(), "; using the newest committed step_*.h5 instead");
+    }
+    const std::vector<int64_t> committed = committed_steps(dir);
+    int64_t newest = INT64_MAX;
+    if (!latest.empty()) {
+      const int64_t s = checkpoint_step_of(fs::path(latest).filename().string());
+      if (fs::exists(latest)) {
+        steps.push_back(s);
+        newest = s;
+      } else {
+        log_warn("resume=auto: ", dir, "/latest names ", latest,
+                 ", which does not exist; using the newest committed step_*.h5 instead");
+      }
+    }
+    for (int64_t s : committed)
+      if (s < newest) steps.push_back(s);
+  }
+  if (ctx.world() > 1) {
+    Tensor n = Tensor::host_from(std::vector<int64_t>{static_cast<int64_t>(steps.size())},
+                                 DType::kI64);
+    ctx.groups.world->broadcast(n, 0);
+    steps.resize(static_cast<size_t>(n.data<int64_t>()[0]));
+    if (!steps.empty()) {
+      Tensor v = Tensor::host_from(steps, DType::kI64);
+      ctx.groups.world->broadcast(v, 0);
+      std::copy(v.data<int64_t>(), v.data<int64_t>() + steps.size(), steps.begin());
+    }
+  }
+  return steps;
+}
+
+std::string fmt_double(double v, int prec) {
+  std::ostringstream os;
+  os << std::setprecision(prec) << v;
+  return os.str();
+}
+
+}  // namespace
+
+bool is_save_fault_kind(const std::string& kind) {
+  if (kind.rfind(kSaveFaultPrefix, 0) != 0) return false;
+  const std::string point = kind.substr(std::strlen(kSaveFaultPrefix));
+  for (const char* p : kSavePoints)
+    if (point == p) return true;
+  return false;
+}
+
+// ---- preemption ---------------------------------------------------------------------------------
+
+void install_preemption_handlers() {
+  struct sigaction sa {};
+  sa.sa_handler = on_preemption_signal;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESTART;  // blocking calls resume; the flag is read at the step boundary
+  sigaction(SIGUSR1, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+}
+
+bool preemption_requested() { return g_preempt != 0; }
+
+bool preemption_agreed(const RankContext& ctx) {
+  int32_t flag = preemption_requested() ? 1 : 0;
+  if (ctx.world() > 1) {
+    Tensor f = Tensor::host_from(std::vector<int32_t>{flag}, DType::kI32);
+    ctx.groups.world->all_reduce(f, ReduceOp::kMax);
+    flag = f.data<int32_t>()[0];
+  }
+  return flag != 0;
+}
+
+// ---- save ---------------------------------------------------------------------------------------
+
+SaveStats save_checkpoint(Trainer& t, const std::string& dir, int64_t keep_last) {
+  const auto t0 = Clock::now();
+  const RankContext& ctx = t.context();
+  const TrainOptions& o = t.options();
+  Backend& be = t.backend();
+  const int rank = ctx.rank();
+  const int64_t step = t.steps_done();
+  make_checkpoint_dir(dir);
+  const std::string tmp = checkpoint_tmp_path(dir, step);
+  const std::string final_path = checkpoint_path(dir, step);
+
+  // Host copies (the CPU backend's tensors already are host memory): one synchronization.
+  std::vector<Item> items = checkpoint_items(t.model().params(), false);
+  std::vector<Tensor> host(items.size());
+  bool copied = false;
+  for (size_t i = 0; i < items.size(); ++i) {
+    const Tensor& src = items[i].local;
+    if (src.device() == Device::kCPU) {
+      host[i] = src;
+    } else {
+      host[i] = Tensor::host(src.shape(), src.dtype());
+      be.copy(src, host[i]);
+      copied = true;
+    }
+  }
+  if (copied) be.synchronize(SyncCause::kOther);
+
+  // An MPI world writes in parallel; otherwise rank 0 writes alone what the ep groups gather.
+  auto* mpi = dynamic_cast<MpiCommunicator*>(ctx.groups.world.get());
+  const bool parallel = mpi != nullptr;
+  const bool writes = parallel || rank == 0;
+  std::unique_ptr<CheckpointWriter> w;
+  if (writes) w = std::make_unique<CheckpointWriter>(tmp, parallel ? mpi->comm() : MPI_COMM_NULL);
+  maybe_kill_in_save("begin", rank, step);
+
+  const DType md = be.master_dtype();
+  for (size_t i = 0; i < items.size(); ++i) {
+    const Param& p = *items[i].param;
+    const int64_t chunk = chunk_rows_of(p, md);
+    if (parallel) {
+      // Writers: dense chunks split over the world; each expert block over its dp group.
+      RowRange rows;
+      if (is_expert(p)) {
+        rows = split_rows_by_chunk(p.shape[0], 1, ctx.groups.dp_size, ctx.groups.dp_rank);
+        rows.begin += p.expert_begin;
+      } else {
+        rows = split_rows_by_chunk(p.global_shape[0], chunk, ctx.world(), rank);
+      }
+      const char* data = host[i].data<char>() +
+                         static_cast<size_t>(rows.begin - held_rows(p).begin) * row_bytes(p, md);
+      w->write_rows(items[i].name, p.global_shape, md, chunk, rows, data);
+    } else {
+      Tensor full = host[i];
+      if (is_expert(p) && ctx.groups.ep_size > 1) {
+        full = Tensor::host(p.global_shape, md);
+        ctx.groups.ep->all_gather(host[i], full);
+      }
+      if (writes)
+        w->write_rows(items[i].name, p.global_shape, md, chunk, RowRange{0, p.global_shape[0]},
+                      full.raw());
+    }
+    if (i == items.size() / 2) maybe_kill_in_save("data", rank, step);
+  }
+
+  if (writes) {
+    const bool root = rank == 0;
+    const LrSchedule& sched = t.schedule();
+    w->write_i64("/state/step", {step}, root);
+    w->write_i64("/state/tokens_seen", {t.tokens_seen()}, root);
+    w->write_i64("/state/loader", t.loader().state().to_vector(), root);
+    w->write_i64("/state/seed", {static_cast<int64_t>(o.seed)}, root);
+    const std::vector<double> lr{static_cast<double>(step),
+                                 step > 0 ? sched.at(step) : 0.0,
+                                 sched.lr,
+                                 sched.min_lr,
+                                 static_cast<double>(sched.warmup_steps),
+                                 static_cast<double>(sched.total_steps)};
+    w->write_rows("/state/lr_schedule", {static_cast<int64_t>(lr.size())}, DType::kF64,
+                  static_cast<int64_t>(lr.size()),
+                  RowRange{0, root ? static_cast<int64_t>(lr.size()) : 0}, lr.data());
+    w->set_attr("format", std::string(kCheckpointFormat));
+    w->set_attr("format_version", kCheckpointVersion);
+    w->set_attr("hotpath_version", std::string(HOTPATH_VERSION));
+    w->set_attr("hdf5_version", hdf5_version());
+    w->set_attr("config", o.config_text);
+    w->set_attr("step", step);
+    w->set_attr("world", static_cast<int64_t>(ctx.world()));
+    w->set_attr("dp", static_cast<int64_t>(ctx.groups.dp_size));
+    w->set_attr("ep", static_cast<int64_t>(ctx.groups.ep_size));
+    w->set_attr("master_dtype", std::string(dtype_name(md)));
+    w->close();
+    if (!w->independent_fallbacks().empty())
+      log_warn("checkpoint ", tmp, ": ", w->independent_fallbacks().size(),
+               " dataset writes fell back from collective to independent I/O, e.g. ",
+               w->independent_fallbacks().front());
+  }
+  maybe_kill_in_save("close", rank, step);
+
+  // Every writer has closed and fsynced its part: commit.
+  if (ctx.world() > 1) ctx.groups.world->barrier();
+  SaveStats stats;
+  stats.path = final_path;
+  if (rank == 0) {
+    commit_checkpoint(dir, step);
+    maybe_kill_in_save("rename", rank, step);
+    update_latest(dir, step);
+    stats.bytes = file_size(final_path);
+    for (const std::string& name : apply_retention(dir, keep_last, step))
+      log_info("checkpoint: removed ", name, " (keep_last=", keep_last, ")");
+  }
+  if (ctx.world() > 1) ctx.groups.world->barrier();
+  stats.seconds = seconds_since(t0);
+  if (rank == 0)
+    log_info("checkpoint: saved ", final_path, " (", mib(stats.bytes), ") in ",
+             fmt_double(stats.seconds, 3), " s, ",
+             fmt_double(stats.bytes / (1 << 20) / std::max(stats.seconds, 1e-9), 4), " MiB/s (",
+             parallel ? "parallel HDF5 over MPI-IO" : "serial HDF5 from rank 0", ")");
+  return stats;
+}
+
+// ---- load ---------------------------------------------------------------------------------------
+
+void load_checkpoint(Trainer& t, const std::string& path, bool params_only) {
+  const auto t0 = Clock::now();
+  Backend& be = t.backend();
+  CheckpointReader r(path);
+  std::vector<Item> items = checkpoint_items(t.model().params(), params_only);
+  for (const Item& it : items) {
+    const DatasetInfo d = r.info(it.name);
+    if (d.shape != it.param->global_shape)
+      HP_USER_ERROR(ErrorKind::kData, "checkpoint ", path, " dataset '", it.name, "' has shape ",
+                    shape_str(d.shape), " but this model's parameter is ",
+                    shape_str(it.param->global_shape),
+                    " (the checkpoint belongs to another model config)");
+  }
+  std::vector<Tensor> staged;
+  int64_t bytes = 0;
+  for (Item& it : items) {
+    const RowRange rows = held_rows(*it.param);
+    if (it.local.device() == Device::kCPU) {
+      r.read_rows(it.name, rows, it.local.dtype(), it.local.raw());
+    } else {
+      Tensor host = Tensor::host(it.local.shape(), it.local.dtype());
+      r.read_rows(it.name, rows, it.local.dtype(), host.raw());
+      be.copy(host, it.local);
+      staged.push_back(host);  // alive until the copies are done
+    }
+    bytes += static_cast<int64_t>(it.local.nbytes());
+  }
+  if (!staged.empty()) be.synchronize(SyncCause::kOther);
+  t.model().refresh_working_copies();
+  if (params_only) return;
+
+  const auto one = [&](const char* name) {
+    const std::vector<int64_t> v = r.read_i64(name);
+    if (v.size() != 1)
+      HP_USER_ERROR(ErrorKind::kData, "checkpoint ", path, " dataset '", name, "' holds ",
+                    v.size(), " values, expected 1");
+    return v[0];
+  };
+  const int64_t step = one("/state/step");
+  const int64_t tokens = one("/state/tokens_seen");
+  const int64_t seed = one("/state/seed");
+  const LoaderState loader = LoaderState::from_vector(r.read_i64("/state/loader"));
+  if (static_cast<uint64_t>(seed) != t.options().seed)
+    log_warn("checkpoint ", path, " was saved with seed=", static_cast<uint64_t>(seed),
+             "; this run has seed=", t.options().seed);
+  double lr[6] = {};
+  if (r.info("/state/lr_schedule").shape == Shape{6})
+    r.read_rows("/state/lr_schedule", RowRange{0, 6}, DType::kF64, lr);
+  const auto saved_total = static_cast<int64_t>(lr[5]);
+  if (saved_total != t.schedule().total_steps)
+    log_warn("checkpoint ", path, " was saved with an LR schedule over ", saved_total,
+             " steps; this run's spans ", t.schedule().total_steps,
+             " (the learning rate continues on this run's schedule)");
+  t.loader().restore(loader);
+  t.set_position(step, tokens);
+  const double secs = seconds_since(t0);
+  log_info("checkpoint: loaded ", path, " at step ", step, " (saved by world=", r.int_attr("world"),
+           " dp=", r.int_attr("dp"), " ep=", r.int_attr("ep"), "; this rank read ", mib(bytes),
+           " in ", fmt_double(secs, 3), " s, ",
+           fmt_double(bytes / double(1 << 20) / std::max(secs, 1e-9), 4), " MiB/s)");
+}
+
+std::string resolve_checkpoint_arg(const std::string& path) {
+  std::error_code ec;
+  if (!fs::is_directory(path, ec)) return path;
+  std::string latest = read_latest(path);
+  if (!latest.empty() && fs::exists(latest, ec)) return latest;
+  const std::vector<int64_t> steps = committed_steps(path);
+  if (steps.empty())
+    HP_USER_ERROR(ErrorKind::kUser, "no committed checkpoint (step_<N>.h5) in directory ", path);
+  return checkpoint_path(path, steps.front());
+}
+
+int64_t resume_from_options(Trainer& t) {
+  const TrainOptions& o = t.options();
+  if (o.resume == "none") return 0;
+  std::string error;
+  if (o.resume != "auto") {
+    std::error_code ec;
+    if (!fs::exists(o.resume, ec))
+      HP_USER_ERROR(ErrorKind::kConfig, "config key 'resume': checkpoint '", o.resume,
+                    "' does not exist (use resume=auto to start fresh when there is none)");
+    const std::string path = resolve_checkpoint_arg(o.resume);
+    if (!load_agreed(t, path, false, &error))
+      HP_USER_ERROR(ErrorKind::kData, "resume: checkpoint ", path, " cannot be loaded: ",
+                    error.empty() ? "it failed on another rank (see its message)" : error);
+    log_info("resumed from ", path, " at step ", t.steps_done());
+    return t.steps_done();
+  }
+  const std::vector<int64_t> steps = auto_candidates(t.context(), o.checkpoint_dir);
+  if (steps.empty()) {
+    log_info("resume=auto: no committed checkpoint in ", o.checkpoint_dir,
+             "; starting from step 0");
+    return 0;
+  }
+  std::vector<std::string> tried;
+  for (int64_t s : steps) {
+    const std::string path = checkpoint_path(o.checkpoint_dir, s);
+    if (load_agreed(t, path, false, &error)) {
+      log_info("resume=auto: resumed from ", path, " at step ", t.steps_done());
+      return t.steps_done();
+    }
+    tried.push_back(path);
+    log_warn("resume=auto: ", path,
+             " is damaged or unreadable; falling back to the previous committed checkpoint");
+  }
+  std::string list;
+  for (const std::string& p : tried) list += (list.empty() ? "" : ", ") + p;
+  HP_USER_ERROR(ErrorKind::kData, "resume=auto: no checkpoint in ", o.checkpoint_dir,
+                " could be loaded (tried ", list, "); see the errors above");
+}
+
+// ---- tools --------------------------------------------------------------------------------------
+
+int inspect_main(const std::vector<std::string>& args) {
+  if (args.size() != 1 || args[0] == "--help" || args[0] == "-h") {
+    std::cerr << "usage: hotpath inspect CHECKPOINT  (a step_<N>.h5 file, or a checkpoint "
+                 "directory: its newest)\n";
+    return args.size() == 1 ? 0 : 2;
+  }
+  const std::string path = resolve_checkpoint_arg(args[0]);
+  std::unique_ptr<CheckpointReader> r;
+  try {
+    r = std::make_unique<CheckpointReader>(path);
+  } catch (const std::exception& e) {
+    std::cout << "checkpoint: " << path << "\nchecksums: FAILED: " << e.what() << "\n";
+    return 1;
+  }
+  int failures = 0;
+  std::cout << "checkpoint: " << path << "\n";
+  try {
+    std::cout << "format: " << r->string_attr("format") << " v" << r->int_attr("format_version")
+              << " (hotpath " << r->string_attr("hotpath_version") << ", HDF5 "
+              << r->string_attr("hdf5_version") << ")\n";
+    std::cout << "step: " << r->int_attr("step") << "\n";
+    std::cout << "layout: world=" << r->int_attr("world") << " dp=" << r->int_attr("dp")
+              << " ep=" << r->int_attr("ep") << "\n";
+  } catch (const std::exception& e) {
+    ++failures;
+    std::cout << "attributes: FAILED: " << e.what() << "\n";
+  }
+  std::vector<DatasetInfo> sets;
+  try {
+    sets = r->datasets();
+  } catch (const std::exception& e) {
+    std::cout << "datasets: FAILED: " << e.what() << "\n";
+    return 1;
+  }
+  int64_t total = 0;
+  for (const DatasetInfo& d : sets) total += d.bytes();
+  std::cout << "tensors: " << sets.size() << " datasets, " << total << " bytes\n";
+  for (const DatasetInfo& d : sets) {
+    std::cout << "  " << d.name << " " << dtype_name(d.dtype) << " " << shape_str(d.shape) << " "
+              << d.bytes() << " bytes";
+    try {
+      const uint64_t h = r->verify(d.name);
+      std::cout << " fnv64=" << std::hex << std::setw(16) << std::setfill('0') << h << std::dec
+                << std::setfill(' ') << (d.fletcher32 ? " ok" : " ok (no checksum)");
+      if (d.dtype == DType::kI64 && d.shape[0] <= 8) {
+        std::vector<int64_t> v = r->read_i64(d.name);
+        std::cout << " =";
+        for (int64_t x : v) std::cout << " " << x;
+      }
+      std::cout << "\n";
+    } catch (const std::exception& e) {
+      ++failures;
+      std::cout << " CORRUPT: " << e.what() << "\n";
+    }
+  }
+  if (failures == 0)
+    std::cout << "checksums: ok (" << sets.size() << " datasets verified)\n";
+  else
+    std::cout << "checksums: FAILED (" << failures << " problems in " << path << ")\n";
+  return failures == 0 ? 0 : 1;
+}
+
+int run_eval(const TrainOptions& o, const RankContext& ctx) {
+  if (o.eval_checkpoint.empty())
+    HP_USER_ERROR(ErrorKind::kUser, "hotpath eval: --checkpoint FILE (or directory) is required");
+  Trainer t(o, ctx);
+  const std::string path = resolve_checkpoint_arg(o.eval_checkpoint);
+  std::string error;
+  if (!load_agreed(t, path, true, &error))
+    HP_USER_ERROR(ErrorKind::kData, "hotpath eval: checkpoint ", path, " cannot be loaded: ",
+                  error.empty() ? "it failed on another rank (see its message)" : error);
+  Backend& be = t.backend();
+  Tensor acc = be.zeros({2}, be.master_dtype());
+  Tensor host = Tensor::host({2}, be.master_dtype());
+  double lm = 0;
+  int64_t valid = 0;
+  for (int64_t b = 0; b < o.eval_batches; ++b) {
+    PackedBatch batch = t.loader().next();
+    BatchMeta meta = be.upload_batch(batch);
+    be.fill(acc, 0.0);
+    t.model().forward(meta, LossSums{acc.slice(0, 1), acc.slice(1, 2)});
+    be.read_to_host(acc, host, SyncCause::kLoss);
+    lm += to_double_vector(host)[0];
+    valid += batch.num_valid_targets;
+  }
+  if (ctx.world() > 1) {
+    Tensor s = Tensor::host_from(std::vector<double>{lm}, DType::kF64);
+    ctx.groups.world->all_reduce(s, ReduceOp::kSum);
+    lm = s.data<double>()[0];
+    Tensor n = Tensor::host_from(std::vector<int64_t>{valid}, DType::kI64);
+    ctx.groups.world->all_reduce(n, ReduceOp::kSum);
+    valid = n.data<int64_t>()[0];
+  }
+  if (ctx.rank() == 0)
+    std::printf("eval_loss=%.6f tokens=%lld\n", valid > 0 ? lm / static_cast<double>(valid) : 0.0,
+                static_cast<long long>(valid));
+  return 0;
+}
+
+}  // namespace hp
