@@ -139,6 +139,20 @@ if [ -x "$bin/hotpath" ] && command -v nsys >/dev/null && [ "${GPU_SUITE_PERF:-1
   rm -f "$log_dir/llama1b.nsys-rep" "$log_dir/llama1b.sqlite"
 fi
 
+# Where the Llama-shaped step goes, by timing variants: 1 layer vs 16 layers separates the
+# per-layer cost from the fixed cost (embedding, 128K-vocabulary unembedding and loss, optimizer);
+# and, where Nsight Compute is installed, speed-of-light figures for a window of kernels.
+if [ -x "$bin/hotpath" ] && [ "${GPU_SUITE_PERF:-1}" != 0 ]; then
+  run bench_llama1b_1layer "$bin/hotpath" bench step --config examples/configs/llama-3.2-1b.ini \
+    --device=cuda --n_layers=1 --seq_len=4096 --batch_tokens=16384 --bench_warmup=2 --bench_steps=5
+  details[${#details[@]}-1]=$(bench_detail bench_llama1b_1layer)
+  if command -v ncu >/dev/null; then
+    run ncu_llama1b timeout 240 ncu --section SpeedOfLight --csv --launch-skip 400 \
+      --launch-count 60 "$bin/hotpath" bench step --config examples/configs/llama-3.2-1b.ini \
+      --device=cuda --n_layers=2 --seq_len=4096 --batch_tokens=16384 --bench_warmup=1 --bench_steps=1
+  fi
+fi
+
 # ---- summary ------------------------------------------------------------------------------------
 if [ -f "$log_dir/gpu_perf.log" ]; then
   echo
