@@ -64,7 +64,8 @@ const SaveFault& save_fault() {
 void maybe_kill_in_save(const char* point, int rank, int64_t step) {
   const SaveFault& f = save_fault();
   if (f.point != point || f.rank != rank || f.step != step) return;
-  log_warn("injecting fault 'kill-save-", point, "' in the save of step ", step, " (HOTPATH_FAULT)");
+  log_warn("injecting fault 'kill-save-", point, "' in the save of step ", step,
+           " (HOTPATH_FAULT)");
   std::raise(SIGKILL);
 }
 

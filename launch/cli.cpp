@@ -23,7 +23,7 @@ constexpr const char* kUsage =
     "commands:\n"
     "  train --config FILE [--key=value ...]   train a model (--dry-run: validate and count)\n"
     "  bench <scenario> --config FILE [...]    time hot-path variants side by side:\n"
-    "                                          step, metadata, routing, alltoall\n"
+    "                                          step, metadata, routing, alltoall, offload\n"
     "  eval --config FILE --checkpoint C [--data D] [--batches N]\n"
     "                                          mean loss of a checkpoint: eval_loss=... tokens=...\n"
     "  inspect CHECKPOINT                      step, layout, tensors and checksums of a checkpoint\n"
@@ -81,7 +81,7 @@ int eval_main(const std::vector<std::string>& args, int* argc, char*** argv) {
 
 int bench_main(const std::vector<std::string>& args, int* argc, char*** argv) {
   if (args.empty() || args[0].rfind("--", 0) == 0)
-    HP_USER_ERROR(ErrorKind::kUser, "hotpath bench: name a scenario first (step, metadata, routing, alltoall), e.g. "
+    HP_USER_ERROR(ErrorKind::kUser, "hotpath bench: name a scenario first (step, metadata, routing, alltoall, offload), e.g. "
                                     "'hotpath bench step --config FILE'");
   TrainOptions o;
   std::vector<std::string> rest(args.begin() + 1, args.end());

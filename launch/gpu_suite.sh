@@ -139,6 +139,38 @@ if [ -x "$bin/hotpath" ] && command -v nsys >/dev/null && [ "${GPU_SUITE_PERF:-1
   rm -f "$log_dir/llama1b.nsys-rep" "$log_dir/llama1b.sqlite"
 fi
 
+# Checkpoints with the CUDA backend: a save/resume round trip (2 ranks, ep=2, when 2 GPUs are
+# visible) continues with the same losses as an uninterrupted run; save and load time of the
+# GPT-OSS-20b shape with 4 layers (about 53 GB of fp32 params and moments).
+if [ -x "$bin/hotpath" ]; then
+  ck=$(mktemp -d)
+  launcher=()
+  ep=1
+  if [ "${gpus:-0}" -ge 2 ] && command -v mpirun >/dev/null; then launcher=(mpirun -np 2); ep=2; fi
+  tiny=(train --config examples/configs/tiny-moe.ini --device=cuda --steps=6 --ep_size=$ep)
+  run ckpt_straight "${launcher[@]}" "$bin/hotpath" "${tiny[@]}" --metrics_path="$ck/a.jsonl"
+  run ckpt_first_half "${launcher[@]}" "$bin/hotpath" "${tiny[@]}" --stop_at_step=3 \
+    --checkpoint_dir="$ck/run" --metrics_path="$ck/b1.jsonl"
+  run ckpt_resumed "${launcher[@]}" "$bin/hotpath" "${tiny[@]}" --resume=auto \
+    --checkpoint_dir="$ck/run" --metrics_path="$ck/b2.jsonl"
+  straight=$(grep -oE '"step":[4-6],"loss":[^,]*' "$ck/a.jsonl" 2>/dev/null | tr '\n' ' ')
+  resumed=$(grep -oE '"step":[4-6],"loss":[^,]*' "$ck/b2.jsonl" 2>/dev/null | tr '\n' ' ')
+  if [ -n "$straight" ] && [ "$straight" = "$resumed" ]; then
+    details[${#details[@]}-1]="ranks=$((ep)) steps 4-6 identical to the straight run"
+  else
+    details[${#details[@]}-1]="MISMATCH straight: $straight resumed: $resumed"
+    statuses[${#statuses[@]}-1]="FAIL(diff)"
+    failed=1
+  fi
+  big=(train --config examples/configs/gptoss-20b.ini --device=cuda --n_layers=4 --seq_len=4096
+       --batch_tokens=16384 --steps=2 --checkpoint_dir="$ck/big")
+  run ckpt_gptoss20b_save timeout 300 "$bin/hotpath" "${big[@]}" --stop_at_step=1
+  details[${#details[@]}-1]=$(grep -oE 'saved .* MiB/s' "$log_dir/ckpt_gptoss20b_save.log" | sed 's/^saved [^ ]* //')
+  run ckpt_gptoss20b_load timeout 300 "$bin/hotpath" "${big[@]}" --resume=auto
+  details[${#details[@]}-1]=$(grep -oE 'this rank read .* MiB/s' "$log_dir/ckpt_gptoss20b_load.log")
+  rm -rf "$ck"
+fi
+
 # Where the Llama-shaped step goes, by timing variants: 1 layer vs 16 layers separates the
 # per-layer cost from the fixed cost (embedding, 128K-vocabulary unembedding and loss, optimizer);
 # and, where Nsight Compute is installed, speed-of-light figures for a window of kernels.
@@ -147,7 +179,7 @@ if [ -x "$bin/hotpath" ] && [ "${GPU_SUITE_PERF:-1}" != 0 ]; then
     --device=cuda --n_layers=1 --seq_len=4096 --batch_tokens=16384 --bench_warmup=2 --bench_steps=5
   details[${#details[@]}-1]=$(bench_detail bench_llama1b_1layer)
   if command -v ncu >/dev/null; then
-    run ncu_llama1b timeout 240 ncu --section SpeedOfLight --csv --launch-skip 400 \
+    run ncu_llama1b timeout 120 ncu --section SpeedOfLight --csv --launch-skip 400 \
       --launch-count 60 "$bin/hotpath" bench step --config examples/configs/llama-3.2-1b.ini \
       --device=cuda --n_layers=2 --seq_len=4096 --batch_tokens=16384 --bench_warmup=1 --bench_steps=1
   fi

@@ -40,6 +40,11 @@ po::options_description describe_options(TrainOptions& o, std::string& window_la
       ("bootstrap", po::value(&o.bootstrap)->default_value(o.bootstrap), "how ranks meet: mpi | file:PATH | tcp:HOST:PORT (empty: mpi under an MPI launcher)")
       ("collective_timeout_s", po::value(&o.collective_timeout_s)->default_value(o.collective_timeout_s), "seconds before a stuck collective fails the job")
       ("ce_chunk_tokens", po::value(&o.ce_chunk_tokens)->default_value(o.ce_chunk_tokens), "rows of logits materialized at once")
+      ("offload", po::value(&o.offload)->default_value(o.offload), "checkpointed block inputs: none (stay on the device) | single (host, serialized reload; baseline) | double (host, ring of staging buffers with prefetch); not none implies checkpoint_activations")
+      ("offload_buffers", po::value(&o.offload_buffers)->default_value(o.offload_buffers), "offload=double: device staging buffers in the ring (>= 2)")
+      ("offload_lookahead", po::value(&o.offload_lookahead)->default_value(o.offload_lookahead), "offload=double: blocks reloaded ahead of the one in backward (1 .. offload_buffers-1)")
+      ("sim_link_gbps", po::value(&o.sim_link_gbps)->default_value(o.sim_link_gbps), "cpu backend: simulated host-link bandwidth of offload copies in GB/s (0: unlimited)")
+      ("pinned_pool_mib", po::value(&o.pinned_pool_mib)->default_value(o.pinned_pool_mib), "pinned host pool for offloaded block inputs in MiB (0: sized from the model and batch)")
       ("bench_warmup", po::value(&o.bench_warmup)->default_value(o.bench_warmup), "bench: warm-up steps (not timed)")
       ("bench_steps", po::value(&o.bench_steps)->default_value(o.bench_steps), "bench: timed steps")
       ("bench_json", po::value(&o.bench_json)->default_value(o.bench_json), "bench: write results as JSON here");
@@ -193,6 +198,16 @@ void validate_train_options(const TrainOptions& o, int world) {
   require(o.model.is_moe() || o.ep_size == 1, "ep_size", "must be 1 for a dense model");
   require(o.collective_timeout_s > 0, "collective_timeout_s", "must be > 0");
   require(o.ce_chunk_tokens >= 1, "ce_chunk_tokens", "must be >= 1");
+  require(o.offload == "none" || o.offload == "single" || o.offload == "double", "offload",
+          str_cat("must be none, single or double, got '", o.offload, "'"));
+  require(o.offload_buffers >= 2, "offload_buffers",
+          str_cat("must be >= 2, got ", o.offload_buffers));
+  require(o.offload_lookahead >= 1 && o.offload_lookahead < o.offload_buffers, "offload_lookahead",
+          str_cat("must be in [1, offload_buffers - 1 = ", o.offload_buffers - 1, "], got ",
+                  o.offload_lookahead));
+  require(o.sim_link_gbps >= 0, "sim_link_gbps", str_cat("must be >= 0, got ", o.sim_link_gbps));
+  require(o.pinned_pool_mib >= 0, "pinned_pool_mib",
+          str_cat("must be >= 0 (0: automatic), got ", o.pinned_pool_mib));
   const int64_t eot = o.data.eot_token < 0 ? o.model.vocab_size - 1 : o.data.eot_token;
   require(eot < o.model.vocab_size, "eot_token",
           str_cat("must be < vocab_size=", o.model.vocab_size, ", got ", eot));

@@ -44,6 +44,13 @@ struct TrainOptions {
   std::string metadata = "cached";  // cached | per-layer
   std::string routing = "bincount";  // bincount | per-expert
   int64_t ce_chunk_tokens = 4096;
+  // activation offload (framework/model/activation_store.h); offload != none implies
+  // checkpoint_activations
+  std::string offload = "none";  // none | single | double
+  int offload_buffers = 2;       // double: device staging buffers (>= 2)
+  int offload_lookahead = 1;     // double: blocks reloaded ahead (1 .. offload_buffers - 1)
+  double sim_link_gbps = 0;      // cpu: simulated host link for offload copies, GB/s (0: off)
+  int64_t pinned_pool_mib = 0;   // host pool for offloaded inputs (0: sized from model and batch)
   bool dry_run = false;
   // parallel layout and launch
   int ep_size = 1;                    // expert-parallel group size; world = dp x ep

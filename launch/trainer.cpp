@@ -15,6 +15,7 @@
 #include "framework/core/log.h"
 #include "framework/core/trace.h"
 #include "launch/bench_model.h"
+#include "launch/bench_offload.h"
 #include "launch/bench_comm.h"
 #include "launch/checkpointing.h"
 #include "parallel/moe_exchange.h"
@@ -76,6 +77,12 @@ ModelOptions make_model_options(const TrainOptions& o) {
   m.metadata = o.metadata == "per-layer" ? MetadataMode::kPerLayer : MetadataMode::kCached;
   m.routing = o.routing == "per-expert" ? RoutingMode::kPerExpert : RoutingMode::kBincount;
   m.ce_chunk_tokens = o.ce_chunk_tokens;
+  m.offload.mode = parse_offload_mode(o.offload);
+  m.offload.buffers = o.offload_buffers;
+  m.offload.lookahead = o.offload_lookahead;
+  m.offload.sim_link_gbps = o.sim_link_gbps;
+  m.offload.pinned_pool_bytes = o.pinned_pool_mib << 20;
+  if (m.offload.mode != OffloadMode::kNone) m.checkpoint_activations = true;
   m.max_positions = o.seq_len;
   return m;
 }
@@ -299,7 +306,7 @@ int run_train(const TrainOptions& o, const RankContext& ctx) {
   std::string vs_floor;
   if (!std::isnan(floor) && floor > 0)
     vs_floor = str_cat(" entropy_floor=", fmt(floor, 6), " gap=", fmt(100.0 * (avg / floor - 1.0), 3), "%");
-  log_info("done: steps=", o.steps, " final_loss=", fmt(last_loss), " mean_loss_last_", recent.size(),
+  log_info("done: steps=", trainer.steps_done(), " final_loss=", fmt(last_loss), " mean_loss_last_", recent.size(),
            "=", fmt(avg), vs_floor, " tokens=", tokens, " time_s=", fmt(secs, 4));
   return 0;
 }
@@ -308,9 +315,10 @@ int run_bench(const std::string& scenario, const TrainOptions& o, const RankCont
   if (scenario == "metadata") return run_bench_metadata(o, ctx);
   if (scenario == "routing") return run_bench_routing(o, ctx);
   if (scenario == "alltoall") return run_bench_alltoall(o, ctx);
+  if (scenario == "offload") return run_bench_offload(o, ctx);
   if (scenario != "step")
     HP_USER_ERROR(ErrorKind::kUser, "hotpath bench: unknown scenario '", scenario,
-                  "'; available: step, metadata, routing, alltoall");
+                  "'; available: step, metadata, routing, alltoall, offload");
   Trainer trainer(o, ctx);
   for (int64_t i = 0; i < o.bench_warmup; ++i) trainer.step();
   std::vector<double> ms, tps, syncs, flops;

@@ -8,6 +8,10 @@ Tensor Backend::zeros(Shape shape, DType dtype) {
   return t;
 }
 
+std::shared_ptr<Storage> Backend::pinned_host_storage(size_t bytes) {
+  return std::make_shared<Storage>(&host_allocator(), bytes);
+}
+
 Tensor Backend::upload(const Tensor& host) {
   Tensor t = empty(host.shape(), host.dtype());
   copy(host, t);

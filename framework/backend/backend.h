@@ -113,6 +113,16 @@ class Backend {
   virtual void wait_event(StreamKind waiter, const Event& e) {}
   virtual void event_synchronize(const Event& e, SyncCause cause) { syncs_.add(cause); }
 
+  // ---- host staging memory and the host link (optional; defaults fit every backend) ----------
+  // Host memory of `bytes` for asynchronous copies with this device (page-locked on the GPU),
+  // owned by the returned storage; null when it cannot be had (the caller falls back to pageable
+  // memory). Called at start, never on the hot path. Default: ordinary host memory.
+  virtual std::shared_ptr<Storage> pinned_host_storage(size_t bytes);
+  // Paces copy-stream copies to a simulated host link of `gbps` GB/s (1e9 bytes/s; 0 = as fast
+  // as memory allows). Only a backend whose device memory is host memory simulates (cpu);
+  // others ignore it.
+  virtual void set_simulated_link_gbps(double gbps) {}
+
   // ---- packed batch metadata (rule 1) --------------------------------------------------------
   virtual BatchMeta upload_batch(const PackedBatch& batch) = 0;
   // The per-layer baseline: rebuilds cu_seqlens from positions on the device and reads

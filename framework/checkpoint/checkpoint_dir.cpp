@@ -22,7 +22,8 @@ constexpr const char* kSuffix = ".h5";
 constexpr const char* kTmpSuffix = ".h5.tmp";
 
 bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+  return s.size() >= suffix.size() &&
+         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
 // Step of "step_<digits><suffix>", else -1.
@@ -31,7 +32,8 @@ int64_t parse_step(const std::string& name, const std::string& suffix) {
   if (name.size() <= prefix.size() + suffix.size() || name.compare(0, prefix.size(), prefix) != 0 ||
       !ends_with(name, suffix))
     return -1;
-  const std::string digits = name.substr(prefix.size(), name.size() - prefix.size() - suffix.size());
+  const std::string digits =
+      name.substr(prefix.size(), name.size() - prefix.size() - suffix.size());
   if (digits.empty() || digits.size() > 18) return -1;
   for (char c : digits)
     if (!std::isdigit(static_cast<unsigned char>(c))) return -1;

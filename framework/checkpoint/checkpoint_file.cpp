@@ -32,7 +32,9 @@ hid_t file_type(DType t) {
     case DType::kF32: return H5T_IEEE_F32LE;
     case DType::kF64: return H5T_IEEE_F64LE;
     case DType::kI64: return H5T_STD_I64LE;
-    default: HP_FAIL(ErrorKind::kInternal, "checkpoint datasets hold f32, f64 or i64, not ", dtype_name(t));
+    default:
+      HP_FAIL(ErrorKind::kInternal, "checkpoint datasets hold f32, f64 or i64, not ",
+              dtype_name(t));
   }
 }
 
@@ -41,7 +43,9 @@ hid_t memory_type(DType t) {
     case DType::kF32: return H5T_NATIVE_FLOAT;
     case DType::kF64: return H5T_NATIVE_DOUBLE;
     case DType::kI64: return H5T_NATIVE_INT64;
-    default: HP_FAIL(ErrorKind::kInternal, "checkpoint datasets hold f32, f64 or i64, not ", dtype_name(t));
+    default:
+      HP_FAIL(ErrorKind::kInternal, "checkpoint datasets hold f32, f64 or i64, not ",
+              dtype_name(t));
   }
 }
 
@@ -92,11 +96,13 @@ std::string h5_error_text() {
 }
 
 int64_t checkpoint_chunk_rows(const Shape& global_shape, DType dtype) {
-  HP_CHECK(!global_shape.empty() && global_shape[0] > 0, "chunking shape ", shape_str(global_shape));
+  HP_CHECK(!global_shape.empty() && global_shape[0] > 0, "chunking shape ",
+           shape_str(global_shape));
   const int64_t row_bytes = row_elems(global_shape) * static_cast<int64_t>(dtype_size(dtype));
   HP_CHECK(row_bytes <= kMaxChunkBytes, "one leading-axis row of ", shape_str(global_shape),
            " exceeds HDF5's 4 GiB chunk limit");
-  return std::max<int64_t>(1, std::min(global_shape[0], kChunkBytes / std::max<int64_t>(1, row_bytes)));
+  return std::max<int64_t>(
+      1, std::min(global_shape[0], kChunkBytes / std::max<int64_t>(1, row_bytes)));
 }
 
 RowRange split_rows_by_chunk(int64_t rows, int64_t chunk_rows, int parts, int part) {
@@ -357,7 +363,8 @@ DatasetInfo CheckpointReader::info(const std::string& name) const {
     size_t ncd = 8;
     char fname[64];
     const H5Z_filter_t f =
-        H5Pget_filter2(dcpl.get(), static_cast<unsigned>(i), &flags, &ncd, cd, sizeof fname, fname, nullptr);
+        H5Pget_filter2(dcpl.get(), static_cast<unsigned>(i), &flags, &ncd, cd, sizeof fname,
+                       fname, nullptr);
     if (f == H5Z_FILTER_FLETCHER32) d.fletcher32 = true;
   }
   return d;

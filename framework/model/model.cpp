@@ -98,9 +98,17 @@ Model::Model(const ModelConfig& cfg, const ModelOptions& opts, Backend& be,
   yarn.beta_fast = cfg_.rope_beta_fast;
   yarn.beta_slow = cfg_.rope_beta_slow;
   rope_ = make_rope_table(be_, cfg_.head_dim, opts_.max_positions, cfg_.rope_theta, yarn);
+  set_offload(opts_.offload);
 }
 
 Model::~Model() = default;
+
+void Model::set_offload(const OffloadOptions& o) {
+  store_.reset();  // the old store finishes its copies before the new one allocates
+  opts_.offload = o;
+  if (o.mode != OffloadMode::kNone) opts_.checkpoint_activations = true;
+  store_ = make_activation_store(be_, o);
+}
 
 void Model::build_params() {
   const int64_t d = cfg_.d_model, hd = cfg_.head_dim, hq = cfg_.n_heads, hkv = cfg_.n_kv_heads;
@@ -334,6 +342,9 @@ LossSums Model::run(const BatchMeta& meta, double grad_scale, bool backward, Los
   if (!sums.aux.defined()) sums.aux = be_.zeros({1}, be_.master_dtype());
   aux_sum_ = sums.aux;
   std::vector<LayerActs> acts(static_cast<size_t>(cfg_.n_layers));
+  // With checkpointing and backward, block inputs live in the activation store in between.
+  ActivationStore* store = ckpt && backward ? store_.get() : nullptr;
+  if (store) store->begin_step(cfg_.n_layers);
 
   Tensor x = new_act({n, d});
   be_.embedding_fwd(embed_->work, meta.inputs, x);
@@ -341,6 +352,7 @@ LossSums Model::run(const BatchMeta& meta, double grad_scale, bool backward, Los
     LayerActs& a = acts[static_cast<size_t>(l)];
     TraceRange range(kLayerFwd[std::min(l, kMaxNamedLayers - 1)]);
     a.x = x;
+    if (store) store->save(l, x);  // before the layer, so its offload overlaps the layer
     layer_forward(l, meta, a, false);
     // Layer output: h + ffn(hn).
     Tensor out = new_act({n, d});
@@ -351,6 +363,7 @@ LossSums Model::run(const BatchMeta& meta, double grad_scale, bool backward, Los
     }
     be_.add(out, a.h, out);
     if (ckpt) a.drop_intermediates();
+    if (store) a.x = Tensor();
     x = out;
   }
   Tensor xf = new_act({n, d});
@@ -388,11 +401,13 @@ LossSums Model::run(const BatchMeta& meta, double grad_scale, bool backward, Los
   for (int l = cfg_.n_layers - 1; l >= 0; --l) {
     LayerActs& a = acts[static_cast<size_t>(l)];
     TraceRange range(kLayerBwd[std::min(l, kMaxNamedLayers - 1)]);
+    if (store) a.x = store->load(l);
     if (ckpt) layer_forward(l, meta, a, true);
     layer_backward(l, a, dx);
     a = LayerActs();
     if (grad_hook_) grad_hook_(l);
   }
+  if (store) store->end_step();
   be_.embedding_bwd(dx, meta.inputs, embed_->grad);
   if (grad_hook_) grad_hook_(-1);
   return sums;

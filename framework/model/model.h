@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "framework/backend/backend.h"
+#include "framework/model/activation_store.h"
 #include "framework/model/config.h"
 #include "framework/model/expert_exchange.h"
 #include "framework/model/params.h"
@@ -22,6 +23,9 @@ enum class MetadataMode { kCached, kPerLayer };
 
 struct ModelOptions {
   bool checkpoint_activations = false;  // keep only block inputs; recompute in backward
+  // Where the block inputs live between forward and backward (mode != none implies
+  // checkpoint_activations).
+  OffloadOptions offload;
   MetadataMode metadata = MetadataMode::kCached;
   RoutingMode routing = RoutingMode::kBincount;
   int64_t ce_chunk_tokens = 4096;  // rows of logits materialized at once
@@ -48,6 +52,9 @@ class Model {
   const ModelOptions& options() const { return opts_; }
   // Switches between cached metadata and the per-layer rebuild baseline (benchmarks).
   void set_metadata_mode(MetadataMode m) { opts_.metadata = m; }
+  // Replaces the activation store (benchmarks); mode != none turns checkpointing on.
+  void set_offload(const OffloadOptions& o);
+  const ActivationStore& activation_store() const { return *store_; }
   ParamRegistry& params() { return params_; }
   Backend& backend() { return be_; }
 
@@ -99,6 +106,7 @@ class Model {
   int local_experts_ = 0;
   std::function<void(int)> grad_hook_;
   Tensor aux_sum_;  // the current micro-batch's aux-loss accumulator
+  std::unique_ptr<ActivationStore> store_;  // checkpointed block inputs (forward -> backward)
 };
 
 }  // namespace hp

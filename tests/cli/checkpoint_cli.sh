@@ -27,11 +27,12 @@ fail() { fails=$((fails + 1)); echo "FAIL: $*"; }
 if ! command -v mpirun >/dev/null; then echo "mpirun not found"; exit 1; fi
 
 common=(train --config "$src/examples/configs/tiny-moe.ini" --seq_len=128 --batch_tokens=1024
-        --log_every=100 --steps=6)
-# run NP EP ARGS...: one process for NP=1, else mpirun.
+        --log_every=100)
+# run NP EP ARGS...: one process for NP=1, else mpirun; 6 steps unless ARGS say --steps=.
 run() {
   local np=$1 ep=$2
   shift 2
+  [[ " $* " == *" --steps="* ]] || set -- --steps=6 "$@"
   if [ "$np" -eq 1 ]; then
     timeout 300 "$hp" "${common[@]}" "$@"
   else
@@ -90,7 +91,7 @@ rv="$work/rendezvous"
 pids=()
 for r in 0 1; do
   env -u OMPI_COMM_WORLD_RANK RANK=$r WORLD_SIZE=2 LOCAL_RANK=$r timeout 300 "$hp" "${common[@]}" \
-    --ep_size=2 --bootstrap="file:$rv" --stop_at_step=3 --checkpoint_dir="$work/tcp" \
+    --steps=6 --ep_size=2 --bootstrap="file:$rv" --stop_at_step=3 --checkpoint_dir="$work/tcp" \
     >"$work/tcp.$r.log" 2>&1 &
   pids+=($!)
 done
@@ -128,7 +129,7 @@ for spec in begin:1 data:1 close:1 rename:0; do
   victim=${spec#*:}
   d="$work/kill-$point"
   HOTPATH_FAULT="kill-save-$point:$victim:4" timeout 120 "${mpi[@]}" -x HOTPATH_FAULT -np 2 "$hp" \
-    "${common[@]}" --ep_size=2 --checkpoint_every=2 --checkpoint_dir="$d" \
+    "${common[@]}" --steps=6 --ep_size=2 --checkpoint_every=2 --checkpoint_dir="$d" \
     --metrics_path="$d.a.jsonl" >"$d.a.log" 2>&1
   rc=$?
   if [ $rc -eq 0 ] || [ $rc -eq 124 ] || ! grep -q "kill-save-$point" "$d.a.log"; then
@@ -160,9 +161,11 @@ damage() {  # damage NAME: a copy of np1/parts
   echo "$work/$1"
 }
 d=$(damage flip)
-python3 -c "
-import sys; p=sys.argv[1]; b=bytearray(open(p,'rb').read()); b[len(b)//2]^=0x5a; open(p,'wb').write(b)
-" "$d/step_00000006.h5"
+# The middle byte of the file (tensor data) XOR 0x5a.
+f="$d/step_00000006.h5"
+off=$(( $(stat -c %s "$f") / 2 ))
+byte=$(od -An -tu1 -j "$off" -N1 "$f" | tr -d ' ')
+printf "$(printf '\\%03o' $(( byte ^ 0x5a )))" | dd of="$f" bs=1 seek="$off" conv=notrunc status=none
 out=$("$hp" inspect "$d/step_00000006.h5" 2>&1)
 rc=$?
 if [ $rc -ne 0 ] && grep -q "CORRUPT.*step_00000006.h5 dataset '/.*'.*Fletcher32" <<<"$out"; then

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "framework/backend/backend.h"
+#include "framework/backend/cpu/cpu_copy_queue.h"
 #include "framework/backend/cpu/cpu_kernels.h"
 
 namespace hp {
@@ -255,6 +256,10 @@ class CpuBackend final : public Backend {
     check_cpu("copy", "dst", dst);
     HP_CHECK(src.dtype() == dst.dtype() && src.numel() == dst.numel(), "copy: src ", src.desc(),
              " and dst ", dst.desc(), " must have the same dtype and numel");
+    if (stream_ == StreamKind::kCopy) {
+      copy_queue_.enqueue_copy(src, dst);
+      return;
+    }
     if (src.nbytes() > 0 && src.raw() != dst.raw())
       std::memmove(dst.raw(), src.raw(), src.nbytes());
   }
@@ -284,10 +289,38 @@ class CpuBackend final : public Backend {
 
   void read_to_host(const Tensor& src, Tensor& host_dst, SyncCause cause) override {
     copy(src, host_dst);
+    if (stream_ == StreamKind::kCopy) copy_queue_.drain();
     syncs_.add(cause);
   }
 
-  void synchronize(SyncCause cause) override { syncs_.add(cause); }
+  void synchronize(SyncCause cause) override {
+    copy_queue_.drain();
+    syncs_.add(cause);
+  }
+
+  // ---- streams and events ---------------------------------------------------------------------
+  // Compute and comm work runs on the host thread in issue order; copy() on the copy stream goes
+  // to the copy queue's worker. A copy-stream event is the queue ticket at record time; any other
+  // event is complete when recorded.
+
+  std::shared_ptr<Event> record_event(StreamKind s) override {
+    auto e = std::make_shared<CpuEvent>();
+    if (s == StreamKind::kCopy) e->ticket = copy_queue_.last_ticket();
+    return e;
+  }
+
+  // The copy queue runs in order and host-thread work is done before anything after it is
+  // queued, so only the host thread ever has to wait: for a copy-stream ticket.
+  void wait_event(StreamKind waiter, const Event& e) override {
+    if (waiter != StreamKind::kCopy) copy_queue_.wait(as_cpu_event(e).ticket);
+  }
+
+  void event_synchronize(const Event& e, SyncCause cause) override {
+    copy_queue_.wait(as_cpu_event(e).ticket);
+    syncs_.add(cause);
+  }
+
+  void set_simulated_link_gbps(double gbps) override { copy_queue_.set_link_gbps(gbps); }
 
   // ---- packed batch metadata ------------------------------------------------------------------
 
@@ -1133,6 +1166,18 @@ class CpuBackend final : public Backend {
     layout.scale = shape.scale;
     return layout;
   }
+
+ private:
+  struct CpuEvent final : Event {
+    uint64_t ticket = 0;  // 0: complete
+  };
+  static const CpuEvent& as_cpu_event(const Event& e) {
+    const auto* c = dynamic_cast<const CpuEvent*>(&e);
+    HP_CHECK(c != nullptr, "event was not recorded by a CPU backend");
+    return *c;
+  }
+
+  CpuCopyQueue copy_queue_;
 };
 
 }  // namespace

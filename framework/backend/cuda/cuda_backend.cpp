@@ -235,6 +235,17 @@ class CudaBackend final : public Backend {
     syncs_.add(cause);
   }
 
+  // Page-locked, so copy-stream copies to and from it run asynchronously. A failed allocation
+  // is reported as null, not thrown: the caller has a pageable fallback.
+  std::shared_ptr<Storage> pinned_host_storage(size_t bytes) override {
+    void* p = nullptr;
+    if (cudaHostAlloc(&p, bytes == 0 ? 1 : bytes, cudaHostAllocDefault) != cudaSuccess) {
+      cudaGetLastError();
+      return nullptr;
+    }
+    return std::make_shared<Storage>(p, bytes, Device::kCPU, [p] { cudaFreeHost(p); });
+  }
+
   // ---- streams and events ---------------------------------------------------------------------
 
   void set_stream(StreamKind s) override {

@@ -1,0 +1,15 @@
+// Activation-offload benchmark (`hotpath bench offload`, ARCHITECTURE rule 2).
+#pragma once
+
+#include "launch/options.h"
+#include "launch/trainer.h"
+
+namespace hp {
+
+// Step time (forward + backward with checkpointing) of one batch for offload none / single /
+// double with lookahead 1 and 2; the achieved D2H and H2D bandwidth of the block inputs' copies
+// alone; overlap efficiency = hidden copy time / min(T_copy, T_compute), where hidden = T_copy -
+// (T_variant - T_none); offload syncs per step; device memory held for block inputs against none.
+int run_bench_offload(const TrainOptions& o, const RankContext& ctx);
+
+}  // namespace hp

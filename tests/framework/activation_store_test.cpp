@@ -1,0 +1,336 @@
+// Activation offload on the CPU backend, whose copy stream is a real worker thread with a
+// simulated link: losses and gradients bitwise identical for offload none / single / double,
+// both fallbacks (pageable host memory, chunked reloads), no offload syncs in the steady state,
+// reloads never reading a host copy before its offload finished, and the copy queue's events.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstring>
+#include <limits>
+#include <thread>
+
+#include "framework/backend/cpu/cpu_copy_queue.h"
+#include "framework/data/loader.h"
+#include "framework/model/activation_store.h"
+#include "framework/model/model.h"
+
+namespace hp {
+namespace {
+
+using SK = Backend::StreamKind;
+
+// Slow enough that every copy takes about a millisecond: copies and compute really overlap and
+// a missing event would let compute read an unfinished copy.
+constexpr double kSlowLinkGbps = 0.01;
+
+ModelConfig dense_config() {
+  ModelConfig c;
+  c.vocab_size = 37;
+  c.d_model = 32;
+  c.n_layers = 5;
+  c.n_heads = 4;
+  c.n_kv_heads = 2;
+  c.head_dim = 8;
+  c.ffn_dim = 48;
+  c.init_std = 0.2;
+  return c;
+}
+
+ModelConfig moe_config() {
+  ModelConfig c = dense_config();
+  c.n_layers = 4;
+  c.n_experts = 4;
+  c.top_k = 2;
+  c.expert_ffn_dim = 24;
+  c.sliding_window = 8;
+  c.window_layers = WindowLayers::kEven;
+  c.attn_sinks = true;
+  c.attn_bias = true;
+  c.activation = "gptoss";
+  c.moe_aux_coef = 0.01;
+  return c;
+}
+
+PackedBatch make_batch(const ModelConfig& c, uint64_t seed) {
+  DataConfig d;
+  d.vocab_size = c.vocab_size;
+  d.eot_token = static_cast<int32_t>(c.vocab_size - 1);
+  d.seq_len = 32;
+  d.rows_per_batch = 3;
+  d.seed = seed;
+  d.synthetic_vocab = c.vocab_size - 1;
+  d.synthetic_mean_doc_len = 12;
+  return DataLoader::open(d)->next();
+}
+
+OffloadOptions offload(OffloadMode m, int buffers = 2, int lookahead = 1) {
+  OffloadOptions o;
+  o.mode = m;
+  o.buffers = buffers;
+  o.lookahead = lookahead;
+  o.sim_link_gbps = kSlowLinkGbps;
+  o.poison_released = m != OffloadMode::kNone;
+  return o;
+}
+
+// Raw bits of every loss and gradient of `steps` consecutive steps (different batches).
+struct Outcome {
+  std::vector<uint32_t> bits;
+  OffloadStats stats;        // of the last step
+  int64_t last_step_offload_syncs = 0;
+};
+
+std::vector<uint32_t> bits_of(const Tensor& t) {
+  std::vector<uint32_t> v(static_cast<size_t>(t.numel()));
+  std::memcpy(v.data(), t.raw(), t.nbytes());
+  return v;
+}
+
+Outcome run_steps(const ModelConfig& cfg, const OffloadOptions& off, int steps = 2) {
+  auto be = make_cpu_backend(DType::kF32);
+  ModelOptions mo;
+  mo.checkpoint_activations = true;
+  mo.offload = off;
+  Model model(cfg, mo, *be);
+  model.init_params(7);
+  Outcome out;
+  for (int s = 0; s < steps; ++s) {
+    PackedBatch batch = make_batch(cfg, 100 + s);
+    BatchMeta meta = be->upload_batch(batch);
+    model.zero_grads();
+    be->syncs().reset();
+    LossSums sums = model.forward_backward(meta, 1.0 / batch.num_valid_targets);
+    be->synchronize(SyncCause::kOther);
+    out.last_step_offload_syncs = be->syncs().get(SyncCause::kOffload);
+    for (const Tensor& t : {sums.lm, sums.aux}) {
+      auto b = bits_of(t);
+      out.bits.insert(out.bits.end(), b.begin(), b.end());
+    }
+    for (auto& p : model.params().all()) {
+      auto b = bits_of(p->grad);
+      out.bits.insert(out.bits.end(), b.begin(), b.end());
+    }
+  }
+  out.stats = model.activation_store().stats();
+  return out;
+}
+
+void expect_same_bits(const Outcome& ref, const Outcome& got, const char* what) {
+  ASSERT_EQ(ref.bits.size(), got.bits.size()) << what;
+  size_t diff = 0;
+  for (size_t i = 0; i < ref.bits.size(); ++i) diff += ref.bits[i] != got.bits[i];
+  EXPECT_EQ(diff, 0u) << what << ": " << diff << " of " << ref.bits.size()
+                      << " loss/gradient values differ from offload=none";
+}
+
+TEST(ActivationStore, ModesAreBitwiseIdenticalDense) {
+  const ModelConfig cfg = dense_config();
+  const Outcome none = run_steps(cfg, offload(OffloadMode::kNone));
+  EXPECT_GT(none.stats.resident_bytes, 0);
+  EXPECT_EQ(none.stats.d2h_bytes, 0);
+  const Outcome single = run_steps(cfg, offload(OffloadMode::kSingle));
+  const Outcome dbl = run_steps(cfg, offload(OffloadMode::kDouble, 2, 1));
+  const Outcome dbl2 = run_steps(cfg, offload(OffloadMode::kDouble, 3, 2));
+  expect_same_bits(none, single, "single");
+  expect_same_bits(none, dbl, "double K=2 L=1");
+  expect_same_bits(none, dbl2, "double K=3 L=2");
+  // Every block but the last goes to the host and comes back.
+  const int64_t block = 3 * 32 * cfg.d_model * 4;
+  for (const Outcome* o : {&single, &dbl, &dbl2}) {
+    EXPECT_EQ(o->stats.offloaded_blocks, cfg.n_layers - 1);
+    EXPECT_EQ(o->stats.d2h_bytes, (cfg.n_layers - 1) * block);
+    EXPECT_EQ(o->stats.h2d_bytes, (cfg.n_layers - 1) * block);
+    EXPECT_EQ(o->stats.resident_bytes, block);
+    EXPECT_EQ(o->stats.pageable_blocks + o->stats.chunked_blocks, 0);
+  }
+  EXPECT_EQ(single.stats.staging_bytes, block);
+  EXPECT_EQ(dbl.stats.staging_bytes, 2 * block);
+  EXPECT_EQ(dbl2.stats.staging_bytes, 3 * block);
+}
+
+TEST(ActivationStore, ModesAreBitwiseIdenticalMoe) {
+  const ModelConfig cfg = moe_config();
+  const Outcome none = run_steps(cfg, offload(OffloadMode::kNone));
+  expect_same_bits(none, run_steps(cfg, offload(OffloadMode::kSingle)), "single");
+  expect_same_bits(none, run_steps(cfg, offload(OffloadMode::kDouble, 2, 1)), "double K=2 L=1");
+  expect_same_bits(none, run_steps(cfg, offload(OffloadMode::kDouble, 4, 3)), "double K=4 L=3");
+}
+
+TEST(ActivationStore, MatchesNoCheckpointing) {
+  // The store changes where inputs live, not what is computed: same bits as keeping everything.
+  const ModelConfig cfg = dense_config();
+  auto be = make_cpu_backend(DType::kF32);
+  ModelOptions plain;
+  Model model(cfg, plain, *be);
+  model.init_params(7);
+  PackedBatch batch = make_batch(cfg, 100);
+  BatchMeta meta = be->upload_batch(batch);
+  LossSums sums = model.forward_backward(meta, 1.0 / batch.num_valid_targets);
+  std::vector<uint32_t> bits = bits_of(sums.lm);
+  const Outcome dbl = run_steps(cfg, offload(OffloadMode::kDouble), 1);
+  EXPECT_EQ(bits[0], dbl.bits[0]) << "loss with offload=double differs from no checkpointing";
+}
+
+TEST(ActivationStore, PageableFallbackIsIdenticalAndCountsItsWaits) {
+  const ModelConfig cfg = dense_config();
+  const int64_t block = 3 * 32 * cfg.d_model * 4;
+  const Outcome none = run_steps(cfg, offload(OffloadMode::kNone));
+  for (OffloadMode m : {OffloadMode::kSingle, OffloadMode::kDouble}) {
+    OffloadOptions o = offload(m);
+    o.pinned_pool_bytes = block + 1;  // room for one block input: the rest spill
+    const Outcome got = run_steps(cfg, o);
+    expect_same_bits(none, got, offload_mode_name(m));
+    EXPECT_EQ(got.stats.pinned_pool_bytes, block + 1);
+    EXPECT_EQ(got.stats.pageable_blocks, cfg.n_layers - 2);
+    // One host wait per pageable offload (a D2H into pageable memory blocks the host on a GPU).
+    EXPECT_EQ(got.last_step_offload_syncs, cfg.n_layers - 2);
+  }
+}
+
+TEST(ActivationStore, ChunkedReloadFallbackIsIdentical) {
+  const ModelConfig cfg = dense_config();
+  const int64_t block = 3 * 32 * cfg.d_model * 4;
+  const Outcome none = run_steps(cfg, offload(OffloadMode::kNone));
+  for (OffloadMode m : {OffloadMode::kSingle, OffloadMode::kDouble}) {
+    OffloadOptions o = offload(m);
+    o.staging_bytes = block / 3 - 20;  // smaller than a block input, not a divisor of it
+    const Outcome got = run_steps(cfg, o);
+    expect_same_bits(none, got, offload_mode_name(m));
+    EXPECT_EQ(got.stats.chunked_blocks, cfg.n_layers - 1);
+    EXPECT_EQ(got.stats.h2d_bytes, (cfg.n_layers - 1) * block);
+    EXPECT_EQ(got.last_step_offload_syncs, 0);
+  }
+  // Both fallbacks at once.
+  OffloadOptions o = offload(OffloadMode::kDouble, 3, 2);
+  o.staging_bytes = block / 2;
+  o.pinned_pool_bytes = 1;
+  const Outcome got = run_steps(cfg, o);
+  expect_same_bits(none, got, "double with pageable host memory and chunked reloads");
+  EXPECT_EQ(got.stats.pageable_blocks, cfg.n_layers - 1);
+  EXPECT_EQ(got.stats.chunked_blocks, cfg.n_layers - 1);
+}
+
+TEST(ActivationStore, SteadyStateNeedsNoOffloadSyncs) {
+  for (const ModelConfig& cfg : {dense_config(), moe_config()}) {
+    for (OffloadMode m : {OffloadMode::kSingle, OffloadMode::kDouble}) {
+      const Outcome got = run_steps(cfg, offload(m), 3);
+      EXPECT_EQ(got.last_step_offload_syncs, 0) << offload_mode_name(m);
+    }
+  }
+}
+
+// Fills x with a value pattern unique to block i.
+void fill_block(Tensor& x, int i) {
+  float* p = x.data<float>();
+  for (int64_t k = 0; k < x.numel(); ++k) p[k] = static_cast<float>(1000 * i + k % 997);
+}
+
+TEST(ActivationStore, ReloadNeverReadsBeforeItsOffloadFinished) {
+  // A link so slow that each copy takes ~40 ms: a store that let go of (and poisoned) a forward
+  // tensor before its offload finished, or read a reload before it landed, would see NaN.
+  auto be = make_cpu_backend(DType::kF32);
+  for (OffloadMode m : {OffloadMode::kSingle, OffloadMode::kDouble}) {
+    OffloadOptions o = offload(m, 3, 2);
+    o.sim_link_gbps = 0.0001;
+    auto store = make_activation_store(*be, o);
+    be->syncs().reset();
+    const int n = 4;
+    for (int step = 0; step < 2; ++step) {
+      store->begin_step(n);
+      for (int i = 0; i < n; ++i) {
+        Tensor x = be->empty({8, 128}, DType::kF32);
+        fill_block(x, i + 10 * step);
+        store->save(i, x);
+      }
+      for (int i = n - 1; i >= 0; --i) {
+        Tensor x = store->load(i);
+        Tensor expect = be->empty({8, 128}, DType::kF32);
+        fill_block(expect, i + 10 * step);
+        ASSERT_EQ(0, std::memcmp(x.raw(), expect.raw(), x.nbytes()))
+            << offload_mode_name(m) << " step " << step << " block " << i;
+      }
+      store->end_step();
+    }
+    EXPECT_EQ(be->syncs().get(SyncCause::kOffload), 0);
+  }
+}
+
+TEST(ActivationStore, RejectsOutOfOrderUse) {
+  auto be = make_cpu_backend(DType::kF32);
+  auto store = make_activation_store(*be, offload(OffloadMode::kDouble));
+  store->begin_step(2);
+  Tensor x = be->zeros({4}, DType::kF32);
+  EXPECT_THROW(store->save(1, x), Error);
+  store->save(0, x);
+  EXPECT_THROW(store->load(0), Error);  // before every save
+}
+
+TEST(ActivationStore, OptionsNameTheKey) {
+  auto message = [](OffloadOptions o) {
+    try {
+      o.validate();
+    } catch (const UserError& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  OffloadOptions o;
+  o.buffers = 1;
+  EXPECT_NE(message(o).find("offload_buffers"), std::string::npos);
+  o = OffloadOptions();
+  o.lookahead = 2;
+  EXPECT_NE(message(o).find("offload_lookahead"), std::string::npos);
+  o = OffloadOptions();
+  o.sim_link_gbps = -1;
+  EXPECT_NE(message(o).find("sim_link_gbps"), std::string::npos);
+  EXPECT_THROW(parse_offload_mode("triple"), UserError);
+  EXPECT_EQ(parse_offload_mode("double"), OffloadMode::kDouble);
+}
+
+TEST(CpuCopyStream, EventsCompleteWhenTheQueueReachesThem) {
+  auto be = make_cpu_backend(DType::kF32);
+  be->set_simulated_link_gbps(0.0001);  // 40 KB: ~400 ms
+  Tensor src = be->empty({10000}, DType::kF32);
+  fill_block(src, 3);
+  Tensor dst = Tensor::host({10000}, DType::kF32);
+  be->set_stream(SK::kCopy);
+  const auto t0 = std::chrono::steady_clock::now();
+  be->copy(src, dst);
+  auto done = be->record_event(SK::kCopy);
+  be->set_stream(SK::kCompute);
+  // The host thread is free while the copy runs.
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(200));
+  be->wait_event(SK::kCompute, *done);  // the compute stream (host thread) waits: no sync
+  EXPECT_GE(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(350));
+  EXPECT_EQ(0, std::memcmp(src.raw(), dst.raw(), src.nbytes()));
+  EXPECT_EQ(be->syncs().total(), 0);
+  be->event_synchronize(*done, SyncCause::kOffload);
+  EXPECT_EQ(be->syncs().get(SyncCause::kOffload), 1);
+  // Compute-stream events are complete when recorded; synchronize drains the copy queue.
+  be->set_simulated_link_gbps(0);
+  be->set_stream(SK::kCopy);
+  Tensor dst2 = Tensor::host({10000}, DType::kF32);
+  be->copy(dst, dst2);
+  be->set_stream(SK::kCompute);
+  be->synchronize(SyncCause::kOther);
+  EXPECT_EQ(0, std::memcmp(src.raw(), dst2.raw(), src.nbytes()));
+}
+
+TEST(CpuCopyStream, QueueRunsInOrderAndKeepsStoragesAlive) {
+  CpuCopyQueue q;
+  q.set_link_gbps(0.0001);  // 4 KB: ~40 ms per copy
+  Tensor a = Tensor::host({1000}, DType::kF32), b, c = Tensor::host({1000}, DType::kF32);
+  fill_block(a, 1);
+  {
+    Tensor tmp = Tensor::host({1000}, DType::kF32);
+    q.enqueue_copy(a, tmp);
+    q.enqueue_copy(tmp, c);  // tmp goes out of scope here; the queue holds it
+  }
+  EXPECT_FALSE(q.done(q.last_ticket()));
+  q.drain();
+  EXPECT_TRUE(q.done(2));
+  EXPECT_EQ(0, std::memcmp(a.raw(), c.raw(), a.nbytes()));
+}
+
+}  // namespace
+}  // namespace hp

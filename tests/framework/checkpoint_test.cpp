@@ -1,0 +1,227 @@
+// Checkpoint files and directories: chunking and row splits, write/read round trips (serial and
+// MPI-IO writers), attributes, damage detection (flipped byte, truncation, missing dataset,
+// foreign file), the commit protocol's file names, `latest`, and retention.
+#include <gtest/gtest.h>
+#include <hdf5.h>
+#include <mpi.h>
+#include <stdlib.h>
+
+#include <cstring>
+#include <filesystem>
+#include <functional>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "framework/checkpoint/checkpoint.h"
+#include "framework/core/error.h"
+
+namespace hp {
+namespace {
+
+namespace fs = std::filesystem;
+
+class TempDir {
+ public:
+  TempDir() {
+    char tmpl[] = "/tmp/hp_ckpt_test_XXXXXX";
+    const char* p = ::mkdtemp(tmpl);
+    EXPECT_NE(p, nullptr);
+    path_ = p != nullptr ? p : "/tmp";
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path_, ec);
+  }
+  std::string file(const std::string& name) const { return (fs::path(path_) / name).string(); }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+std::vector<float> iota_floats(size_t n, float start) {
+  std::vector<float> v(n);
+  for (size_t i = 0; i < n; ++i) v[i] = start + 0.25f * static_cast<float>(i);
+  return v;
+}
+
+// A small checkpoint: /params/w [6, 4] f32, /params/b [4] f64, /state/step, attributes.
+void write_small(const std::string& path, MPI_Comm comm) {
+  CheckpointWriter w(path, comm);
+  const std::vector<float> wv = iota_floats(24, 1000.0f);
+  w.write_rows("/params/w", {6, 4}, DType::kF32, 2, RowRange{0, 6}, wv.data());
+  const std::vector<double> bv{0.5, -1.5, 2.5, 3.25};
+  w.write_rows("/params/b", {4}, DType::kF64, 4, RowRange{0, 4}, bv.data());
+  w.write_i64("/state/step", {42}, true);
+  w.set_attr("format", std::string(kCheckpointFormat));
+  w.set_attr("format_version", kCheckpointVersion);
+  w.set_attr("config", std::string("d_model = 8\n"));
+  w.set_attr("layout", std::vector<int64_t>{4, 2, 2});
+  w.close();
+}
+
+void expect_throws_with(const std::function<void()>& f, const std::vector<std::string>& parts) {
+  try {
+    f();
+    ADD_FAILURE() << "no exception";
+  } catch (const std::exception& e) {
+    for (const std::string& p : parts)
+      EXPECT_NE(std::string(e.what()).find(p), std::string::npos) << e.what() << " lacks " << p;
+  }
+}
+
+TEST(CheckpointFormat, ChunkRowsAndChunkAlignedSplits) {
+  EXPECT_EQ(checkpoint_chunk_rows({8}, DType::kF32), 8);
+  EXPECT_EQ(checkpoint_chunk_rows({100000, 1024}, DType::kF32), 4096);  // 16 MiB of 4 KiB rows
+  EXPECT_EQ(checkpoint_chunk_rows({3, 1 << 24}, DType::kF32), 1);       // rows over 16 MiB
+  for (int parts : {1, 2, 3, 4, 7}) {
+    int64_t next = 0;
+    for (int p = 0; p < parts; ++p) {
+      const RowRange r = split_rows_by_chunk(10, 3, parts, p);
+      EXPECT_EQ(r.begin, next);
+      if (r.count > 0 && r.begin + r.count < 10) {
+        EXPECT_EQ((r.begin + r.count) % 3, 0);
+      }
+      next = r.begin + r.count;
+    }
+    EXPECT_EQ(next, 10) << parts << " parts";
+  }
+}
+
+void round_trip(MPI_Comm comm) {
+  TempDir dir;
+  const std::string path = dir.file("c.h5");
+  write_small(path, comm);
+  CheckpointReader r(path);
+  EXPECT_EQ(r.string_attr("config"), "d_model = 8\n");
+  EXPECT_EQ(r.int_attr("format_version"), kCheckpointVersion);
+  EXPECT_EQ(r.ints_attr("layout"), (std::vector<int64_t>{4, 2, 2}));
+  EXPECT_EQ(r.read_i64("/state/step"), std::vector<int64_t>{42});
+  const DatasetInfo w = r.info("/params/w");
+  EXPECT_EQ(w.shape, (Shape{6, 4}));
+  EXPECT_EQ(w.dtype, DType::kF32);
+  EXPECT_EQ(w.chunk_rows, 2);
+  EXPECT_TRUE(w.fletcher32);
+  // Rows [2, 5) only, as a rank holding those experts would read them.
+  std::vector<float> part(12);
+  r.read_rows("/params/w", RowRange{2, 3}, DType::kF32, part.data());
+  const std::vector<float> all = iota_floats(24, 1000.0f);
+  EXPECT_EQ(part, std::vector<float>(all.begin() + 8, all.begin() + 20));
+  // f64 on disk, read as f32 (HDF5 converts).
+  std::vector<float> b(4);
+  r.read_rows("/params/b", RowRange{0, 4}, DType::kF32, b.data());
+  EXPECT_EQ(b, (std::vector<float>{0.5f, -1.5f, 2.5f, 3.25f}));
+  std::vector<std::string> names;
+  for (const DatasetInfo& d : r.datasets()) names.push_back(d.name);
+  EXPECT_EQ(names, (std::vector<std::string>{"/params/b", "/params/w", "/state/step"}));
+  EXPECT_TRUE(r.has_dataset("/params/w"));
+  EXPECT_FALSE(r.has_dataset("/params/missing"));
+  EXPECT_FALSE(r.has_dataset("/nogroup/x"));
+  EXPECT_EQ(r.verify("/params/w"), r.verify("/params/w"));
+}
+
+TEST(CheckpointFormat, SerialRoundTrip) { round_trip(MPI_COMM_NULL); }
+
+TEST(CheckpointFormat, ParallelRoundTrip) { round_trip(MPI_COMM_WORLD); }
+
+TEST(CheckpointFormat, FlippedByteIsNamed) {
+  TempDir dir;
+  const std::string path = dir.file("c.h5");
+  write_small(path, MPI_COMM_NULL);
+  // Find the stored bytes of element 13 of /params/w (chunk rows 2-3) and flip one.
+  std::vector<char> bytes;
+  {
+    std::ifstream f(path, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(f), {});
+  }
+  const float needle = 1000.0f + 0.25f * 13;
+  size_t at = std::string::npos;
+  for (size_t i = 0; i + 4 <= bytes.size(); ++i)
+    if (std::memcmp(bytes.data() + i, &needle, 4) == 0) at = i;
+  ASSERT_NE(at, std::string::npos);
+  bytes[at + 1] ^= 0x10;
+  {
+    std::ofstream f(path, std::ios::binary | std::ios::trunc);
+    f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  }
+  CheckpointReader r(path);
+  std::vector<float> rows(8);
+  r.read_rows("/params/w", RowRange{0, 2}, DType::kF32, rows.data());  // other chunk: fine
+  expect_throws_with([&] { r.read_rows("/params/w", RowRange{2, 2}, DType::kF32, rows.data()); },
+                     {path, "'/params/w'", "Fletcher32"});
+  expect_throws_with([&] { r.verify("/params/w"); }, {path, "'/params/w'"});
+}
+
+TEST(CheckpointFormat, TruncatedMissingAndForeignFiles) {
+  TempDir dir;
+  const std::string path = dir.file("c.h5");
+  write_small(path, MPI_COMM_NULL);
+  {
+    CheckpointReader r(path);
+    expect_throws_with([&] { r.info("/optim/w/m"); }, {path, "'/optim/w/m'", "missing"});
+  }
+  fs::resize_file(path, fs::file_size(path) / 2);
+  expect_throws_with([&] { CheckpointReader r(path); }, {path, "truncated"});
+  try {
+    CheckpointReader r(dir.file("absent.h5"));
+    ADD_FAILURE();
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("absent.h5"), std::string::npos);
+  }
+  // An HDF5 file that is not a checkpoint.
+  const std::string other = dir.file("other.h5");
+  {
+    CheckpointWriter w(other, MPI_COMM_NULL);
+    w.write_i64("/x", {1}, true);
+    w.close();
+  }
+  try {
+    CheckpointReader r(other);
+    ADD_FAILURE();
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("not a hotpath checkpoint"), std::string::npos);
+  }
+}
+
+TEST(CheckpointDir, NamesCommitLatestAndRetention) {
+  EXPECT_EQ(checkpoint_file_name(12), "step_00000012.h5");
+  EXPECT_EQ(checkpoint_step_of("step_00000012.h5"), 12);
+  EXPECT_EQ(checkpoint_step_of("step_12.h5"), 12);
+  EXPECT_EQ(checkpoint_step_of("step_00000012.h5.tmp"), -1);
+  EXPECT_EQ(checkpoint_step_of("step_.h5"), -1);
+  EXPECT_EQ(checkpoint_step_of("step_1x.h5"), -1);
+  EXPECT_EQ(checkpoint_step_of("latest"), -1);
+
+  TempDir dir;
+  const std::string d = dir.path();
+  EXPECT_EQ(read_latest(d), "");
+  EXPECT_TRUE(committed_steps(d).empty());
+  for (int64_t s : {2, 4, 6}) {
+    write_small(checkpoint_tmp_path(d, s), MPI_COMM_NULL);
+    commit_checkpoint(d, s);
+    update_latest(d, s);
+  }
+  write_small(checkpoint_tmp_path(d, 8), MPI_COMM_NULL);  // an interrupted save
+  EXPECT_EQ(committed_steps(d), (std::vector<int64_t>{6, 4, 2}));
+  EXPECT_EQ(read_latest(d), checkpoint_path(d, 6));
+  EXPECT_FALSE(fs::exists(d + "/latest.tmp"));
+
+  // Retention after committing 6 keeps {6, 4} and leaves the newer .tmp of step 8 alone.
+  EXPECT_EQ(apply_retention(d, 2, 6), std::vector<std::string>{"step_00000002.h5"});
+  EXPECT_EQ(committed_steps(d), (std::vector<int64_t>{6, 4}));
+  EXPECT_TRUE(fs::exists(checkpoint_tmp_path(d, 8)));
+  // Committing 10 removes the stale .tmp of 8 and, with keep_last=1, step 6 and 4.
+  write_small(checkpoint_tmp_path(d, 10), MPI_COMM_NULL);
+  commit_checkpoint(d, 10);
+  update_latest(d, 10);
+  apply_retention(d, 1, 10);
+  EXPECT_EQ(committed_steps(d), std::vector<int64_t>{10});
+  EXPECT_FALSE(fs::exists(checkpoint_tmp_path(d, 8)));
+
+  std::ofstream(d + "/latest") << "\x01garbage";
+  expect_throws_with([&] { read_latest(d); }, {d + "/latest", "not the name of a committed"});
+}
+
+}  // namespace
+}  // namespace hp

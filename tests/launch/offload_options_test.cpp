@@ -1,0 +1,81 @@
+// The offload config keys: parsing, validation messages that name the key, and what reaches
+// ModelOptions (offload != none implies checkpoint_activations).
+#include <gtest/gtest.h>
+
+#include "launch/options.h"
+#include "launch/trainer.h"
+
+namespace hp {
+namespace {
+
+// Valid apart from what a test changes.
+TrainOptions valid_options() {
+  TrainOptions o;
+  o.model.vocab_size = 16;
+  o.model.d_model = 32;
+  o.model.n_layers = 2;
+  o.model.n_heads = 2;
+  o.model.n_kv_heads = 1;
+  o.model.head_dim = 16;
+  o.model.ffn_dim = 64;
+  return o;
+}
+
+std::string validation_message(const TrainOptions& o) {
+  try {
+    validate_train_options(o, 1);
+  } catch (const UserError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(OffloadOptions, ParsedFromTheCommandLine) {
+  TrainOptions o;
+  ASSERT_TRUE(parse_train_options({"--offload=double", "--offload_buffers=3",
+                                   "--offload_lookahead=2", "--sim_link_gbps=4.5",
+                                   "--pinned_pool_mib=64", "--vocab_size=16", "--d_model=32",
+                                   "--n_layers=2", "--n_heads=2", "--n_kv_heads=1",
+                                   "--head_dim=16", "--ffn_dim=64"},
+                                  "train", o));
+  EXPECT_EQ(o.offload, "double");
+  EXPECT_EQ(validation_message(o), "");
+  const ModelOptions m = make_model_options(o);
+  EXPECT_TRUE(m.checkpoint_activations);
+  EXPECT_EQ(m.offload.mode, OffloadMode::kDouble);
+  EXPECT_EQ(m.offload.buffers, 3);
+  EXPECT_EQ(m.offload.lookahead, 2);
+  EXPECT_DOUBLE_EQ(m.offload.sim_link_gbps, 4.5);
+  EXPECT_EQ(m.offload.pinned_pool_bytes, int64_t{64} << 20);
+}
+
+TEST(OffloadOptions, DefaultsKeepTodaysBehaviour) {
+  TrainOptions o;
+  const ModelOptions m = make_model_options(o);
+  EXPECT_FALSE(m.checkpoint_activations);
+  EXPECT_EQ(m.offload.mode, OffloadMode::kNone);
+  EXPECT_EQ(m.offload.buffers, 2);
+  EXPECT_EQ(m.offload.lookahead, 1);
+}
+
+TEST(OffloadOptions, ValidationNamesTheKey) {
+  TrainOptions o = valid_options();
+  EXPECT_EQ(validation_message(o), "");
+  o.offload = "triple";
+  EXPECT_NE(validation_message(o).find("'offload'"), std::string::npos);
+  o = valid_options();
+  o.offload_buffers = 1;
+  EXPECT_NE(validation_message(o).find("'offload_buffers'"), std::string::npos);
+  o = valid_options();
+  o.offload_lookahead = 2;  // needs offload_buffers >= 3
+  EXPECT_NE(validation_message(o).find("'offload_lookahead'"), std::string::npos);
+  o = valid_options();
+  o.sim_link_gbps = -1;
+  EXPECT_NE(validation_message(o).find("'sim_link_gbps'"), std::string::npos);
+  o = valid_options();
+  o.pinned_pool_mib = -1;
+  EXPECT_NE(validation_message(o).find("'pinned_pool_mib'"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace hp
