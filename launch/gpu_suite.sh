@@ -6,7 +6,8 @@
 #
 #   source .gpu/env.sh && bash launch/gpu_suite.sh
 #
-# Environment: GPU_BIN (default .gpu/bin), LOG_DIR, GPU_SUITE_PERF=0 to skip the timings.
+# Environment: GPU_BIN (default .gpu/bin), LOG_DIR, GPU_SUITE_PERF=0 to skip the timings,
+# GPU_SUITE_NCU=1 to add an Nsight Compute speed-of-light pass.
 set -uo pipefail
 
 bin=${GPU_BIN:-.gpu/bin}
@@ -139,6 +140,22 @@ if [ -x "$bin/hotpath" ] && command -v nsys >/dev/null && [ "${GPU_SUITE_PERF:-1
   rm -f "$log_dir/llama1b.nsys-rep" "$log_dir/llama1b.sqlite"
 fi
 
+# Activation offload: step time none / single / double (lookahead 1, 2) at a dense 8B-like layer
+# shape (d 4096, ffn 14336, 32 heads, 8 kv heads; 8 layers) and at the GPT-OSS-20b shape.
+if [ -x "$bin/hotpath" ] && [ "${GPU_SUITE_PERF:-1}" != 0 ]; then
+  run bench_offload_8b timeout 240 "$bin/hotpath" bench offload \
+    --config examples/configs/llama-3.2-1b.ini --device=cuda --d_model=4096 --n_heads=32 \
+    --n_kv_heads=8 --head_dim=128 --ffn_dim=14336 --n_layers=8 --tie_embeddings=false \
+    --seq_len=4096 --batch_tokens=16384 --bench_warmup=1 --bench_steps=3
+  details[${#details[@]}-1]=$(awk '$1 ~ /^(none|single|double)/ {printf "%s %s %s ", $1, $2, $3}
+    /faster step/ {print "| " $0}' "$log_dir/bench_offload_8b.log")
+  run bench_offload_gptoss20b timeout 240 "$bin/hotpath" bench offload \
+    --config examples/configs/gptoss-20b.ini --device=cuda --n_layers=4 --seq_len=4096 \
+    --batch_tokens=16384 --bench_warmup=1 --bench_steps=3
+  details[${#details[@]}-1]=$(awk '$1 ~ /^(none|single|double)/ {printf "%s %s %s ", $1, $2, $3}
+    /faster step/ {print "| " $0}' "$log_dir/bench_offload_gptoss20b.log")
+fi
+
 # Checkpoints with the CUDA backend: a save/resume round trip (2 ranks, ep=2, when 2 GPUs are
 # visible) continues with the same losses as an uninterrupted run; save and load time of the
 # GPT-OSS-20b shape with 4 layers (about 53 GB of fp32 params and moments).
@@ -164,9 +181,9 @@ if [ -x "$bin/hotpath" ]; then
   fi
   big=(train --config examples/configs/gptoss-20b.ini --device=cuda --n_layers=4 --seq_len=4096
        --batch_tokens=16384 --steps=2 --checkpoint_dir="$ck/big")
-  run ckpt_gptoss20b_save timeout 300 "$bin/hotpath" "${big[@]}" --stop_at_step=1
+  run ckpt_gptoss20b_save timeout 150 "$bin/hotpath" "${big[@]}" --stop_at_step=1
   details[${#details[@]}-1]=$(grep -oE 'saved .* MiB/s' "$log_dir/ckpt_gptoss20b_save.log" | sed 's/^saved [^ ]* //')
-  run ckpt_gptoss20b_load timeout 300 "$bin/hotpath" "${big[@]}" --resume=auto
+  run ckpt_gptoss20b_load timeout 150 "$bin/hotpath" "${big[@]}" --resume=auto
   details[${#details[@]}-1]=$(grep -oE 'this rank read .* MiB/s' "$log_dir/ckpt_gptoss20b_load.log")
   rm -rf "$ck"
 fi
@@ -178,7 +195,7 @@ if [ -x "$bin/hotpath" ] && [ "${GPU_SUITE_PERF:-1}" != 0 ]; then
   run bench_llama1b_1layer "$bin/hotpath" bench step --config examples/configs/llama-3.2-1b.ini \
     --device=cuda --n_layers=1 --seq_len=4096 --batch_tokens=16384 --bench_warmup=2 --bench_steps=5
   details[${#details[@]}-1]=$(bench_detail bench_llama1b_1layer)
-  if command -v ncu >/dev/null; then
+  if [ "${GPU_SUITE_NCU:-0}" = 1 ] && command -v ncu >/dev/null; then
     run ncu_llama1b timeout 120 ncu --section SpeedOfLight --csv --launch-skip 400 \
       --launch-count 60 "$bin/hotpath" bench step --config examples/configs/llama-3.2-1b.ini \
       --device=cuda --n_layers=2 --seq_len=4096 --batch_tokens=16384 --bench_warmup=1 --bench_steps=1
