@@ -61,7 +61,8 @@ int run_bench_metadata(const TrainOptions& o, const RankContext& ctx) {
       fb.push_back(time_ms(*be, [&] { model.forward_backward(meta, scale); }));
       syncs = be->syncs().get(SyncCause::kMetadata);
     }
-    rows.push_back({mode == MetadataMode::kCached ? "cached" : "per-layer", median(f), median(fb), syncs});
+    rows.push_back(
+        {mode == MetadataMode::kCached ? "cached" : "per-layer", median(f), median(fb), syncs});
   }
   // m: one rebuild of the structures from positions on the device, including its read-back.
   std::vector<double> m;
@@ -81,10 +82,11 @@ int run_bench_metadata(const TrainOptions& o, const RankContext& ctx) {
     std::printf("%-10s %10.3f %10.3f %12.3f %16lld\n", r.name, r.fwd, r.fwdbwd - r.fwd, r.fwdbwd,
                 static_cast<long long>(r.syncs));
   const double saved = rows[1].fwdbwd - rows[0].fwdbwd;
-  std::printf("per-layer rebuild m=%.3f ms; saved %.3f ms per step (%.2f%% of per-layer) vs "
-              "L*m=%.3f ms, (L-1)*m=%.3f ms; forward speed-up %.3fx\n",
-              mm, saved, 100.0 * saved / rows[1].fwdbwd, layers * mm, (layers - 1) * mm,
-              rows[1].fwd / rows[0].fwd);
+  std::printf(
+      "per-layer rebuild m=%.3f ms; saved %.3f ms per step (%.2f%% of per-layer) vs "
+      "L*m=%.3f ms, (L-1)*m=%.3f ms; forward speed-up %.3fx\n",
+      mm, saved, 100.0 * saved / rows[1].fwdbwd, layers * mm, (layers - 1) * mm,
+      rows[1].fwd / rows[0].fwd);
   if (!o.bench_json.empty()) {
     std::ofstream f(o.bench_json);
     f << "{\"scenario\":\"metadata\",\"layers\":" << layers << ",\"cached_fwd_ms\":" << rows[0].fwd

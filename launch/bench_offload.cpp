@@ -128,14 +128,16 @@ int run_bench_offload(const TrainOptions& o, const RankContext& ctx) {
   const double t_none = vs[0].ms;
   if (ctx.rank() != 0) return 0;
 
-  std::printf("bench offload: backend=%s layers=%d tokens=%lld block input=%.2f MiB reps=%lld "
-              "sim_link_gbps=%g\n",
-              be->name().c_str(), layers, static_cast<long long>(batch.num_tokens()),
-              block_bytes / (1 << 20), static_cast<long long>(reps), o.sim_link_gbps);
-  std::printf("copies alone (%d blocks): D2H %.3f ms = %.2f GB/s, H2D %.3f ms = %.2f GB/s, "
-              "T_copy %.3f ms; T_compute (none) %.3f ms\n",
-              blocks, copy_ms.first, moved / (copy_ms.first * 1e6), copy_ms.second,
-              moved / (copy_ms.second * 1e6), t_copy, t_none);
+  std::printf(
+      "bench offload: backend=%s layers=%d tokens=%lld block input=%.2f MiB reps=%lld "
+      "sim_link_gbps=%g\n",
+      be->name().c_str(), layers, static_cast<long long>(batch.num_tokens()),
+      block_bytes / (1 << 20), static_cast<long long>(reps), o.sim_link_gbps);
+  std::printf(
+      "copies alone (%d blocks): D2H %.3f ms = %.2f GB/s, H2D %.3f ms = %.2f GB/s, "
+      "T_copy %.3f ms; T_compute (none) %.3f ms\n",
+      blocks, copy_ms.first, moved / (copy_ms.first * 1e6), copy_ms.second,
+      moved / (copy_ms.second * 1e6), t_copy, t_none);
   std::printf("%-11s %10s %8s %10s %10s %9s %8s %14s %14s\n", "variant", "step ms", "vs none",
               "D2H MiB", "H2D MiB", "overlap", "syncs", "device MiB", "extra MiB");
   const double dev_none = static_cast<double>(vs[0].stats.resident_bytes);
@@ -161,8 +163,8 @@ int run_bench_offload(const TrainOptions& o, const RankContext& ctx) {
                 v.ms, v.ms / t_none, v.stats.d2h_bytes / 1048576.0, v.stats.h2d_bytes / 1048576.0,
                 100.0 * overlap, static_cast<long long>(v.offload_syncs), dev / 1048576.0,
                 (dev - dev_none) / 1048576.0);
-    json += std::string(i ? "," : "") + "{\"name\":\"" + v.name + "\",\"step_ms\":" +
-            std::to_string(v.ms) + ",\"overlap\":" + std::to_string(overlap) +
+    json += std::string(i ? "," : "") + "{\"name\":\"" + v.name +
+            "\",\"step_ms\":" + std::to_string(v.ms) + ",\"overlap\":" + std::to_string(overlap) +
             ",\"offload_syncs\":" + std::to_string(v.offload_syncs) +
             ",\"d2h_bytes\":" + std::to_string(v.stats.d2h_bytes) +
             ",\"h2d_bytes\":" + std::to_string(v.stats.h2d_bytes) +

@@ -167,8 +167,8 @@ std::vector<int64_t> auto_candidates(const RankContext& ctx, const std::string& 
       if (s < newest) steps.push_back(s);
   }
   if (ctx.world() > 1) {
-    Tensor n = Tensor::host_from(std::vector<int64_t>{static_cast<int64_t>(steps.size())},
-                                 DType::kI64);
+    Tensor n =
+        Tensor::host_from(std::vector<int64_t>{static_cast<int64_t>(steps.size())}, DType::kI64);
     ctx.groups.world->broadcast(n, 0);
     steps.resize(static_cast<size_t>(n.data<int64_t>()[0]));
     if (!steps.empty()) {
@@ -377,8 +377,8 @@ void load_checkpoint(Trainer& t, const std::string& path, bool params_only) {
   const auto one = [&](const char* name) {
     const std::vector<int64_t> v = r.read_i64(name);
     if (v.size() != 1)
-      HP_USER_ERROR(ErrorKind::kData, "checkpoint ", path, " dataset '", name, "' holds ",
-                    v.size(), " values, expected 1");
+      HP_USER_ERROR(ErrorKind::kData, "checkpoint ", path, " dataset '", name, "' holds ", v.size(),
+                    " values, expected 1");
     return v[0];
   };
   const int64_t step = one("/state/step");

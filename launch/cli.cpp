@@ -25,8 +25,10 @@ constexpr const char* kUsage =
     "  bench <scenario> --config FILE [...]    time hot-path variants side by side:\n"
     "                                          step, metadata, routing, alltoall, offload\n"
     "  eval --config FILE --checkpoint C [--data D] [--batches N]\n"
-    "                                          mean loss of a checkpoint: eval_loss=... tokens=...\n"
-    "  inspect CHECKPOINT                      step, layout, tensors and checksums of a checkpoint\n"
+    "                                          mean loss of a checkpoint: eval_loss=... "
+    "tokens=...\n"
+    "  inspect CHECKPOINT                      step, layout, tensors and checksums of a "
+    "checkpoint\n"
     "  data synth --out FILE.{bin,h5} [...]     write synthetic documents as a token file\n"
     "  --version                                print the version\n"
     "\n"
@@ -70,7 +72,8 @@ int train_main(const std::vector<std::string>& args, int* argc, char*** argv) {
                 static_cast<long long>(pc.active));
     return 0;
   }
-  return with_rank_context(o, argc, argv, [&](const RankContext& ctx) { return run_train(o, ctx); });
+  return with_rank_context(o, argc, argv,
+                           [&](const RankContext& ctx) { return run_train(o, ctx); });
 }
 
 int eval_main(const std::vector<std::string>& args, int* argc, char*** argv) {
@@ -81,8 +84,10 @@ int eval_main(const std::vector<std::string>& args, int* argc, char*** argv) {
 
 int bench_main(const std::vector<std::string>& args, int* argc, char*** argv) {
   if (args.empty() || args[0].rfind("--", 0) == 0)
-    HP_USER_ERROR(ErrorKind::kUser, "hotpath bench: name a scenario first (step, metadata, routing, alltoall, offload), e.g. "
-                                    "'hotpath bench step --config FILE'");
+    HP_USER_ERROR(
+        ErrorKind::kUser,
+        "hotpath bench: name a scenario first (step, metadata, routing, alltoall, offload), e.g. "
+        "'hotpath bench step --config FILE'");
   TrainOptions o;
   std::vector<std::string> rest(args.begin() + 1, args.end());
   if (!parse_train_options(rest, "bench " + args[0], o)) return 0;

@@ -16,84 +16,144 @@ po::options_description describe_options(TrainOptions& o, std::string& window_la
   ModelConfig& m = o.model;
   DataOptions& d = o.data;
   po::options_description run("Run");
-  run.add_options()
-      ("steps", po::value(&o.steps)->default_value(o.steps), "optimizer steps")
-      ("seed", po::value(&o.seed)->default_value(o.seed), "seed of init, data order and synthetic data")
-      ("device", po::value(&o.device)->default_value(o.device), "cpu | cuda | auto (cuda when a GPU is present)")
-      ("cpu_dtype", po::value(&o.cpu_dtype)->default_value(o.cpu_dtype), "CPU backend precision: f32 | f64")
-      ("batch_tokens", po::value(&o.batch_tokens)->default_value(o.batch_tokens), "global tokens per step (a multiple of seq_len)")
-      ("seq_len", po::value(&o.seq_len)->default_value(o.seq_len), "row length T in tokens")
-      ("lr", po::value(&o.lr)->default_value(o.lr), "peak learning rate")
-      ("min_lr", po::value(&o.min_lr)->default_value(o.min_lr), "learning rate at the end of the cosine decay")
-      ("warmup_steps", po::value(&o.warmup_steps)->default_value(o.warmup_steps), "linear warmup steps")
-      ("weight_decay", po::value(&o.weight_decay)->default_value(o.weight_decay), "AdamW decoupled weight decay (matrices only)")
-      ("beta1", po::value(&o.beta1)->default_value(o.beta1), "AdamW beta1")
-      ("beta2", po::value(&o.beta2)->default_value(o.beta2), "AdamW beta2")
-      ("adam_eps", po::value(&o.adam_eps)->default_value(o.adam_eps), "AdamW epsilon")
-      ("grad_clip", po::value(&o.grad_clip)->default_value(o.grad_clip), "global gradient-norm clip (<= 0: off)")
-      ("metrics_path", po::value(&o.metrics_path)->default_value(o.metrics_path), "JSONL metrics file, one object per step (empty: none)")
-      ("log_every", po::value(&o.log_every)->default_value(o.log_every), "log a step line every N steps")
-      ("checkpoint_activations", po::value(&o.checkpoint_activations)->default_value(o.checkpoint_activations), "keep only block inputs in forward; recompute in backward")
-      ("metadata", po::value(&o.metadata)->default_value(o.metadata), "packed metadata: cached (built once per batch) | per-layer (baseline)")
-      ("routing", po::value(&o.routing)->default_value(o.routing), "MoE routing: bincount (1 sync per layer) | per-expert (baseline)")
-      ("ep_size", po::value(&o.ep_size)->default_value(o.ep_size), "expert-parallel ranks (world = dp x ep_size)")
-      ("bootstrap", po::value(&o.bootstrap)->default_value(o.bootstrap), "how ranks meet: mpi | file:PATH | tcp:HOST:PORT (empty: mpi under an MPI launcher)")
-      ("collective_timeout_s", po::value(&o.collective_timeout_s)->default_value(o.collective_timeout_s), "seconds before a stuck collective fails the job")
-      ("ce_chunk_tokens", po::value(&o.ce_chunk_tokens)->default_value(o.ce_chunk_tokens), "rows of logits materialized at once")
-      ("offload", po::value(&o.offload)->default_value(o.offload), "checkpointed block inputs: none (stay on the device) | single (host, serialized reload; baseline) | double (host, ring of staging buffers with prefetch); not none implies checkpoint_activations")
-      ("offload_buffers", po::value(&o.offload_buffers)->default_value(o.offload_buffers), "offload=double: device staging buffers in the ring (>= 2)")
-      ("offload_lookahead", po::value(&o.offload_lookahead)->default_value(o.offload_lookahead), "offload=double: blocks reloaded ahead of the one in backward (1 .. offload_buffers-1)")
-      ("sim_link_gbps", po::value(&o.sim_link_gbps)->default_value(o.sim_link_gbps), "cpu backend: simulated host-link bandwidth of offload copies in GB/s (0: unlimited)")
-      ("pinned_pool_mib", po::value(&o.pinned_pool_mib)->default_value(o.pinned_pool_mib), "pinned host pool for offloaded block inputs in MiB (0: sized from the model and batch)")
-      ("bench_warmup", po::value(&o.bench_warmup)->default_value(o.bench_warmup), "bench: warm-up steps (not timed)")
-      ("bench_steps", po::value(&o.bench_steps)->default_value(o.bench_steps), "bench: timed steps")
-      ("bench_json", po::value(&o.bench_json)->default_value(o.bench_json), "bench: write results as JSON here");
+  run.add_options()("steps", po::value(&o.steps)->default_value(o.steps), "optimizer steps")(
+      "seed", po::value(&o.seed)->default_value(o.seed),
+      "seed of init, data order and synthetic data")(
+      "device", po::value(&o.device)->default_value(o.device),
+      "cpu | cuda | auto (cuda when a GPU is present)")(
+      "cpu_dtype", po::value(&o.cpu_dtype)->default_value(o.cpu_dtype),
+      "CPU backend precision: f32 | f64")("batch_tokens",
+                                          po::value(&o.batch_tokens)->default_value(o.batch_tokens),
+                                          "global tokens per step (a multiple of seq_len)")(
+      "seq_len", po::value(&o.seq_len)->default_value(o.seq_len), "row length T in tokens")(
+      "lr", po::value(&o.lr)->default_value(o.lr), "peak learning rate")(
+      "min_lr", po::value(&o.min_lr)->default_value(o.min_lr),
+      "learning rate at the end of the cosine decay")(
+      "warmup_steps", po::value(&o.warmup_steps)->default_value(o.warmup_steps),
+      "linear warmup steps")("weight_decay",
+                             po::value(&o.weight_decay)->default_value(o.weight_decay),
+                             "AdamW decoupled weight decay (matrices only)")(
+      "beta1", po::value(&o.beta1)->default_value(o.beta1), "AdamW beta1")(
+      "beta2", po::value(&o.beta2)->default_value(o.beta2), "AdamW beta2")(
+      "adam_eps", po::value(&o.adam_eps)->default_value(o.adam_eps), "AdamW epsilon")(
+      "grad_clip", po::value(&o.grad_clip)->default_value(o.grad_clip),
+      "global gradient-norm clip (<= 0: off)")(
+      "metrics_path", po::value(&o.metrics_path)->default_value(o.metrics_path),
+      "JSONL metrics file, one object per step (empty: none)")(
+      "log_every", po::value(&o.log_every)->default_value(o.log_every),
+      "log a step line every N steps")(
+      "checkpoint_activations",
+      po::value(&o.checkpoint_activations)->default_value(o.checkpoint_activations),
+      "keep only block inputs in forward; recompute in backward")(
+      "metadata", po::value(&o.metadata)->default_value(o.metadata),
+      "packed metadata: cached (built once per batch) | per-layer (baseline)")(
+      "routing", po::value(&o.routing)->default_value(o.routing),
+      "MoE routing: bincount (1 sync per layer) | per-expert (baseline)")(
+      "ep_size", po::value(&o.ep_size)->default_value(o.ep_size),
+      "expert-parallel ranks (world = dp x ep_size)")(
+      "bootstrap", po::value(&o.bootstrap)->default_value(o.bootstrap),
+      "how ranks meet: mpi | file:PATH | tcp:HOST:PORT (empty: mpi under an MPI launcher)")(
+      "collective_timeout_s",
+      po::value(&o.collective_timeout_s)->default_value(o.collective_timeout_s),
+      "seconds before a stuck collective fails the job")(
+      "ce_chunk_tokens", po::value(&o.ce_chunk_tokens)->default_value(o.ce_chunk_tokens),
+      "rows of logits materialized at once")(
+      "offload", po::value(&o.offload)->default_value(o.offload),
+      "checkpointed block inputs: none (stay on the device) | single (host, serialized reload; "
+      "baseline) | double (host, ring of staging buffers with prefetch); not none implies "
+      "checkpoint_activations")("offload_buffers",
+                                po::value(&o.offload_buffers)->default_value(o.offload_buffers),
+                                "offload=double: device staging buffers in the ring (>= 2)")(
+      "offload_lookahead", po::value(&o.offload_lookahead)->default_value(o.offload_lookahead),
+      "offload=double: blocks reloaded ahead of the one in backward (1 .. offload_buffers-1)")(
+      "sim_link_gbps", po::value(&o.sim_link_gbps)->default_value(o.sim_link_gbps),
+      "cpu backend: simulated host-link bandwidth of offload copies in GB/s (0: unlimited)")(
+      "pinned_pool_mib", po::value(&o.pinned_pool_mib)->default_value(o.pinned_pool_mib),
+      "pinned host pool for offloaded block inputs in MiB (0: sized from the model and batch)")(
+      "bench_warmup", po::value(&o.bench_warmup)->default_value(o.bench_warmup),
+      "bench: warm-up steps (not timed)")(
+      "bench_steps", po::value(&o.bench_steps)->default_value(o.bench_steps), "bench: timed steps")(
+      "bench_json", po::value(&o.bench_json)->default_value(o.bench_json),
+      "bench: write results as JSON here");
   po::options_description ckpt("Checkpoints and evaluation");
-  ckpt.add_options()
-      ("checkpoint_dir", po::value(&o.checkpoint_dir)->default_value(o.checkpoint_dir), "directory of step_<N>.h5 checkpoints and `latest` (empty: no checkpoints)")
-      ("checkpoint_every", po::value(&o.checkpoint_every)->default_value(o.checkpoint_every), "save every N steps (0: only at the end of the run and on preemption)")
-      ("keep_last", po::value(&o.keep_last)->default_value(o.keep_last), "committed checkpoints to keep (0: all)")
-      ("resume", po::value(&o.resume)->default_value(o.resume), "none | auto (newest committed checkpoint in checkpoint_dir) | PATH of a checkpoint")
-      ("stop_at_step", po::value(&o.stop_at_step)->default_value(o.stop_at_step), "end this run after this step, saving a checkpoint (0: run to `steps`; the LR schedule still spans `steps`)")
-      ("checkpoint", po::value(&o.eval_checkpoint)->default_value(o.eval_checkpoint), "eval: checkpoint file (or directory: its newest) to evaluate")
-      ("batches", po::value(&o.eval_batches)->default_value(o.eval_batches), "eval: global batches from the start of the data");
+  ckpt.add_options()("checkpoint_dir",
+                     po::value(&o.checkpoint_dir)->default_value(o.checkpoint_dir),
+                     "directory of step_<N>.h5 checkpoints and `latest` (empty: no checkpoints)")(
+      "checkpoint_every", po::value(&o.checkpoint_every)->default_value(o.checkpoint_every),
+      "save every N steps (0: only at the end of the run and on preemption)")(
+      "keep_last", po::value(&o.keep_last)->default_value(o.keep_last),
+      "committed checkpoints to keep (0: all)")(
+      "resume", po::value(&o.resume)->default_value(o.resume),
+      "none | auto (newest committed checkpoint in checkpoint_dir) | PATH of a checkpoint")(
+      "stop_at_step", po::value(&o.stop_at_step)->default_value(o.stop_at_step),
+      "end this run after this step, saving a checkpoint (0: run to `steps`; the LR schedule still "
+      "spans `steps`)")("checkpoint",
+                        po::value(&o.eval_checkpoint)->default_value(o.eval_checkpoint),
+                        "eval: checkpoint file (or directory: its newest) to evaluate")(
+      "batches", po::value(&o.eval_batches)->default_value(o.eval_batches),
+      "eval: global batches from the start of the data");
   po::options_description data("Data");
-  data.add_options()
-      ("data", po::value(&d.source)->default_value(d.source), "synthetic | token shard(s) .bin (path, comma list or glob) | HDF5 tokens .h5")
-      ("eot_token", po::value(&d.eot_token)->default_value(d.eot_token), "end-of-text token id (-1: vocab_size - 1)")
-      ("shuffle", po::value(&d.shuffle)->default_value(d.shuffle), "shuffle document order per epoch (file sources)")
-      ("synthetic_vocab", po::value(&d.synthetic_vocab)->default_value(d.synthetic_vocab), "synthetic: content tokens 0..N-1 (0: every id below eot_token)")
-      ("synthetic_zipf", po::value(&d.synthetic_zipf)->default_value(d.synthetic_zipf), "synthetic: Zipf exponent of each context's next-token distribution")
-      ("synthetic_mean_doc_len", po::value(&d.synthetic_mean_doc_len)->default_value(d.synthetic_mean_doc_len), "synthetic: mean document length (geometric)");
+  data.add_options()(
+      "data", po::value(&d.source)->default_value(d.source),
+      "synthetic | token shard(s) .bin (path, comma list or glob) | HDF5 tokens .h5")(
+      "eot_token", po::value(&d.eot_token)->default_value(d.eot_token),
+      "end-of-text token id (-1: vocab_size - 1)")(
+      "shuffle", po::value(&d.shuffle)->default_value(d.shuffle),
+      "shuffle document order per epoch (file sources)")(
+      "synthetic_vocab", po::value(&d.synthetic_vocab)->default_value(d.synthetic_vocab),
+      "synthetic: content tokens 0..N-1 (0: every id below eot_token)")(
+      "synthetic_zipf", po::value(&d.synthetic_zipf)->default_value(d.synthetic_zipf),
+      "synthetic: Zipf exponent of each context's next-token distribution")(
+      "synthetic_mean_doc_len",
+      po::value(&d.synthetic_mean_doc_len)->default_value(d.synthetic_mean_doc_len),
+      "synthetic: mean document length (geometric)");
   po::options_description model("Model");
-  model.add_options()
-      ("vocab_size", po::value(&m.vocab_size)->default_value(m.vocab_size), "vocabulary size")
-      ("d_model", po::value(&m.d_model)->default_value(m.d_model), "residual width")
-      ("n_layers", po::value(&m.n_layers)->default_value(m.n_layers), "transformer layers")
-      ("n_heads", po::value(&m.n_heads)->default_value(m.n_heads), "query heads")
-      ("n_kv_heads", po::value(&m.n_kv_heads)->default_value(m.n_kv_heads), "key/value heads (GQA)")
-      ("head_dim", po::value(&m.head_dim)->default_value(m.head_dim), "head dimension")
-      ("ffn_dim", po::value(&m.ffn_dim)->default_value(m.ffn_dim), "dense FFN hidden size")
-      ("n_experts", po::value(&m.n_experts)->default_value(m.n_experts), "experts per MoE layer (0: dense)")
-      ("top_k", po::value(&m.top_k)->default_value(m.top_k), "experts per token")
-      ("expert_ffn_dim", po::value(&m.expert_ffn_dim)->default_value(m.expert_ffn_dim), "expert FFN hidden size")
-      ("sliding_window", po::value(&m.sliding_window)->default_value(m.sliding_window), "sliding-window size W")
-      ("window_layers", po::value(&window_layers)->default_value("none"), "layers with the sliding window: none | even | all")
-      ("attn_sinks", po::value(&m.attn_sinks)->default_value(m.attn_sinks), "learned attention sinks per head")
-      ("attn_bias", po::value(&m.attn_bias)->default_value(m.attn_bias), "biases on qkv and output projections")
-      ("qk_norm", po::value(&m.qk_norm)->default_value(m.qk_norm), "per-head RMSNorm of q and k (Qwen3)")
-      ("tie_embeddings", po::value(&m.tie_embeddings)->default_value(m.tie_embeddings), "share the embedding table with the unembedding")
-      ("activation", po::value(&m.activation)->default_value(m.activation), "swiglu | gptoss (clamped SwiGLU)")
-      ("swiglu_alpha", po::value(&m.swiglu_alpha)->default_value(m.swiglu_alpha), "gptoss activation alpha")
-      ("swiglu_limit", po::value(&m.swiglu_limit)->default_value(m.swiglu_limit), "gptoss activation clamp limit")
-      ("rope_theta", po::value(&m.rope_theta)->default_value(m.rope_theta), "RoPE base")
-      ("rope_scaling_factor", po::value(&m.rope_scaling_factor)->default_value(m.rope_scaling_factor), "YaRN factor (1: off)")
-      ("rope_original_max_positions", po::value(&m.rope_original_max_positions)->default_value(m.rope_original_max_positions), "YaRN original context")
-      ("rope_beta_fast", po::value(&m.rope_beta_fast)->default_value(m.rope_beta_fast), "YaRN beta_fast")
-      ("rope_beta_slow", po::value(&m.rope_beta_slow)->default_value(m.rope_beta_slow), "YaRN beta_slow")
-      ("norm_eps", po::value(&m.norm_eps)->default_value(m.norm_eps), "RMSNorm epsilon")
-      ("moe_aux_coef", po::value(&m.moe_aux_coef)->default_value(m.moe_aux_coef), "load-balancing loss coefficient (0: off)")
-      ("init_std", po::value(&m.init_std)->default_value(m.init_std), "init standard deviation of weights");
+  model.add_options()("vocab_size", po::value(&m.vocab_size)->default_value(m.vocab_size),
+                      "vocabulary size")("d_model", po::value(&m.d_model)->default_value(m.d_model),
+                                         "residual width")(
+      "n_layers", po::value(&m.n_layers)->default_value(m.n_layers), "transformer layers")(
+      "n_heads", po::value(&m.n_heads)->default_value(m.n_heads), "query heads")(
+      "n_kv_heads", po::value(&m.n_kv_heads)->default_value(m.n_kv_heads), "key/value heads (GQA)")(
+      "head_dim", po::value(&m.head_dim)->default_value(m.head_dim), "head dimension")(
+      "ffn_dim", po::value(&m.ffn_dim)->default_value(m.ffn_dim), "dense FFN hidden size")(
+      "n_experts", po::value(&m.n_experts)->default_value(m.n_experts),
+      "experts per MoE layer (0: dense)")("top_k", po::value(&m.top_k)->default_value(m.top_k),
+                                          "experts per token")(
+      "expert_ffn_dim", po::value(&m.expert_ffn_dim)->default_value(m.expert_ffn_dim),
+      "expert FFN hidden size")(
+      "sliding_window", po::value(&m.sliding_window)->default_value(m.sliding_window),
+      "sliding-window size W")("window_layers", po::value(&window_layers)->default_value("none"),
+                               "layers with the sliding window: none | even | all")(
+      "attn_sinks", po::value(&m.attn_sinks)->default_value(m.attn_sinks),
+      "learned attention sinks per head")("attn_bias",
+                                          po::value(&m.attn_bias)->default_value(m.attn_bias),
+                                          "biases on qkv and output projections")(
+      "qk_norm", po::value(&m.qk_norm)->default_value(m.qk_norm),
+      "per-head RMSNorm of q and k (Qwen3)")(
+      "tie_embeddings", po::value(&m.tie_embeddings)->default_value(m.tie_embeddings),
+      "share the embedding table with the unembedding")(
+      "activation", po::value(&m.activation)->default_value(m.activation),
+      "swiglu | gptoss (clamped SwiGLU)")("swiglu_alpha",
+                                          po::value(&m.swiglu_alpha)->default_value(m.swiglu_alpha),
+                                          "gptoss activation alpha")(
+      "swiglu_limit", po::value(&m.swiglu_limit)->default_value(m.swiglu_limit),
+      "gptoss activation clamp limit")(
+      "rope_theta", po::value(&m.rope_theta)->default_value(m.rope_theta), "RoPE base")(
+      "rope_scaling_factor",
+      po::value(&m.rope_scaling_factor)->default_value(m.rope_scaling_factor),
+      "YaRN factor (1: off)")(
+      "rope_original_max_positions",
+      po::value(&m.rope_original_max_positions)->default_value(m.rope_original_max_positions),
+      "YaRN original context")("rope_beta_fast",
+                               po::value(&m.rope_beta_fast)->default_value(m.rope_beta_fast),
+                               "YaRN beta_fast")(
+      "rope_beta_slow", po::value(&m.rope_beta_slow)->default_value(m.rope_beta_slow),
+      "YaRN beta_slow")("norm_eps", po::value(&m.norm_eps)->default_value(m.norm_eps),
+                        "RMSNorm epsilon")(
+      "moe_aux_coef", po::value(&m.moe_aux_coef)->default_value(m.moe_aux_coef),
+      "load-balancing loss coefficient (0: off)")("init_std",
+                                                  po::value(&m.init_std)->default_value(m.init_std),
+                                                  "init standard deviation of weights");
   po::options_description all;
   all.add(run).add(ckpt).add(data).add(model);
   return all;
@@ -115,7 +175,7 @@ bool parse_train_options(const std::vector<std::string>& args, const std::string
   po::options_description keys = describe_options(o, window_layers);
   po::options_description cli("Command line");
   cli.add_options()("help,h", "print this help")("config", po::value(&o.config_path),
-                                                   "INI file of key = value lines (# comments)")(
+                                                 "INI file of key = value lines (# comments)")(
       "dry-run", po::bool_switch(&o.dry_run), "validate, print parameter counts, exit");
   po::options_description all;
   all.add(cli).add(keys);
@@ -124,8 +184,8 @@ bool parse_train_options(const std::vector<std::string>& args, const std::string
   try {
     po::store(po::command_line_parser(args).options(all).run(), vm);
   } catch (const po::error& e) {
-    HP_USER_ERROR(ErrorKind::kConfig, "hotpath ", subcommand, ": ", e.what(),
-                  " (see hotpath ", subcommand, " --help)");
+    HP_USER_ERROR(ErrorKind::kConfig, "hotpath ", subcommand, ": ", e.what(), " (see hotpath ",
+                  subcommand, " --help)");
   }
   if (vm.count("help")) {
     std::cout << "usage: hotpath " << subcommand << " --config FILE [--key=value ...]\n\n"
@@ -177,10 +237,11 @@ void validate_train_options(const TrainOptions& o, int world) {
   require(o.batch_tokens > 0 && o.batch_tokens % o.seq_len == 0, "batch_tokens",
           str_cat("must be a positive multiple of seq_len=", o.seq_len, ", got ", o.batch_tokens));
   require(o.rows_per_batch() % world == 0, "batch_tokens",
-          str_cat("batch_tokens/seq_len = ", o.rows_per_batch(),
-                  " rows must divide evenly over ", world, " ranks"));
+          str_cat("batch_tokens/seq_len = ", o.rows_per_batch(), " rows must divide evenly over ",
+                  world, " ranks"));
   require(o.lr > 0, "lr", str_cat("must be > 0, got ", o.lr));
-  require(o.min_lr >= 0 && o.min_lr <= o.lr, "min_lr", str_cat("must be in [0, lr], got ", o.min_lr));
+  require(o.min_lr >= 0 && o.min_lr <= o.lr, "min_lr",
+          str_cat("must be in [0, lr], got ", o.min_lr));
   require(o.warmup_steps >= 0, "warmup_steps", "must be >= 0");
   require(o.weight_decay >= 0, "weight_decay", "must be >= 0");
   require(o.beta1 >= 0 && o.beta1 < 1, "beta1", "must be in [0, 1)");

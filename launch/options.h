@@ -14,7 +14,7 @@ struct DataOptions {
   std::string source = "synthetic";  // "synthetic", .bin shard(s) (path, list or glob), or .h5
   int32_t eot_token = -1;            // -1: vocab_size - 1
   bool shuffle = true;
-  int64_t synthetic_vocab = 0;       // 0: every id below eot_token
+  int64_t synthetic_vocab = 0;  // 0: every id below eot_token
   double synthetic_zipf = 1.0;
   double synthetic_mean_doc_len = 64;
 };
@@ -26,7 +26,7 @@ struct TrainOptions {
   DataOptions data;
   int64_t steps = 100;
   uint64_t seed = 1234;
-  std::string device = "auto";  // cpu | cuda | auto (cuda when a GPU is present)
+  std::string device = "auto";    // cpu | cuda | auto (cuda when a GPU is present)
   std::string cpu_dtype = "f32";  // f32 | f64 (reference checks)
   int64_t batch_tokens = 8192;    // global tokens per step
   int64_t seq_len = 256;          // row length T
@@ -41,7 +41,7 @@ struct TrainOptions {
   std::string metrics_path;
   int64_t log_every = 1;
   bool checkpoint_activations = false;
-  std::string metadata = "cached";  // cached | per-layer
+  std::string metadata = "cached";   // cached | per-layer
   std::string routing = "bincount";  // bincount | per-expert
   int64_t ce_chunk_tokens = 4096;
   // activation offload (framework/model/activation_store.h); offload != none implies
@@ -61,7 +61,7 @@ struct TrainOptions {
   int64_t checkpoint_every = 0;  // steps between saves (0: only at the end and on preemption)
   int64_t keep_last = 0;         // committed checkpoints kept (0: all)
   std::string resume = "none";   // none | auto | PATH
-  int64_t stop_at_step = 0;      // end this run after this step (0: at `steps`); LR still spans steps
+  int64_t stop_at_step = 0;  // end this run after this step (0: at `steps`); LR still spans steps
   // eval
   std::string eval_checkpoint;  // --checkpoint: a file or a checkpoint directory
   int64_t eval_batches = 10;    // --batches: global batches from the start of the data

@@ -14,7 +14,8 @@ namespace hp {
 namespace {
 
 bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+  return s.size() >= suffix.size() &&
+         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
 int synth_main(const std::vector<std::string>& args) {
@@ -31,10 +32,10 @@ int synth_main(const std::vector<std::string>& args) {
       "synthetic_vocab", po::value(&d.synthetic_vocab)->default_value(0),
       "content tokens (0: vocab_size - 1)")(
       "synthetic_zipf", po::value(&d.synthetic_zipf)->default_value(d.synthetic_zipf),
-      "Zipf exponent")("synthetic_mean_doc_len",
-                       po::value(&d.synthetic_mean_doc_len)->default_value(d.synthetic_mean_doc_len),
-                       "mean document length")(
-      "seed", po::value(&d.seed)->default_value(0), "seed");
+      "Zipf exponent")(
+      "synthetic_mean_doc_len",
+      po::value(&d.synthetic_mean_doc_len)->default_value(d.synthetic_mean_doc_len),
+      "mean document length")("seed", po::value(&d.seed)->default_value(0), "seed");
   po::variables_map vm;
   try {
     po::store(po::command_line_parser(args).options(opts).run(), vm);
@@ -51,8 +52,10 @@ int synth_main(const std::vector<std::string>& args) {
   if (d.eot_token < 0) d.eot_token = static_cast<int32_t>(d.vocab_size - 1);
   if (d.synthetic_vocab == 0) d.synthetic_vocab = d.vocab_size - 1;
   if (d.vocab_size > 65536 && ends_with(out, ".bin"))
-    HP_USER_ERROR(ErrorKind::kUser, "hotpath data synth: .bin shards hold uint16 tokens; "
-                                    "vocab_size must be <= 65536, got ", d.vocab_size);
+    HP_USER_ERROR(ErrorKind::kUser,
+                  "hotpath data synth: .bin shards hold uint16 tokens; "
+                  "vocab_size must be <= 65536, got ",
+                  d.vocab_size);
   d.seq_len = 2;
   d.rows_per_batch = 1;
   std::vector<std::vector<int32_t>> documents = synthetic_documents(d, docs);

@@ -2,21 +2,21 @@
 
 #include <algorithm>
 #include <chrono>
-#include <csignal>
-#include <cstdlib>
-#include <thread>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <iomanip>
 #include <sstream>
+#include <thread>
 #include <vector>
 
 #include "framework/core/log.h"
 #include "framework/core/trace.h"
+#include "launch/bench_comm.h"
 #include "launch/bench_model.h"
 #include "launch/bench_offload.h"
-#include "launch/bench_comm.h"
 #include "launch/checkpointing.h"
 #include "parallel/moe_exchange.h"
 #if HOTPATH_HAVE_CUDA
@@ -33,7 +33,8 @@ std::unique_ptr<Backend> make_backend(const TrainOptions& o, int local_rank) {
   if (device == "auto") device = gpus > 0 ? "cuda" : "cpu";
   if (device == "cuda") {
     if (gpus == 0)
-      HP_USER_ERROR(ErrorKind::kConfig, "config key 'device': cuda requested but no CUDA device is visible");
+      HP_USER_ERROR(ErrorKind::kConfig,
+                    "config key 'device': cuda requested but no CUDA device is visible");
     return make_cuda_backend(local_rank % gpus);
   }
 #else
@@ -50,7 +51,8 @@ DataConfig make_data_config(const TrainOptions& o, int rank, int world) {
   DataConfig d;
   d.source = o.data.source;
   d.vocab_size = o.model.vocab_size;
-  d.eot_token = o.data.eot_token < 0 ? static_cast<int32_t>(o.model.vocab_size - 1) : o.data.eot_token;
+  d.eot_token =
+      o.data.eot_token < 0 ? static_cast<int32_t>(o.model.vocab_size - 1) : o.data.eot_token;
   d.seq_len = o.seq_len;
   d.rows_per_batch = o.rows_per_batch();
   d.rank = rank;
@@ -221,8 +223,8 @@ std::string metrics_json(const StepStats& s, bool moe) {
   os << std::setprecision(9) << "{\"step\":" << s.step << ",\"loss\":" << s.loss;
   if (moe) os << ",\"aux_loss\":" << s.aux_loss;
   os << ",\"lr\":" << s.lr << ",\"grad_norm\":" << s.grad_norm
-     << ",\"tokens_per_s\":" << s.tokens_per_s << ",\"ms\":" << s.ms
-     << ",\"tokens\":" << s.tokens << ",\"syncs\":" << s.syncs.json() << "}";
+     << ",\"tokens_per_s\":" << s.tokens_per_s << ",\"ms\":" << s.ms << ",\"tokens\":" << s.tokens
+     << ",\"syncs\":" << s.syncs.json() << "}";
   return os.str();
 }
 
@@ -243,14 +245,16 @@ int run_train(const TrainOptions& o, const RankContext& ctx) {
   Trainer trainer(o, ctx);
   const ParamCounts pc = count_params(o.model);
   const double floor = trainer.loader().entropy_floor();
-  log_info("hotpath ", HOTPATH_VERSION, ": backend=", trainer.backend().name(),
-           " params: total=", pc.total, " active=", pc.active, " layers=", o.model.n_layers,
-           o.model.is_moe() ? str_cat(" experts=", o.model.n_experts, " top_k=", o.model.top_k) : "");
+  log_info(
+      "hotpath ", HOTPATH_VERSION, ": backend=", trainer.backend().name(),
+      " params: total=", pc.total, " active=", pc.active, " layers=", o.model.n_layers,
+      o.model.is_moe() ? str_cat(" experts=", o.model.n_experts, " top_k=", o.model.top_k) : "");
   log_info("launch: ", ctx.launch.describe(), " world=", ctx.world(), " dp=", ctx.groups.dp_size,
            " ep=", ctx.groups.ep_size);
-  log_info(trainer.loader().describe(), " seq_len=", o.seq_len,
-           " batch_tokens=", o.batch_tokens, " steps=", o.steps);
-  if (!std::isnan(floor)) log_info("entropy_floor=", fmt(floor, 6), " nats (lowest achievable mean loss)");
+  log_info(trainer.loader().describe(), " seq_len=", o.seq_len, " batch_tokens=", o.batch_tokens,
+           " steps=", o.steps);
+  if (!std::isnan(floor))
+    log_info("entropy_floor=", fmt(floor, 6), " nats (lowest achievable mean loss)");
   // ---- resume (launch/checkpointing.h): --resume=none|auto|PATH ----
   int64_t saved_step = resume_from_options(trainer);
   const int64_t last_step = o.stop_at_step > 0 ? std::min(o.steps, o.stop_at_step) : o.steps;
@@ -263,8 +267,8 @@ int run_train(const TrainOptions& o, const RankContext& ctx) {
   if (!o.metrics_path.empty() && ctx.rank() == 0) {
     metrics.open(o.metrics_path, std::ios::trunc);
     if (!metrics)
-      HP_USER_ERROR(ErrorKind::kConfig, "config key 'metrics_path': cannot write '",
-                    o.metrics_path, "'");
+      HP_USER_ERROR(ErrorKind::kConfig, "config key 'metrics_path': cannot write '", o.metrics_path,
+                    "'");
   }
   // Recent losses for a smoothed figure: single steps are noisy.
   std::vector<double> recent;
@@ -280,8 +284,9 @@ int run_train(const TrainOptions& o, const RankContext& ctx) {
     if (recent.size() > 20) recent.erase(recent.begin());
     if (metrics.is_open()) metrics << metrics_json(s, o.model.is_moe()) << "\n" << std::flush;
     if (s.step % o.log_every == 0 || s.step == o.steps || s.step == 1) {
-      log_info("step=", s.step, " loss=", fmt(s.loss), o.model.is_moe() ? " aux_loss=" + fmt(s.aux_loss) : "",
-               " lr=", fmt(s.lr, 3), " grad_norm=", fmt(s.grad_norm, 3), " tok/s=", fmt(s.tokens_per_s, 5),
+      log_info("step=", s.step, " loss=", fmt(s.loss),
+               o.model.is_moe() ? " aux_loss=" + fmt(s.aux_loss) : "", " lr=", fmt(s.lr, 3),
+               " grad_norm=", fmt(s.grad_norm, 3), " tok/s=", fmt(s.tokens_per_s, 5),
                " ms=", fmt(s.ms, 4), " syncs=", s.syncs.total());
     }
     if (!std::isfinite(s.loss))
@@ -305,9 +310,10 @@ int run_train(const TrainOptions& o, const RankContext& ctx) {
   avg = recent.empty() ? 0 : avg / recent.size();
   std::string vs_floor;
   if (!std::isnan(floor) && floor > 0)
-    vs_floor = str_cat(" entropy_floor=", fmt(floor, 6), " gap=", fmt(100.0 * (avg / floor - 1.0), 3), "%");
-  log_info("done: steps=", trainer.steps_done(), " final_loss=", fmt(last_loss), " mean_loss_last_", recent.size(),
-           "=", fmt(avg), vs_floor, " tokens=", tokens, " time_s=", fmt(secs, 4));
+    vs_floor = str_cat(" entropy_floor=", fmt(floor, 6),
+                       " gap=", fmt(100.0 * (avg / floor - 1.0), 3), "%");
+  log_info("done: steps=", trainer.steps_done(), " final_loss=", fmt(last_loss), " mean_loss_last_",
+           recent.size(), "=", fmt(avg), vs_floor, " tokens=", tokens, " time_s=", fmt(secs, 4));
   return 0;
 }
 
@@ -334,12 +340,14 @@ int run_bench(const std::string& scenario, const TrainOptions& o, const RankCont
   // MFU per GPU against the bf16 peak; meaningless for the CPU reference.
   const double mfu = gpu ? median(flops) / ctx.world() / (med_ms / 1000.0) / kPeakBf16Flops : 0.0;
   if (ctx.rank() != 0) return 0;
-  std::printf("bench step: backend=%s world=%d tokens/step=%lld layers=%d steps=%lld (warm-up %lld)\n",
-              trainer.backend().name().c_str(), ctx.world(), static_cast<long long>(o.batch_tokens),
-              o.model.n_layers, static_cast<long long>(o.bench_steps),
-              static_cast<long long>(o.bench_warmup));
+  std::printf(
+      "bench step: backend=%s world=%d tokens/step=%lld layers=%d steps=%lld (warm-up %lld)\n",
+      trainer.backend().name().c_str(), ctx.world(), static_cast<long long>(o.batch_tokens),
+      o.model.n_layers, static_cast<long long>(o.bench_steps),
+      static_cast<long long>(o.bench_warmup));
   std::printf("%-10s %12s %12s %12s %8s\n", "variant", "ms/step", "tokens/s", "syncs/step", "MFU");
-  std::printf("%-10s %12.2f %12.1f %12.0f %7.1f%%\n", "step", med_ms, med_tps, med_syncs, 100 * mfu);
+  std::printf("%-10s %12.2f %12.1f %12.0f %7.1f%%\n", "step", med_ms, med_tps, med_syncs,
+              100 * mfu);
   if (!o.bench_json.empty()) {
     std::ofstream f(o.bench_json);
     f << "{\"scenario\":\"step\",\"backend\":\"" << trainer.backend().name()

@@ -26,9 +26,9 @@ struct StepStats {
   double grad_norm = 0;  // before clipping
   double ms = 0;
   double tokens_per_s = 0;
-  int64_t tokens = 0;        // global tokens in the step
-  int64_t valid_targets = 0; // global
-  double model_flops = 0;    // global: 6 * active params * tokens + causal attention FLOPs
+  int64_t tokens = 0;         // global tokens in the step
+  int64_t valid_targets = 0;  // global
+  double model_flops = 0;     // global: 6 * active params * tokens + causal attention FLOPs
   SyncCounter syncs;
 };
 

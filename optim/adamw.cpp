@@ -8,7 +8,8 @@ void grad_sum_squares(Backend& be, ParamRegistry& params, Tensor& acc) {
   HP_CHECK(acc.numel() == 2, "grad_sum_squares needs acc[2], got ", acc.desc());
   be.fill(acc, 0.0);
   Tensor dense = acc.slice(0, 1), expert = acc.slice(1, 2);
-  for (auto& p : params.all()) be.sum_squares(p->grad, p->group == ParamGroup::kExpert ? expert : dense);
+  for (auto& p : params.all())
+    be.sum_squares(p->grad, p->group == ParamGroup::kExpert ? expert : dense);
 }
 
 double clip_coefficient(double grad_norm, double clip) {

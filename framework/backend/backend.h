@@ -50,8 +50,8 @@ struct AttentionShape {
   int n_heads = 0;     // query heads
   int n_kv_heads = 0;  // key/value heads (GQA: n_heads % n_kv_heads == 0)
   int head_dim = 0;
-  int window = 0;      // 0: full causal; W > 0: keys j with i - W < j <= i
-  double scale = 0;    // usually 1/sqrt(head_dim)
+  int window = 0;    // 0: full causal; W > 0: keys j with i - W < j <= i
+  double scale = 0;  // usually 1/sqrt(head_dim)
 };
 
 enum class GluKind { kSwiGLU, kGptOss };
@@ -83,7 +83,9 @@ class Backend {
 
   // ---- memory -----------------------------------------------------------------------------
   virtual Allocator& allocator() = 0;
-  Tensor empty(Shape shape, DType dtype) { return Tensor::empty(allocator(), std::move(shape), dtype); }
+  Tensor empty(Shape shape, DType dtype) {
+    return Tensor::empty(allocator(), std::move(shape), dtype);
+  }
   Tensor zeros(Shape shape, DType dtype);
   virtual void fill(Tensor& t, double value) = 0;
   // Same dtype and numel; src and dst may live on different devices (stream-ordered, no sync).
@@ -144,7 +146,8 @@ class Backend {
 
   // ---- normalization and position ---------------------------------------------------------
   // Rows of x[M,D]: y = x / sqrt(mean(x^2) + eps) * w; rstd[M] keeps 1/sqrt(...) for backward.
-  virtual void rmsnorm_fwd(const Tensor& x, const Tensor& w, double eps, Tensor& y, Tensor& rstd) = 0;
+  virtual void rmsnorm_fwd(const Tensor& x, const Tensor& w, double eps, Tensor& y,
+                           Tensor& rstd) = 0;
   // dx written; dw += .
   virtual void rmsnorm_bwd(const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dy,
                            Tensor& dx, Tensor& dw) = 0;
@@ -201,7 +204,8 @@ class Backend {
   virtual void sort_by_id(const Tensor& ids, const Tensor& offsets, Tensor& sorted_to_assign,
                           Tensor& assign_to_sorted) = 0;
   // out[j] = x[sorted_to_assign[j] / k]   (x[N,D], out[M,D]).
-  virtual void permute_rows(const Tensor& x, const Tensor& sorted_to_assign, int k, Tensor& out) = 0;
+  virtual void permute_rows(const Tensor& x, const Tensor& sorted_to_assign, int k,
+                            Tensor& out) = 0;
   // dx[N,D] += sum over j with sorted_to_assign[j]/k == t of dout[j].
   virtual void permute_rows_bwd(const Tensor& dout, const Tensor& sorted_to_assign, int k,
                                 Tensor& dx) = 0;
@@ -229,8 +233,8 @@ class Backend {
   virtual void sum_squares(const Tensor& x, Tensor& acc) = 0;
   // Decoupled-weight-decay Adam with bias correction on master/m/v; grad is scaled by
   // p.grad_scale first. When `working` is defined it receives master converted to its dtype.
-  virtual void adamw(Tensor& master, const Tensor& grad, Tensor& m, Tensor& v,
-                     const AdamWParams& p, Tensor& working) = 0;
+  virtual void adamw(Tensor& master, const Tensor& grad, Tensor& m, Tensor& v, const AdamWParams& p,
+                     Tensor& working) = 0;
 
  protected:
   SyncCounter syncs_;

@@ -74,8 +74,8 @@ void make_checkpoint_dir(const std::string& dir) {
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec || !fs::is_directory(dir))
-    HP_USER_ERROR(ErrorKind::kConfig, "config key 'checkpoint_dir': cannot create directory '",
-                  dir, "'", ec ? ": " + ec.message() : std::string());
+    HP_USER_ERROR(ErrorKind::kConfig, "config key 'checkpoint_dir': cannot create directory '", dir,
+                  "'", ec ? ": " + ec.message() : std::string());
 }
 
 void fsync_path(const std::string& path) {

@@ -29,9 +29,12 @@ herr_t innermost_error(unsigned n, const H5E_error2_t* e, void* data) {
 
 hid_t file_type(DType t) {
   switch (t) {
-    case DType::kF32: return H5T_IEEE_F32LE;
-    case DType::kF64: return H5T_IEEE_F64LE;
-    case DType::kI64: return H5T_STD_I64LE;
+    case DType::kF32:
+      return H5T_IEEE_F32LE;
+    case DType::kF64:
+      return H5T_IEEE_F64LE;
+    case DType::kI64:
+      return H5T_STD_I64LE;
     default:
       HP_FAIL(ErrorKind::kInternal, "checkpoint datasets hold f32, f64 or i64, not ",
               dtype_name(t));
@@ -40,9 +43,12 @@ hid_t file_type(DType t) {
 
 hid_t memory_type(DType t) {
   switch (t) {
-    case DType::kF32: return H5T_NATIVE_FLOAT;
-    case DType::kF64: return H5T_NATIVE_DOUBLE;
-    case DType::kI64: return H5T_NATIVE_INT64;
+    case DType::kF32:
+      return H5T_NATIVE_FLOAT;
+    case DType::kF64:
+      return H5T_NATIVE_DOUBLE;
+    case DType::kI64:
+      return H5T_NATIVE_INT64;
     default:
       HP_FAIL(ErrorKind::kInternal, "checkpoint datasets hold f32, f64 or i64, not ",
               dtype_name(t));
@@ -70,11 +76,11 @@ void select_rows(hid_t file_space, const Shape& shape, RowRange rows, hid_t* mem
   std::vector<hsize_t> start(shape.size(), 0), count = to_hsize(shape);
   start[0] = static_cast<hsize_t>(rows.begin);
   count[0] = static_cast<hsize_t>(rows.count);
-  H5_CHECK(H5Sselect_hyperslab(file_space, H5S_SELECT_SET, start.data(), nullptr, count.data(),
-                               nullptr),
-           where);
-  *mem_space = H5_CHECK(H5Screate_simple(static_cast<int>(count.size()), count.data(), nullptr),
-                        where);
+  H5_CHECK(
+      H5Sselect_hyperslab(file_space, H5S_SELECT_SET, start.data(), nullptr, count.data(), nullptr),
+      where);
+  *mem_space =
+      H5_CHECK(H5Screate_simple(static_cast<int>(count.size()), count.data(), nullptr), where);
 }
 
 void fsync_file(const std::string& path) {
@@ -185,9 +191,9 @@ void CheckpointWriter::write_rows(const std::string& name, const Shape& shape, D
   const std::vector<hsize_t> dims = to_hsize(shape);
   std::vector<hsize_t> chunk = dims;
   chunk[0] = static_cast<hsize_t>(std::min(chunk_rows, shape[0]));
-  H5Handle space(H5_CHECK(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr),
-                          where),
-                 H5Sclose);
+  H5Handle space(
+      H5_CHECK(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr), where),
+      H5Sclose);
   H5Handle dcpl(H5_CHECK(H5Pcreate(H5P_DATASET_CREATE), where), H5Pclose);
   H5_CHECK(H5Pset_chunk(dcpl.get(), static_cast<int>(chunk.size()), chunk.data()), where);
   H5_CHECK(H5Pset_fletcher32(dcpl.get()), where);
@@ -254,8 +260,8 @@ CheckpointReader::CheckpointReader(const std::string& path)
       H5Handle(H5_CHECK(H5Fopen(path_.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), where), H5Fclose);
   if (!has_attr("format") || string_attr("format") != kCheckpointFormat)
     HP_USER_ERROR(ErrorKind::kData, "checkpoint ", path_,
-                  ": not a hotpath checkpoint (root attribute 'format' is not '",
-                  kCheckpointFormat, "')");
+                  ": not a hotpath checkpoint (root attribute 'format' is not '", kCheckpointFormat,
+                  "')");
   const int64_t version = int_attr("format_version");
   if (version != kCheckpointVersion)
     HP_USER_ERROR(ErrorKind::kData, "checkpoint ", path_, ": format_version ", version,
@@ -362,9 +368,8 @@ DatasetInfo CheckpointReader::info(const std::string& name) const {
     unsigned flags = 0, cd[8];
     size_t ncd = 8;
     char fname[64];
-    const H5Z_filter_t f =
-        H5Pget_filter2(dcpl.get(), static_cast<unsigned>(i), &flags, &ncd, cd, sizeof fname,
-                       fname, nullptr);
+    const H5Z_filter_t f = H5Pget_filter2(dcpl.get(), static_cast<unsigned>(i), &flags, &ncd, cd,
+                                          sizeof fname, fname, nullptr);
     if (f == H5Z_FILTER_FLETCHER32) d.fletcher32 = true;
   }
   return d;

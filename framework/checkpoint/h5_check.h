@@ -15,13 +15,12 @@ std::string h5_error_text();
 // Evaluates an HDF5 call once and yields its result; a negative result (a failed herr_t or
 // hid_t) throws Error(kHdf5) with the statement, file:line, `where` (the file and the dataset or
 // attribute) and HDF5's own message.
-#define H5_CHECK(stmt, where)                                                  \
-  ([&]() {                                                                     \
-    auto hp_h5_rc_ = (stmt);                                                   \
-    if (hp_h5_rc_ < 0)                                                         \
-      HP_FAIL(::hp::ErrorKind::kHdf5, #stmt, " failed on ", (where), ": ",     \
-              ::hp::h5_error_text());                                          \
-    return hp_h5_rc_;                                                          \
+#define H5_CHECK(stmt, where)                                                                      \
+  ([&]() {                                                                                         \
+    auto hp_h5_rc_ = (stmt);                                                                       \
+    if (hp_h5_rc_ < 0)                                                                             \
+      HP_FAIL(::hp::ErrorKind::kHdf5, #stmt, " failed on ", (where), ": ", ::hp::h5_error_text()); \
+    return hp_h5_rc_;                                                                              \
   }())
 
 // Switches HDF5's automatic error printing off for its lifetime (our exceptions report).

@@ -15,7 +15,19 @@ namespace hp {
 void set_error_rank(int rank);
 int error_rank();
 
-enum class ErrorKind { kInternal, kUser, kConfig, kData, kIo, kCuda, kCublas, kNccl, kMpi, kHdf5, kComm };
+enum class ErrorKind {
+  kInternal,
+  kUser,
+  kConfig,
+  kData,
+  kIo,
+  kCuda,
+  kCublas,
+  kNccl,
+  kMpi,
+  kHdf5,
+  kComm
+};
 
 const char* error_kind_name(ErrorKind kind);
 
@@ -55,15 +67,14 @@ std::string str_cat(const Args&... args) {
 }  // namespace hp
 
 // Internal invariant: a violated HP_CHECK is a bug in hotpath or a misuse of its API.
-#define HP_CHECK(cond, ...)                                                              \
-  do {                                                                                   \
-    if (!(cond))                                                                         \
-      ::hp::throw_error(::hp::ErrorKind::kInternal, __FILE__, __LINE__,                  \
-                        ::hp::str_cat("check failed: " #cond ": ", ##__VA_ARGS__));      \
+#define HP_CHECK(cond, ...)                                                         \
+  do {                                                                              \
+    if (!(cond))                                                                    \
+      ::hp::throw_error(::hp::ErrorKind::kInternal, __FILE__, __LINE__,             \
+                        ::hp::str_cat("check failed: " #cond ": ", ##__VA_ARGS__)); \
   } while (0)
 
 // A user-facing failure (bad config, bad data): no "check failed", just the message.
-#define HP_USER_ERROR(kind, ...) \
-  throw ::hp::UserError(kind, ::hp::str_cat(__VA_ARGS__))
+#define HP_USER_ERROR(kind, ...) throw ::hp::UserError(kind, ::hp::str_cat(__VA_ARGS__))
 
 #define HP_FAIL(kind, ...) ::hp::throw_error(kind, __FILE__, __LINE__, ::hp::str_cat(__VA_ARGS__))

@@ -22,7 +22,9 @@ void log_line(LogLevel level, const std::string& msg) {
   }
   if (level < o.level) return;
   if (level <= LogLevel::kInfo && o.rank != 0 && !o.all_ranks) return;
-  const char* tag = level == LogLevel::kWarn ? "warning: " : level == LogLevel::kError ? "error: " : "";
+  const char* tag = level == LogLevel::kWarn    ? "warning: "
+                    : level == LogLevel::kError ? "error: "
+                                                : "";
   std::lock_guard<std::mutex> lock(g_mu);
   std::fprintf(stderr, "[hotpath r%d] %s%s\n", o.rank, tag, msg.c_str());
   std::fflush(stderr);

@@ -23,7 +23,8 @@ inline uint64_t hash64(const std::string& s, uint64_t h = 1469598103934665603ull
 
 class Philox {
  public:
-  Philox(uint64_t seed, const std::string& purpose) : key_(seed ^ hash64(purpose) * 0x9E3779B97F4A7C15ull) {}
+  Philox(uint64_t seed, const std::string& purpose)
+      : key_(seed ^ hash64(purpose) * 0x9E3779B97F4A7C15ull) {}
   Philox(uint64_t seed, uint64_t purpose_key) : key_(seed ^ purpose_key * 0x9E3779B97F4A7C15ull) {}
 
   // Four 32-bit words for counter `ctr`.

@@ -6,11 +6,16 @@ namespace hp {
 
 const char* sync_cause_name(SyncCause c) {
   switch (c) {
-    case SyncCause::kMetadata: return "metadata";
-    case SyncCause::kRouting: return "routing";
-    case SyncCause::kOffload: return "offload";
-    case SyncCause::kLoss: return "loss";
-    case SyncCause::kOther: return "other";
+    case SyncCause::kMetadata:
+      return "metadata";
+    case SyncCause::kRouting:
+      return "routing";
+    case SyncCause::kOffload:
+      return "offload";
+    case SyncCause::kLoss:
+      return "loss";
+    case SyncCause::kOther:
+      return "other";
   }
   return "?";
 }
@@ -25,7 +30,8 @@ std::string SyncCounter::json() const {
   std::ostringstream os;
   os << "{";
   for (int i = 0; i < kNumSyncCauses; ++i) {
-    os << (i ? "," : "") << "\"" << sync_cause_name(static_cast<SyncCause>(i)) << "\":" << counts_[i];
+    os << (i ? "," : "") << "\"" << sync_cause_name(static_cast<SyncCause>(i))
+       << "\":" << counts_[i];
   }
   os << "}";
   return os.str();

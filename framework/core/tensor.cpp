@@ -71,7 +71,9 @@ Tensor Tensor::empty(Allocator& alloc, Shape shape, DType dtype) {
   return Tensor(std::move(st), 0, std::move(shape), dtype);
 }
 
-Tensor Tensor::host(Shape shape, DType dtype) { return empty(host_allocator(), std::move(shape), dtype); }
+Tensor Tensor::host(Shape shape, DType dtype) {
+  return empty(host_allocator(), std::move(shape), dtype);
+}
 
 int64_t Tensor::dim(int i) const {
   if (i < 0) i += ndim();
@@ -134,11 +136,21 @@ std::vector<double> to_double_vector(const Tensor& t) {
   std::vector<double> out(static_cast<size_t>(t.numel()));
   for (int64_t i = 0; i < t.numel(); ++i) {
     switch (t.dtype()) {
-      case DType::kF32: out[i] = t.data<float>()[i]; break;
-      case DType::kF64: out[i] = t.data<double>()[i]; break;
-      case DType::kBF16: out[i] = static_cast<float>(t.data<bf16>()[i]); break;
-      case DType::kI32: out[i] = t.data<int32_t>()[i]; break;
-      case DType::kI64: out[i] = static_cast<double>(t.data<int64_t>()[i]); break;
+      case DType::kF32:
+        out[i] = t.data<float>()[i];
+        break;
+      case DType::kF64:
+        out[i] = t.data<double>()[i];
+        break;
+      case DType::kBF16:
+        out[i] = static_cast<float>(t.data<bf16>()[i]);
+        break;
+      case DType::kI32:
+        out[i] = t.data<int32_t>()[i];
+        break;
+      case DType::kI64:
+        out[i] = static_cast<double>(t.data<int64_t>()[i]);
+        break;
     }
   }
   return out;

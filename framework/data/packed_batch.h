@@ -24,10 +24,10 @@ struct PackedBatch {
   int64_t rows = 0;
   int64_t seq_len = 0;  // T
   // Flattened over rows: token t = row * T + i.
-  std::vector<int32_t> inputs;     // row[0:T]
-  std::vector<int32_t> targets;    // row[1:T+1]; -1 where ignored (EOT position, piece end, pad)
-  std::vector<int32_t> positions;  // position within the document piece, restarting at 0
-  std::vector<int32_t> cu_seqlens; // n_seqs + 1 offsets into the flattened tokens
+  std::vector<int32_t> inputs;      // row[0:T]
+  std::vector<int32_t> targets;     // row[1:T+1]; -1 where ignored (EOT position, piece end, pad)
+  std::vector<int32_t> positions;   // position within the document piece, restarting at 0
+  std::vector<int32_t> cu_seqlens;  // n_seqs + 1 offsets into the flattened tokens
   int32_t max_seqlen = 0;
   int64_t num_valid_targets = 0;  // on this rank
 

@@ -18,9 +18,12 @@ OffloadMode parse_offload_mode(const std::string& s) {
 
 const char* offload_mode_name(OffloadMode m) {
   switch (m) {
-    case OffloadMode::kNone: return "none";
-    case OffloadMode::kSingle: return "single";
-    case OffloadMode::kDouble: return "double";
+    case OffloadMode::kNone:
+      return "none";
+    case OffloadMode::kSingle:
+      return "single";
+    case OffloadMode::kDouble:
+      return "double";
   }
   return "?";
 }
@@ -111,9 +114,8 @@ class OffloadStore final : public ActivationStore {
   }
 
   void save(int i, const Tensor& x) override {
-    HP_CHECK(i == next_save_ && i < static_cast<int>(blocks_.size()),
-             "activation store: save(", i, ") out of order (expected block ", next_save_, " of ",
-             blocks_.size(), ")");
+    HP_CHECK(i == next_save_ && i < static_cast<int>(blocks_.size()), "activation store: save(", i,
+             ") out of order (expected block ", next_save_, " of ", blocks_.size(), ")");
     ++next_save_;
     release_offloaded();
     Block& b = blocks_[static_cast<size_t>(i)];
@@ -233,8 +235,8 @@ class OffloadStore final : public ActivationStore {
     if (after) be_.wait_event(SK::kCopy, *after);
     be_.wait_event(SK::kCopy, *b.offloaded);
     be_.set_stream(SK::kCopy);
-    const int64_t chunk = std::max<int64_t>(
-        1, slot_bytes_ / static_cast<int64_t>(dtype_size(b.host.dtype())));
+    const int64_t chunk =
+        std::max<int64_t>(1, slot_bytes_ / static_cast<int64_t>(dtype_size(b.host.dtype())));
     const int64_t n = b.host.numel();
     if (b.slot >= 0 || n <= chunk) {
       be_.copy(b.host, b.reloaded);
@@ -266,10 +268,12 @@ class OffloadStore final : public ActivationStore {
     for (Slot& s : ring_) s.free = now;
     stats_.staging_bytes = static_cast<int64_t>(ring_size_) * elems * dtype_size(x.dtype());
 
-    const int64_t aligned = static_cast<int64_t>((bytes + kHostAlign - 1) / kHostAlign * kHostAlign);
-    const int64_t want = o_.pinned_pool_bytes > 0
-                             ? o_.pinned_pool_bytes
-                             : aligned * std::max<int64_t>(1, static_cast<int64_t>(blocks_.size()) - 1);
+    const int64_t aligned =
+        static_cast<int64_t>((bytes + kHostAlign - 1) / kHostAlign * kHostAlign);
+    const int64_t want =
+        o_.pinned_pool_bytes > 0
+            ? o_.pinned_pool_bytes
+            : aligned * std::max<int64_t>(1, static_cast<int64_t>(blocks_.size()) - 1);
     pool_ = be_.pinned_host_storage(static_cast<size_t>(want));
     if (!pool_) {
       log_warn("offload: a pinned host pool of ", size_str(want), " could not be allocated; ",
@@ -283,7 +287,8 @@ class OffloadStore final : public ActivationStore {
 
   Tensor host_buffer(int i, const Tensor& x) {
     const int64_t bytes = static_cast<int64_t>(x.nbytes());
-    const int64_t aligned = static_cast<int64_t>((bytes + kHostAlign - 1) / kHostAlign * kHostAlign);
+    const int64_t aligned =
+        static_cast<int64_t>((bytes + kHostAlign - 1) / kHostAlign * kHostAlign);
     if (pool_ && pool_used_ + aligned <= pool_bytes_) {
       Tensor t(pool_, pool_used_ / static_cast<int64_t>(dtype_size(x.dtype())), x.shape(),
                x.dtype());

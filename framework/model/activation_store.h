@@ -51,9 +51,9 @@ const char* offload_mode_name(OffloadMode m);
 
 struct OffloadOptions {
   OffloadMode mode = OffloadMode::kNone;
-  int buffers = 2;              // double: staging buffers in the ring (>= 2)
-  int lookahead = 1;            // double: blocks reloaded ahead of the one computing (1..buffers-1)
-  double sim_link_gbps = 0;     // simulated host link for backends that simulate one (0: off)
+  int buffers = 2;           // double: staging buffers in the ring (>= 2)
+  int lookahead = 1;         // double: blocks reloaded ahead of the one computing (1..buffers-1)
+  double sim_link_gbps = 0;  // simulated host link for backends that simulate one (0: off)
   int64_t pinned_pool_bytes = 0;  // 0: sized from the model and batch at the first step
   int64_t staging_bytes = 0;      // 0: one block input per staging buffer
   // Debug: fill every device copy the store lets go of (offloaded block inputs after their copy,
@@ -69,9 +69,9 @@ struct OffloadStats {
   int64_t d2h_bytes = 0;
   int64_t h2d_bytes = 0;
   int64_t offloaded_blocks = 0;
-  int64_t pageable_blocks = 0;   // host copies outside the pinned pool (fallback)
-  int64_t chunked_blocks = 0;    // reloads larger than a staging buffer (fallback)
-  int64_t resident_bytes = 0;    // block inputs kept on the device through the step
+  int64_t pageable_blocks = 0;    // host copies outside the pinned pool (fallback)
+  int64_t chunked_blocks = 0;     // reloads larger than a staging buffer (fallback)
+  int64_t resident_bytes = 0;     // block inputs kept on the device through the step
   int64_t pinned_pool_bytes = 0;  // capacity
   int64_t staging_bytes = 0;      // capacity of the whole ring on the device
 };

@@ -6,9 +6,12 @@ namespace hp {
 
 int ModelConfig::window_for_layer(int layer) const {
   switch (window_layers) {
-    case WindowLayers::kNone: return 0;
-    case WindowLayers::kAll: return sliding_window;
-    case WindowLayers::kEven: return layer % 2 == 0 ? sliding_window : 0;
+    case WindowLayers::kNone:
+      return 0;
+    case WindowLayers::kAll:
+      return sliding_window;
+    case WindowLayers::kEven:
+      return layer % 2 == 0 ? sliding_window : 0;
   }
   return 0;
 }
@@ -31,8 +34,8 @@ void ModelConfig::validate() const {
   if (is_moe()) {
     require(top_k >= 1 && top_k <= n_experts, "top_k",
             str_cat("must be in [1, n_experts=", n_experts, "], got ", top_k));
-    require(expert_ffn_dim > 0, "expert_ffn_dim", str_cat("must be > 0 with n_experts > 0, got ",
-                                                          expert_ffn_dim));
+    require(expert_ffn_dim > 0, "expert_ffn_dim",
+            str_cat("must be > 0 with n_experts > 0, got ", expert_ffn_dim));
   } else {
     require(n_experts == 0, "n_experts", "must be >= 0");
     require(ffn_dim > 0, "ffn_dim", str_cat("must be > 0 for a dense model, got ", ffn_dim));

@@ -17,11 +17,11 @@ struct ModelConfig {
   int n_heads = 0;
   int n_kv_heads = 0;
   int head_dim = 0;
-  int ffn_dim = 0;          // dense FFN hidden size (unused when n_experts > 0)
-  int n_experts = 0;        // > 0: every layer's FFN is a mixture of experts
+  int ffn_dim = 0;    // dense FFN hidden size (unused when n_experts > 0)
+  int n_experts = 0;  // > 0: every layer's FFN is a mixture of experts
   int top_k = 0;
   int expert_ffn_dim = 0;
-  int sliding_window = 0;   // W; applies on the layers picked by window_layers
+  int sliding_window = 0;  // W; applies on the layers picked by window_layers
   WindowLayers window_layers = WindowLayers::kNone;
   bool attn_sinks = false;
   bool attn_bias = false;

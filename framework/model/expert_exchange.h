@@ -21,11 +21,11 @@ namespace hp {
 struct ExchangePlan {
   int ep_size = 1;
   int ep_rank = 0;
-  int n_experts = 0;              // global
+  int n_experts = 0;  // global
   int experts_per_rank = 0;
-  std::vector<int64_t> counts;    // [ep_size * n_experts]: rows rank src sends to expert e
-  int64_t local_rows_in = 0;      // rows this rank sends (its assignments)
-  int64_t expert_rows = 0;        // rows this rank's experts process
+  std::vector<int64_t> counts;  // [ep_size * n_experts]: rows rank src sends to expert e
+  int64_t local_rows_in = 0;    // rows this rank sends (its assignments)
+  int64_t expert_rows = 0;      // rows this rank's experts process
 
   int64_t count(int src, int e) const { return counts[static_cast<size_t>(src) * n_experts + e]; }
   // Chunks of the dispatched buffer: (first row, rows, local expert), in buffer order.
@@ -64,8 +64,12 @@ class LocalExpertExchange final : public ExpertExchange {
   int ep_size() const override { return 1; }
   int ep_rank() const override { return 0; }
   ExchangePlan plan(Backend& be, const Tensor& counts, int n_experts, RoutingMode mode) override;
-  Tensor dispatch(Backend&, const ExchangePlan&, const Tensor& x_sorted) override { return x_sorted; }
-  Tensor combine(Backend&, const ExchangePlan&, const Tensor& y_expert) override { return y_expert; }
+  Tensor dispatch(Backend&, const ExchangePlan&, const Tensor& x_sorted) override {
+    return x_sorted;
+  }
+  Tensor combine(Backend&, const ExchangePlan&, const Tensor& y_expert) override {
+    return y_expert;
+  }
   int data_ranks() const override { return 1; }
   void sum_over_data_ranks(Backend&, Tensor&) override {}
 };

@@ -187,8 +187,9 @@ void Model::init_params(uint64_t seed) {
     const int64_t n = p->numel();
     // Element i of the local shard is element (offset + i) of the global tensor, so every layout
     // draws the same numbers; counter-based draws also make the loop order irrelevant.
-    const int64_t offset =
-        p->group == ParamGroup::kExpert ? p->expert_begin * (p->global_numel() / p->global_shape[0]) : 0;
+    const int64_t offset = p->group == ParamGroup::kExpert
+                               ? p->expert_begin * (p->global_numel() / p->global_shape[0])
+                               : 0;
     const Philox rng(seed, "init." + p->name);
     const double std = p->init_std, value = p->init_value;
     auto fill = [&](auto* h) {
@@ -447,8 +448,8 @@ void Model::layer_backward(int l, LayerActs& a, Tensor& dx) {
   Tensor dqkv = new_act({n, htot, hd});
   Tensor no_sinks;
   Tensor dsinks = L.sinks ? L.sinks->grad : no_sinks;
-  be_.attention_bwd(a.qkv, L.sinks ? L.sinks->work : no_sinks, a.meta, L.attn, a.attn, a.lse,
-                    dattn, dqkv, dsinks);
+  be_.attention_bwd(a.qkv, L.sinks ? L.sinks->work : no_sinks, a.meta, L.attn, a.attn, a.lse, dattn,
+                    dqkv, dsinks);
   be_.rope(dqkv, static_cast<int>(hq + hkv), a.meta.positions, rope_, true);
   if (cfg_.qk_norm) {
     Tensor dpre = new_act({n, htot, hd});

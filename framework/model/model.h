@@ -105,7 +105,7 @@ class Model {
   int expert_begin_ = 0;
   int local_experts_ = 0;
   std::function<void(int)> grad_hook_;
-  Tensor aux_sum_;  // the current micro-batch's aux-loss accumulator
+  Tensor aux_sum_;                          // the current micro-batch's aux-loss accumulator
   std::unique_ptr<ActivationStore> store_;  // checkpointed block inputs (forward -> backward)
 };
 

@@ -21,7 +21,7 @@ struct Param {
   Shape global_shape;  // experts: [E, ...]; otherwise == shape
   int64_t expert_begin = 0;
   ParamGroup group = ParamGroup::kDense;
-  double init_std = 0.0;    // > 0: N(0, init_std); else constant init_value
+  double init_std = 0.0;  // > 0: N(0, init_std); else constant init_value
   double init_value = 0.0;
   bool weight_decay = true;  // matrices decay; biases, norms and sinks do not
 

@@ -2,6 +2,8 @@
 // simulated link: losses and gradients bitwise identical for offload none / single / double,
 // both fallbacks (pageable host memory, chunked reloads), no offload syncs in the steady state,
 // reloads never reading a host copy before its offload finished, and the copy queue's events.
+#include "framework/model/activation_store.h"
+
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -11,7 +13,6 @@
 
 #include "framework/backend/cpu/cpu_copy_queue.h"
 #include "framework/data/loader.h"
-#include "framework/model/activation_store.h"
 #include "framework/model/model.h"
 
 namespace hp {
@@ -76,7 +77,7 @@ OffloadOptions offload(OffloadMode m, int buffers = 2, int lookahead = 1) {
 // Raw bits of every loss and gradient of `steps` consecutive steps (different batches).
 struct Outcome {
   std::vector<uint32_t> bits;
-  OffloadStats stats;        // of the last step
+  OffloadStats stats;  // of the last step
   int64_t last_step_offload_syncs = 0;
 };
 

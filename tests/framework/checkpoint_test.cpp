@@ -1,6 +1,8 @@
 // Checkpoint files and directories: chunking and row splits, write/read round trips (serial and
 // MPI-IO writers), attributes, damage detection (flipped byte, truncation, missing dataset,
 // foreign file), the commit protocol's file names, `latest`, and retention.
+#include "framework/checkpoint/checkpoint.h"
+
 #include <gtest/gtest.h>
 #include <hdf5.h>
 #include <mpi.h>
@@ -8,12 +10,11 @@
 
 #include <cstring>
 #include <filesystem>
-#include <functional>
 #include <fstream>
+#include <functional>
 #include <string>
 #include <vector>
 
-#include "framework/checkpoint/checkpoint.h"
 #include "framework/core/error.h"
 
 namespace hp {
@@ -148,8 +149,11 @@ TEST(CheckpointFormat, FlippedByteIsNamed) {
   CheckpointReader r(path);
   std::vector<float> rows(8);
   r.read_rows("/params/w", RowRange{0, 2}, DType::kF32, rows.data());  // other chunk: fine
-  expect_throws_with([&] { r.read_rows("/params/w", RowRange{2, 2}, DType::kF32, rows.data()); },
-                     {path, "'/params/w'", "Fletcher32"});
+  expect_throws_with(
+      [&] {
+        r.read_rows("/params/w", RowRange{2, 2}, DType::kF32, rows.data());
+      },
+      {path, "'/params/w'", "Fletcher32"});
   expect_throws_with([&] { r.verify("/params/w"); }, {path, "'/params/w'"});
 }
 

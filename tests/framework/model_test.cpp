@@ -1,12 +1,13 @@
 // Whole-model checks on the CPU reference: finite-difference gradients of every parameter
 // (double precision) for dense and MoE models with sinks and sliding windows, overfitting one
 // batch, and the sync budget of the hot-path rules.
+#include "framework/model/model.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
 
 #include "framework/core/rng.h"
-#include "framework/model/model.h"
 
 namespace hp {
 namespace {
@@ -133,7 +134,9 @@ TEST(ModelGrad, MoeWithActivationCheckpointingMatchesFiniteDifferences) {
   check_model_gradients(tiny_moe_config(), true);
 }
 
-TEST(ModelGrad, DenseTiedMatchesFiniteDifferences) { check_model_gradients(tiny_dense_config(), false); }
+TEST(ModelGrad, DenseTiedMatchesFiniteDifferences) {
+  check_model_gradients(tiny_dense_config(), false);
+}
 
 TEST(ModelSyncs, CachedMetadataNeedsNoSyncAndRoutingOnePerMoeLayer) {
   auto be = make_cpu_backend(DType::kF32);

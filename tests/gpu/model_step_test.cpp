@@ -14,10 +14,10 @@
 namespace hp {
 namespace {
 
-#define HP_REQUIRE_GPU()                                                     \
-  do {                                                                       \
-    if (cuda_device_count() == 0)                                            \
-      GTEST_SKIP() << "no CUDA device: GPU tests run on the GPU machine";    \
+#define HP_REQUIRE_GPU()                                                  \
+  do {                                                                    \
+    if (cuda_device_count() == 0)                                         \
+      GTEST_SKIP() << "no CUDA device: GPU tests run on the GPU machine"; \
   } while (0)
 
 ModelConfig gpu_moe_config() {
@@ -101,7 +101,8 @@ TEST(CudaModel, ForwardBackwardMatchesCpuReference) {
   const double lc = to_double_vector(sc.lm)[0] * scale;
   const double lg = host_values(*gpu, sg.lm)[0] * scale;
   EXPECT_NEAR(lg, lc, 1e-2 * lc) << "loss cpu=" << lc << " gpu=" << lg;
-  EXPECT_NEAR(host_values(*gpu, sg.aux)[0], to_double_vector(sc.aux)[0], 2e-2 * to_double_vector(sc.aux)[0]);
+  EXPECT_NEAR(host_values(*gpu, sg.aux)[0], to_double_vector(sc.aux)[0],
+              2e-2 * to_double_vector(sc.aux)[0]);
 
   // Gradients of the whole model: bf16 activations through two layers, and a few tokens whose
   // top-k choice flips under bf16 rounding, bound the agreement; a real bug is O(1).
@@ -140,7 +141,8 @@ TEST(CudaModel, SyncBudgetCachedAndBaselines) {
     m.forward_backward(meta, 1e-3);
     const int64_t layers = cfg.n_layers;
     EXPECT_EQ(gpu->syncs().get(SyncCause::kMetadata), variant == 0 ? 0 : layers);
-    EXPECT_EQ(gpu->syncs().get(SyncCause::kRouting), variant == 0 ? layers : layers * cfg.n_experts);
+    EXPECT_EQ(gpu->syncs().get(SyncCause::kRouting),
+              variant == 0 ? layers : layers * cfg.n_experts);
     EXPECT_EQ(gpu->syncs().get(SyncCause::kOther), 0);
   }
 }

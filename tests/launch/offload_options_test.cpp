@@ -32,12 +32,11 @@ std::string validation_message(const TrainOptions& o) {
 
 TEST(OffloadOptions, ParsedFromTheCommandLine) {
   TrainOptions o;
-  ASSERT_TRUE(parse_train_options({"--offload=double", "--offload_buffers=3",
-                                   "--offload_lookahead=2", "--sim_link_gbps=4.5",
-                                   "--pinned_pool_mib=64", "--vocab_size=16", "--d_model=32",
-                                   "--n_layers=2", "--n_heads=2", "--n_kv_heads=1",
-                                   "--head_dim=16", "--ffn_dim=64"},
-                                  "train", o));
+  ASSERT_TRUE(parse_train_options(
+      {"--offload=double", "--offload_buffers=3", "--offload_lookahead=2", "--sim_link_gbps=4.5",
+       "--pinned_pool_mib=64", "--vocab_size=16", "--d_model=32", "--n_layers=2", "--n_heads=2",
+       "--n_kv_heads=1", "--head_dim=16", "--ffn_dim=64"},
+      "train", o));
   EXPECT_EQ(o.offload, "double");
   EXPECT_EQ(validation_message(o), "");
   const ModelOptions m = make_model_options(o);

@@ -21,9 +21,9 @@ void CpuCopyQueue::set_link_gbps(double gbps) {
 }
 
 uint64_t CpuCopyQueue::enqueue_copy(const Tensor& src, const Tensor& dst) {
-  HP_CHECK(src.device() == Device::kCPU && dst.device() == Device::kCPU &&
-               src.nbytes() == dst.nbytes(),
-           "copy queue: ", src.desc(), " -> ", dst.desc(), " must be host tensors of equal size");
+  HP_CHECK(
+      src.device() == Device::kCPU && dst.device() == Device::kCPU && src.nbytes() == dst.nbytes(),
+      "copy queue: ", src.desc(), " -> ", dst.desc(), " must be host tensors of equal size");
   uint64_t ticket;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -67,8 +67,9 @@ void CpuCopyQueue::run() {
     if (t.src.nbytes() > 0 && t.src.raw() != t.dst.raw())
       std::memmove(t.dst.raw(), t.src.raw(), t.src.nbytes());
     if (gbps > 0) {
-      link_free_ = start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(
-                               static_cast<double>(t.src.nbytes()) / (gbps * 1e9)));
+      link_free_ =
+          start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(
+                      static_cast<double>(t.src.nbytes()) / (gbps * 1e9)));
       std::this_thread::sleep_until(link_free_);
     }
     const uint64_t ticket = t.ticket;

@@ -52,7 +52,7 @@ class CpuCopyQueue {
   uint64_t completed_ = 0;
   double gbps_ = 0;
   bool stop_ = false;
-  std::thread worker_;  // started by the first copy
+  std::thread worker_;                               // started by the first copy
   std::chrono::steady_clock::time_point link_free_;  // worker only: when the link is idle again
 };
 
