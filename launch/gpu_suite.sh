@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Runs every GPU program packed under .gpu/bin, on the GPU machine, from the repository root,
-# after `source .gpu/env.sh`. Builds nothing. Each run's full log goes to LOG_DIR (default: $OUT
-# when set, else ./gpu_logs); a short summary table prints last. Exit status: 0 when every run
+# Runs every GPU program packed under .gpu/bin (launch/gpu_bundle.sh), on a GPU host, from the
+# repository root, after `source .gpu/env.sh`. Builds nothing. Each run's full log goes to
+# LOG_DIR (default ./gpu_logs); a short summary table prints last. Exit status: 0 when every run
 # passed.
 #
 #   source .gpu/env.sh && bash launch/gpu_suite.sh
@@ -11,9 +11,9 @@
 set -uo pipefail
 
 bin=${GPU_BIN:-.gpu/bin}
-log_dir=${LOG_DIR:-${OUT:-gpu_logs}}
+log_dir=${LOG_DIR:-gpu_logs}
 mkdir -p "$log_dir"
-[ -d "$bin" ] || { echo "gpu_suite: no $bin (pack the programs with bundle.sh first)" >&2; exit 2; }
+[ -d "$bin" ] || { echo "gpu_suite: no $bin (pack the programs with launch/gpu_bundle.sh first)" >&2; exit 2; }
 
 names=() statuses=() seconds=() details=()
 failed=0
