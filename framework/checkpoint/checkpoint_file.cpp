@@ -7,7 +7,7 @@
 #include <cstring>
 
 #include "framework/checkpoint/checkpoint.h"
-#include "framework/checkpoint/h5_check.h"
+#include "framework/core/hdf5_util.h"
 #include "framework/core/rng.h"
 
 namespace hp {
@@ -17,15 +17,6 @@ constexpr int64_t kChunkBytes = int64_t{16} << 20;
 // HDF5 limits one chunk to 4 GiB.
 constexpr int64_t kMaxChunkBytes = (int64_t{1} << 32) - 1;
 
-herr_t innermost_error(unsigned n, const H5E_error2_t* e, void* data) {
-  if (n == 0) {
-    char minor[160] = {};
-    H5Eget_msg(e->min_num, nullptr, minor, sizeof minor);
-    *static_cast<std::string*>(data) =
-        str_cat(e->func_name ? e->func_name : "?", ": ", e->desc ? e->desc : "", " (", minor, ")");
-  }
-  return 0;
-}
 
 hid_t file_type(DType t) {
   switch (t) {
@@ -95,11 +86,6 @@ void fsync_file(const std::string& path) {
 
 }  // namespace
 
-std::string h5_error_text() {
-  std::string s;
-  H5Ewalk2(H5E_DEFAULT, H5E_WALK_UPWARD, innermost_error, &s);
-  return s.empty() ? std::string("no HDF5 error message") : s;
-}
 
 int64_t checkpoint_chunk_rows(const Shape& global_shape, DType dtype) {
   HP_CHECK(!global_shape.empty() && global_shape[0] > 0, "chunking shape ",

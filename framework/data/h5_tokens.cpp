@@ -11,6 +11,7 @@
 #include <cstring>
 
 #include "framework/core/error.h"
+#include "framework/core/hdf5_util.h"
 #include "framework/core/log.h"
 #include "framework/core/rng.h"
 #include "framework/data/token_files.h"
@@ -24,70 +25,6 @@ constexpr const char* kLayout =
     "an HDF5 token file holds /tokens (uint32, 1-D) and /doc_offsets (int64, n_docs + 1 entries "
     "starting at 0, non-decreasing, last == len(/tokens))";
 
-// Every failure here is reported by our own exception, so HDF5's automatic printing of its
-// error stack is switched off while we call it (and restored after, for other users).
-class H5Quiet {
- public:
-  H5Quiet() {
-    H5Eget_auto2(H5E_DEFAULT, &func_, &data_);
-    H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
-  }
-  ~H5Quiet() { H5Eset_auto2(H5E_DEFAULT, func_, data_); }
-  H5Quiet(const H5Quiet&) = delete;
-  H5Quiet& operator=(const H5Quiet&) = delete;
-
- private:
-  H5E_auto2_t func_ = nullptr;
-  void* data_ = nullptr;
-};
-
-herr_t innermost_error(unsigned n, const H5E_error2_t* e, void* data) {
-  if (n == 0) {
-    char minor[160] = {};
-    H5Eget_msg(e->min_num, nullptr, minor, sizeof minor);
-    *static_cast<std::string*>(data) =
-        str_cat(e->func_name ? e->func_name : "?", ": ", e->desc ? e->desc : "", " (", minor, ")");
-  }
-  return 0;
-}
-
-// The most specific message on HDF5's error stack (call right after the failing call).
-std::string h5_error_text() {
-  std::string s;
-  H5Ewalk2(H5E_DEFAULT, H5E_WALK_UPWARD, innermost_error, &s);
-  return s.empty() ? std::string("no HDF5 error message") : s;
-}
-
-// An HDF5 identifier closed with its own close function when it goes out of scope.
-class H5Id {
- public:
-  H5Id() = default;
-  H5Id(hid_t id, herr_t (*close)(hid_t)) : id_(id), close_(close) {}
-  ~H5Id() { reset(); }
-  H5Id(H5Id&& o) noexcept : id_(o.id_), close_(o.close_) { o.id_ = -1; }
-  H5Id& operator=(H5Id&& o) noexcept {
-    if (this != &o) {
-      reset();
-      id_ = o.id_;
-      close_ = o.close_;
-      o.id_ = -1;
-    }
-    return *this;
-  }
-  H5Id(const H5Id&) = delete;
-  H5Id& operator=(const H5Id&) = delete;
-
-  hid_t get() const { return id_; }
-  bool valid() const { return id_ >= 0; }
-  void reset() {
-    if (id_ >= 0 && close_ != nullptr) close_(id_);
-    id_ = -1;
-  }
-
- private:
-  hid_t id_ = -1;
-  herr_t (*close_)(hid_t) = nullptr;
-};
 
 // A failed HDF5 call on a file we validated is a library or I/O failure, not the user's input.
 [[noreturn]] void h5_fail(const char* call, const std::string& path, const char* dataset) {
@@ -121,8 +58,8 @@ class H5TokenFile final : public DocumentSource {
 
  private:
   // Opens a 1-D integer dataset and returns it with its length.
-  H5Id open_dataset(const char* name, int64_t* length) const;
-  void read_range(const char* name, const H5Id& ds, int64_t start, int64_t count, hid_t mem_type,
+  H5Handle open_dataset(const char* name, int64_t* length) const;
+  void read_range(const char* name, const H5Handle& ds, int64_t start, int64_t count, hid_t mem_type,
                   void* out) const;
   // Maps /tokens into memory when HDF5 stores it as one contiguous, unfiltered little-endian
   // block of 16- or 32-bit integers (what write_h5_tokens produces); false: read through HDF5.
@@ -133,8 +70,8 @@ class H5TokenFile final : public DocumentSource {
 
   std::string path_;
   int32_t eot_;
-  H5Id file_;
-  H5Id tokens_;
+  H5Handle file_;
+  H5Handle tokens_;
   int64_t n_tokens_ = 0;
   std::vector<int64_t> offsets_;
   std::vector<uint8_t> append_eot_;  // 1 where a document does not end with EOT
@@ -155,12 +92,12 @@ H5TokenFile::H5TokenFile(const std::string& path, int64_t vocab_size, int32_t eo
     HP_USER_ERROR(ErrorKind::kData, "cannot open data file ", path, ": ", std::strerror(errno));
   if (H5Fis_hdf5(path.c_str()) <= 0)
     HP_USER_ERROR(ErrorKind::kData, path, " is not an HDF5 file; ", kLayout);
-  file_ = H5Id(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
+  file_ = H5Handle(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
   if (!file_.valid())
     HP_USER_ERROR(ErrorKind::kData, "cannot open ", path, " as HDF5: ", h5_error_text());
 
   int64_t n_offsets = 0;
-  H5Id offsets_ds = open_dataset(kOffsets, &n_offsets);
+  H5Handle offsets_ds = open_dataset(kOffsets, &n_offsets);
   tokens_ = open_dataset(kTokens, &n_tokens_);
   const std::string rule = str_cat("(offsets start at 0, are non-decreasing and end at len(",
                                    kTokens, ") = ", n_tokens_, ")");
@@ -224,19 +161,19 @@ H5TokenFile::H5TokenFile(const std::string& path, int64_t vocab_size, int32_t eo
              hash64(std::to_string(n_docs), hash64(std::to_string(n_tokens_), hash64("h5"))));
 }
 
-H5Id H5TokenFile::open_dataset(const char* name, int64_t* length) const {
+H5Handle H5TokenFile::open_dataset(const char* name, int64_t* length) const {
   const htri_t exists = H5Lexists(file_.get(), name, H5P_DEFAULT);
   if (exists <= 0) HP_USER_ERROR(ErrorKind::kData, path_, " has no dataset ", name, "; ", kLayout);
-  H5Id ds(H5Dopen2(file_.get(), name, H5P_DEFAULT), H5Dclose);
+  H5Handle ds(H5Dopen2(file_.get(), name, H5P_DEFAULT), H5Dclose);
   if (!ds.valid())
     HP_USER_ERROR(ErrorKind::kData, "cannot open dataset ", name, " of ", path_, " (", kLayout,
                   "): ", h5_error_text());
-  H5Id type(H5Dget_type(ds.get()), H5Tclose);
+  H5Handle type(H5Dget_type(ds.get()), H5Tclose);
   if (!type.valid()) h5_fail("H5Dget_type", path_, name);
   if (H5Tget_class(type.get()) != H5T_INTEGER)
     HP_USER_ERROR(ErrorKind::kData, "dataset ", name, " of ", path_, " does not hold integers; ",
                   kLayout);
-  H5Id space(H5Dget_space(ds.get()), H5Sclose);
+  H5Handle space(H5Dget_space(ds.get()), H5Sclose);
   if (!space.valid()) h5_fail("H5Dget_space", path_, name);
   const int rank = H5Sget_simple_extent_ndims(space.get());
   if (rank != 1)
@@ -249,27 +186,27 @@ H5Id H5TokenFile::open_dataset(const char* name, int64_t* length) const {
   return ds;
 }
 
-void H5TokenFile::read_range(const char* name, const H5Id& ds, int64_t start, int64_t count,
+void H5TokenFile::read_range(const char* name, const H5Handle& ds, int64_t start, int64_t count,
                              hid_t mem_type, void* out) const {
-  H5Id file_space(H5Dget_space(ds.get()), H5Sclose);
+  H5Handle file_space(H5Dget_space(ds.get()), H5Sclose);
   if (!file_space.valid()) h5_fail("H5Dget_space", path_, name);
   const hsize_t off[1] = {static_cast<hsize_t>(start)};
   const hsize_t cnt[1] = {static_cast<hsize_t>(count)};
   if (H5Sselect_hyperslab(file_space.get(), H5S_SELECT_SET, off, nullptr, cnt, nullptr) < 0)
     h5_fail("H5Sselect_hyperslab", path_, name);
-  H5Id mem_space(H5Screate_simple(1, cnt, nullptr), H5Sclose);
+  H5Handle mem_space(H5Screate_simple(1, cnt, nullptr), H5Sclose);
   if (!mem_space.valid()) h5_fail("H5Screate_simple", path_, name);
   if (H5Dread(ds.get(), mem_type, mem_space.get(), file_space.get(), H5P_DEFAULT, out) < 0)
     h5_fail("H5Dread", path_, name);
 }
 
 bool H5TokenFile::map_tokens() {
-  H5Id dcpl(H5Dget_create_plist(tokens_.get()), H5Pclose);
+  H5Handle dcpl(H5Dget_create_plist(tokens_.get()), H5Pclose);
   if (!dcpl.valid()) h5_fail("H5Dget_create_plist", path_, kTokens);
   if (H5Pget_layout(dcpl.get()) != H5D_CONTIGUOUS) return false;
   const haddr_t addr = H5Dget_offset(tokens_.get());
   if (addr == HADDR_UNDEF) return false;
-  H5Id type(H5Dget_type(tokens_.get()), H5Tclose);
+  H5Handle type(H5Dget_type(tokens_.get()), H5Tclose);
   if (!type.valid()) h5_fail("H5Dget_type", path_, kTokens);
   const size_t width = H5Tget_size(type.get());
   if ((width != 2 && width != 4) || H5Tget_order(type.get()) != H5T_ORDER_LE) return false;
@@ -350,14 +287,14 @@ void H5TokenFile::read(int64_t i, int64_t offset, int64_t count, int32_t* out) {
 
 void write_h5_file(const std::string& path, const std::vector<int32_t>& tokens,
                    const std::vector<int64_t>& doc_offsets) {
-  H5Id file(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), H5Fclose);
+  H5Handle file(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), H5Fclose);
   if (!file.valid()) h5_fail("H5Fcreate", path, "/");
   std::vector<uint32_t> u32(tokens.begin(), tokens.end());
   auto write = [&](const char* name, hid_t file_type, hid_t mem_type, const void* data, size_t n) {
     const hsize_t dims[1] = {static_cast<hsize_t>(n)};
-    H5Id space(H5Screate_simple(1, dims, nullptr), H5Sclose);
+    H5Handle space(H5Screate_simple(1, dims, nullptr), H5Sclose);
     if (!space.valid()) h5_fail("H5Screate_simple", path, name);
-    H5Id ds(
+    H5Handle ds(
         H5Dcreate2(file.get(), name, file_type, space.get(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT),
         H5Dclose);
     if (!ds.valid()) h5_fail("H5Dcreate2", path, name);

@@ -1,4 +1,5 @@
-// Internal to framework/checkpoint: checked HDF5 calls and owned HDF5 identifiers.
+// HDF5 helpers shared by the token files and the checkpoints: checked calls, quiet error
+// printing, and identifiers closed by their owner.
 #pragma once
 
 #include <hdf5.h>
