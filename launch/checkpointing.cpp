@@ -306,6 +306,7 @@ SaveStats save_checkpoint(Trainer& t, const std::string& dir, int64_t keep_last)
     w->set_attr("hotpath_version", std::string(HOTPATH_VERSION));
     w->set_attr("hdf5_version", hdf5_version());
     w->set_attr("config", o.config_text);
+    w->set_attr("command_line", o.command_line);
     w->set_attr("step", step);
     w->set_attr("world", static_cast<int64_t>(ctx.world()));
     w->set_attr("dp", static_cast<int64_t>(ctx.groups.dp_size));

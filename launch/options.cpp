@@ -180,6 +180,7 @@ bool parse_train_options(const std::vector<std::string>& args, const std::string
   po::options_description all;
   all.add(cli).add(keys);
 
+  for (const std::string& a : args) o.command_line += (o.command_line.empty() ? "" : " ") + a;
   po::variables_map vm;
   try {
     po::store(po::command_line_parser(args).options(all).run(), vm);

@@ -21,7 +21,8 @@ struct DataOptions {
 
 struct TrainOptions {
   std::string config_path;
-  std::string config_text;  // the INI file as read, for records
+  std::string config_text;   // the INI file as read, for records
+  std::string command_line;  // the options after the subcommand, for records (overrides)
   ModelConfig model;
   DataOptions data;
   int64_t steps = 100;

@@ -277,5 +277,24 @@ else
   fail "resume after preemption: $(tail -3 "$d.b.log")"
 fi
 
+# ---- SIGTERM to a single process ----------------------------------------------------------------
+d="$work/term"
+timeout 300 "$hp" "${common[@]}" --steps=30 --checkpoint_dir="$d" --metrics_path="$d.a.jsonl" \
+  >"$d.a.log" 2>&1 &
+job=$!
+for _ in $(seq 1 600); do
+  [ "$(cat "$d.a.jsonl" 2>/dev/null | wc -l)" -ge 2 ] && break
+  sleep 0.1
+done
+kill -TERM "$job"
+wait $job
+rc=$?
+st=$(grep -o "preemption signal: stopping after step [0-9]*" "$d.a.log" | grep -o '[0-9]*$')
+if [ $rc -eq 75 ] && [ -n "$st" ] && [ "$(cat "$d/latest" 2>/dev/null)" = "$(printf 'step_%08d.h5' "$st")" ]; then
+  pass "SIGTERM: saved step $st and exited 75"
+else
+  fail "SIGTERM: exit $rc, step '$st': $(tail -3 "$d.a.log")"
+fi
+
 echo "$passes passed, $fails failed"
 [ "$fails" -eq 0 ]
