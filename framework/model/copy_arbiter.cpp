@@ -1,0 +1,89 @@
+#include "framework/model/copy_arbiter.h"
+
+#include <algorithm>
+
+#include "framework/core/error.h"
+
+namespace hp {
+
+using Clock = std::chrono::steady_clock;
+
+namespace {
+double seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+}  // namespace
+
+const char* copy_direction_name(CopyDirection d) {
+  return d == CopyDirection::kReload ? "reload" : "offload";
+}
+
+double CopyArbiterStats::achieved_gbps() const {
+  return active_s > 0 ? static_cast<double>(bytes[0] + bytes[1]) / active_s / 1e9 : 0.0;
+}
+
+void CopyStatsRecorder::reset() {
+  std::lock_guard<std::mutex> lock(mu_);
+  stats_ = CopyArbiterStats{};
+  any_ = false;
+}
+
+void CopyStatsRecorder::on_request(const CopyTicket& t) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!any_) first_request_ = t.requested_at;
+  any_ = true;
+}
+
+void CopyStatsRecorder::on_grant(const CopyTicket& t) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const int d = static_cast<int>(t.dir);
+  const double w = seconds(t.granted_at - t.requested_at);
+  stats_.wait_s[d] += w;
+  stats_.max_wait_s[d] = std::max(stats_.max_wait_s[d], w);
+}
+
+void CopyStatsRecorder::on_release(const CopyTicket& t) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const int d = static_cast<int>(t.dir);
+  stats_.bytes[d] += t.bytes;
+  stats_.chunks[d] += 1;
+  last_release_ = Clock::now();
+  // A ticket requested before begin_step() still counts from its own request.
+  if (!any_) first_request_ = t.requested_at;
+  any_ = true;
+  stats_.active_s = seconds(last_release_ - first_request_);
+}
+
+CopyArbiterStats CopyStatsRecorder::get() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stats_;
+}
+
+LocalCopyArbiter::LocalCopyArbiter(int64_t chunk_bytes) : chunk_bytes_(chunk_bytes) {
+  HP_CHECK(chunk_bytes > 0, "copy chunk must be > 0 bytes, got ", chunk_bytes);
+}
+
+CopyTicket LocalCopyArbiter::request(CopyDirection dir, int64_t bytes) {
+  HP_CHECK(bytes > 0 && bytes <= chunk_bytes_, "copy chunk of ", bytes, " bytes outside [1, ",
+           chunk_bytes_, "]");
+  CopyTicket t;
+  t.dir = dir;
+  t.bytes = bytes;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    t.index = ++requested_[static_cast<int>(dir)];
+    t.grant_seq = ++seq_;
+  }
+  t.requested_at = Clock::now();
+  t.granted_at = t.requested_at;
+  recorder_.on_request(t);
+  recorder_.on_grant(t);
+  return t;
+}
+
+bool LocalCopyArbiter::granted(CopyTicket& t) {
+  HP_CHECK(t.grant_seq > 0, "ticket not made by this arbiter");
+  return true;
+}
+
+void LocalCopyArbiter::release(CopyTicket& t) { recorder_.on_release(t); }
+
+}  // namespace hp

@@ -1,0 +1,110 @@
+// CopyArbiter: who may move the next chunk of host<->device bytes over a host link that several
+// ranks share (ARCHITECTURE rule 2: one rank's offload must not starve another rank's reload).
+//
+// A rank cuts each copy into chunks of at most chunk_bytes() and issues a chunk only while it
+// holds a grant for it:
+//   CopyTicket t = arbiter.request(CopyDirection::kReload, bytes);   // never blocks
+//   arbiter.wait(t);                                                // blocks this thread only
+//   ... issue the chunk's copy, let it complete ...
+//   arbiter.release(t);
+// Reloads (host->device, on backward's critical path) are granted before pending offloads
+// (device->host, needed only by the next backward). Which ranks compete, in which order, and how
+// many chunks may be in flight per link is the implementation's to say (parallel/lane_arbiter.h
+// for ranks sharing a node; LocalCopyArbiter below for a single rank).
+//
+// Threads: request() and granted() never block beyond a short critical section, so the thread
+// driving the compute stream may call them. wait() blocks the calling thread until the grant
+// arrives (bounded by the implementation's timeout): call it from the thread that issues the
+// copies (a copy thread), never from the compute stream's host thread. A rank may have requests
+// of both directions outstanding at once, from different threads; tickets of one direction are
+// granted in the order they were requested. Every method is thread-safe.
+// Ownership: a ticket is a plain value; every requested ticket must be released exactly once,
+// after wait() (or granted()) said it is granted. The arbiter must outlive its tickets.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <mutex>
+
+namespace hp {
+
+enum class CopyDirection { kReload = 0, kOffload = 1 };  // kReload: host->device (priority)
+
+const char* copy_direction_name(CopyDirection d);
+
+struct CopyTicket {
+  CopyDirection dir = CopyDirection::kOffload;
+  int64_t bytes = 0;
+  int64_t index = 0;  // 1-based position among this rank's requests of `dir`
+  // Set once granted: position of the grant among all grants of the link (1, 2, ...), so grant
+  // order across ranks can be compared; and when this rank saw it.
+  int64_t grant_seq = 0;
+  std::chrono::steady_clock::time_point requested_at, granted_at;
+};
+
+// Per step (reset by begin_step()); index [d] is CopyDirection d.
+struct CopyArbiterStats {
+  int64_t bytes[2] = {0, 0};   // released chunks' bytes
+  int64_t chunks[2] = {0, 0};  // released chunks
+  double wait_s[2] = {0, 0};   // summed request->grant time
+  double max_wait_s[2] = {0, 0};
+  double active_s = 0;  // first request of the step to its last release
+  // Bytes of both directions over active_s: the rate the rank achieved, waits included.
+  double achieved_gbps() const;
+};
+
+class CopyArbiter {
+ public:
+  virtual ~CopyArbiter() = default;
+  // Largest chunk a grant covers.
+  virtual int64_t chunk_bytes() const = 0;
+  // Registers a request for one chunk of `bytes` (1..chunk_bytes()).
+  virtual CopyTicket request(CopyDirection dir, int64_t bytes) = 0;
+  // True once `t` is granted (fills t.grant_seq and t.granted_at then).
+  virtual bool granted(CopyTicket& t) = 0;
+  // Blocks the calling thread until `t` is granted; throws hp::Error (kComm) after the
+  // implementation's timeout.
+  virtual void wait(CopyTicket& t) = 0;
+  // The chunk of `t` is done: its link capacity passes to the next request.
+  virtual void release(CopyTicket& t) = 0;
+  virtual void begin_step() = 0;
+  virtual CopyArbiterStats stats() const = 0;
+};
+
+// The counting half every implementation shares: per-step stats of this rank.
+class CopyStatsRecorder {
+ public:
+  void reset();
+  void on_request(const CopyTicket& t);
+  void on_grant(const CopyTicket& t);
+  void on_release(const CopyTicket& t);
+  CopyArbiterStats get() const;
+
+ private:
+  mutable std::mutex mu_;
+  CopyArbiterStats stats_;
+  bool any_ = false;
+  std::chrono::steady_clock::time_point first_request_, last_release_;
+};
+
+// One rank, its own link: every request is granted at once; the stats are still counted.
+class LocalCopyArbiter final : public CopyArbiter {
+ public:
+  explicit LocalCopyArbiter(int64_t chunk_bytes);
+  int64_t chunk_bytes() const override { return chunk_bytes_; }
+  CopyTicket request(CopyDirection dir, int64_t bytes) override;
+  bool granted(CopyTicket& t) override;
+  void wait(CopyTicket& t) override { granted(t); }
+  void release(CopyTicket& t) override;
+  void begin_step() override { recorder_.reset(); }
+  CopyArbiterStats stats() const override { return recorder_.get(); }
+
+ private:
+  int64_t chunk_bytes_;
+  std::mutex mu_;
+  int64_t requested_[2] = {0, 0};
+  int64_t seq_ = 0;
+  CopyStatsRecorder recorder_;
+};
+
+}  // namespace hp

@@ -1,0 +1,97 @@
+// NodeLaneArbiter: the CopyArbiter (framework/model/copy_arbiter.h) of the ranks of one node.
+//
+// The ranks of the node group share one block of POSIX shared memory (named by node rank 0 and
+// broadcast over the node communicator, unlinked once every rank has mapped it). It holds, per
+// host link, the ranks on that link and a spinlock-guarded schedule, and per rank, request and
+// grant counters per direction. A link's ranks come from `pcie_groups` ("0,1;2,3": node ranks
+// 0 and 1 share a link, 2 and 3 another); empty means every rank of the node on one link.
+//
+// Scheduling, per link: at most `inflight` chunks are granted and not yet released. When capacity
+// frees up (a request arrives, a chunk is released), the rank doing so hands out grants: pending
+// reloads first, then pending offloads; within a direction round-robin over the link's ranks,
+// starting after the rank granted last. So a rank that asks while the link is busy waits for at
+// most one chunk per rank ahead of it in the round, however much the others queue.
+// Waiting polls this rank's grant counter (sleeping briefly between polls), so no rank spends a
+// core spinning; wait() throws hp::Error (kComm) after `timeout`.
+//
+// Ownership: the arbiter keeps the node communicator only during construction (a collective over
+// it); the shared memory lives until the last rank's arbiter is destroyed.
+// Thread safety: as CopyArbiter. If a rank dies holding a grant, its link stalls: the others'
+// wait() then times out.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "framework/model/copy_arbiter.h"
+#include "parallel/communicator.h"
+
+namespace hp {
+
+struct LaneOptions {
+  bool enabled = false;     // lane_arbiter=on|off; off: LocalCopyArbiter (the baseline)
+  int64_t chunk_mib = 8;    // lane_chunk_mib
+  int inflight = 1;         // lane_inflight: chunks in flight per link
+  std::string pcie_groups;  // pcie_groups: "0,1;2,3" (node ranks), "" = one link per node
+  std::chrono::milliseconds timeout{std::chrono::seconds(300)};  // bound on wait()
+
+  int64_t chunk_bytes() const { return chunk_mib << 20; }
+  // Throws a config error naming the offending key.
+  void validate() const;
+};
+
+// Parses `pcie_groups` for a node of `n_ranks`: the links, each a list of node ranks. Every
+// rank 0..n_ranks-1 must appear exactly once; "" gives one link of all ranks. Throws a config
+// error naming key `pcie_groups` and what is wrong.
+std::vector<std::vector<int>> parse_pcie_groups(const std::string& text, int n_ranks);
+
+// Jain's fairness index (sum x)^2 / (n * sum x^2) of non-negative shares: 1 when all are
+// equal, 1/n when one takes everything; 1 for an empty or all-zero list.
+double jain_fairness(const std::vector<double>& x);
+
+class NodeLaneArbiter final : public CopyArbiter {
+ public:
+  // Collective over `node` (every rank of the node, same options).
+  NodeLaneArbiter(Communicator& node, const LaneOptions& options);
+  ~NodeLaneArbiter() override;
+  NodeLaneArbiter(const NodeLaneArbiter&) = delete;
+  NodeLaneArbiter& operator=(const NodeLaneArbiter&) = delete;
+
+  int64_t chunk_bytes() const override { return chunk_bytes_; }
+  CopyTicket request(CopyDirection dir, int64_t bytes) override;
+  bool granted(CopyTicket& t) override;
+  void wait(CopyTicket& t) override;
+  void release(CopyTicket& t) override;
+  void begin_step() override { recorder_.reset(); }
+  CopyArbiterStats stats() const override { return recorder_.get(); }
+
+  // This rank's link: its node ranks, and the bytes each has released since construction (both
+  // directions), in the same order. jain_fairness over differences of these gives a window's
+  // fairness.
+  const std::vector<int>& link_ranks() const { return link_ranks_; }
+  std::vector<int64_t> link_bytes() const;
+  // Requests of `dir` on this rank's link not granted yet (for tests and diagnostics).
+  int64_t link_pending(CopyDirection dir) const;
+
+  struct Shared;  // the layout in shared memory (lane_arbiter.cpp)
+
+ private:
+  Shared* shared_ = nullptr;
+  size_t shared_bytes_ = 0;
+  int rank_ = 0;
+  int link_ = 0;
+  int inflight_ = 1;
+  int64_t chunk_bytes_ = 0;
+  std::chrono::milliseconds timeout_;
+  std::vector<int> link_ranks_;
+  CopyStatsRecorder recorder_;
+};
+
+// lane_arbiter=off (or a node of one rank): LocalCopyArbiter; otherwise NodeLaneArbiter over
+// `node` (collective over it).
+std::unique_ptr<CopyArbiter> make_copy_arbiter(Communicator& node, const LaneOptions& options);
+
+}  // namespace hp

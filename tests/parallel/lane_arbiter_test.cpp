@@ -1,0 +1,346 @@
+// The node lane arbiter (parallel/lane_arbiter.h) and the single-rank LocalCopyArbiter.
+//
+// LaneArbiterUnit.* run in one process. LaneArbiterMulti.* need a launch of 2 or more ranks on
+// one host (mpirun; skipped otherwise; tests/cli/mpi_lane_arbiter.sh runs them on 2 and 3). They
+// simulate a shared host link: a granted chunk "takes" bytes / kLinkGbps of sleep while its
+// grant is held. Bounds are relative to the hold times measured in the same run, never absolute;
+// holding intervals are compared across ranks with the host's monotonic clock, which all
+// processes of one host share.
+#include "parallel/lane_arbiter.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "framework/core/error.h"
+#include "framework/model/copy_arbiter.h"
+#include "parallel/launch_env.h"
+
+namespace hp {
+namespace {
+
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+using CommPtr = std::shared_ptr<Communicator>;
+
+constexpr double kLinkGbps = 2.0;  // 8 MiB chunks: ~4.2 ms each
+constexpr int kMaxChunks = 256;    // per rank and test, for the fixed-size gathers
+
+int64_t ns(Clock::time_point t) {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count();
+}
+
+Clock::duration chunk_time(int64_t bytes) {
+  return std::chrono::duration_cast<Clock::duration>(
+      std::chrono::duration<double>(static_cast<double>(bytes) / (kLinkGbps * 1e9)));
+}
+
+// One chunk held on the simulated link.
+struct Held {
+  int64_t seq = 0, granted_ns = 0, released_ns = 0, waited_ns = 0, dir = 0;
+};
+
+Held move_chunk(CopyArbiter& a, CopyDirection dir, int64_t bytes) {
+  CopyTicket t = a.request(dir, bytes);
+  a.wait(t);
+  std::this_thread::sleep_for(chunk_time(bytes));
+  Held h;
+  h.seq = t.grant_seq;
+  h.granted_ns = ns(t.granted_at);
+  h.waited_ns = ns(t.granted_at) - ns(t.requested_at);
+  h.dir = static_cast<int64_t>(dir);
+  h.released_ns = ns(Clock::now());  // before release(): the next grant comes after this
+  a.release(t);
+  return h;
+}
+
+constexpr int kFields = 6;
+
+// Every rank's records, gathered: out[r] is rank r's list.
+std::vector<std::vector<Held>> gather(Communicator& c, const std::vector<Held>& mine) {
+  HP_CHECK(static_cast<int>(mine.size()) <= kMaxChunks, "too many chunks");
+  Tensor in = Tensor::host({kMaxChunks * kFields}, DType::kI64);
+  int64_t* p = in.data<int64_t>();
+  std::fill(p, p + kMaxChunks * kFields, 0);
+  for (size_t i = 0; i < mine.size(); ++i) {
+    const Held& h = mine[i];
+    int64_t* q = p + i * kFields;
+    q[0] = h.seq, q[1] = h.granted_ns, q[2] = h.released_ns, q[3] = h.waited_ns, q[4] = h.dir;
+    q[5] = 1;
+  }
+  Tensor out = Tensor::host({c.size() * kMaxChunks * kFields}, DType::kI64);
+  c.all_gather(in, out);
+  std::vector<std::vector<Held>> all(c.size());
+  for (int r = 0; r < c.size(); ++r) {
+    for (int i = 0; i < kMaxChunks; ++i) {
+      const int64_t* q = out.data<int64_t>() + (r * kMaxChunks + i) * kFields;
+      if (q[5] == 0) break;
+      all[r].push_back(Held{q[0], q[1], q[2], q[3], q[4]});
+    }
+  }
+  return all;
+}
+
+// Holds of a link sorted by grant order; with lane_inflight 1 none may overlap the next.
+void expect_serialized(std::vector<Held> holds) {
+  std::sort(holds.begin(), holds.end(), [](const Held& a, const Held& b) { return a.seq < b.seq; });
+  for (size_t i = 1; i < holds.size(); ++i) {
+    EXPECT_EQ(holds[i].seq, holds[i - 1].seq + 1);
+    EXPECT_GE(holds[i].granted_ns, holds[i - 1].released_ns)
+        << "grant " << holds[i].seq << " overlaps the previous chunk";
+  }
+}
+
+// ---- one process --------------------------------------------------------------------------------
+
+TEST(LaneArbiterUnit, ParsesPcieGroups) {
+  EXPECT_EQ(parse_pcie_groups("", 3), (std::vector<std::vector<int>>{{0, 1, 2}}));
+  EXPECT_EQ(parse_pcie_groups("0,1;2,3", 4), (std::vector<std::vector<int>>{{0, 1}, {2, 3}}));
+  EXPECT_EQ(parse_pcie_groups(" 3 ; 0, 2;1", 4), (std::vector<std::vector<int>>{{3}, {0, 2}, {1}}));
+  for (const char* bad : {"0,1;1", "0,1", "0,1,2,4", "0;;1,2", "0,x;1,2", "0,,1;2"}) {
+    try {
+      parse_pcie_groups(bad, 3);
+      ADD_FAILURE() << "accepted '" << bad << "'";
+    } catch (const UserError& e) {
+      EXPECT_NE(std::string(e.what()).find("pcie_groups"), std::string::npos) << e.what();
+    }
+  }
+}
+
+TEST(LaneArbiterUnit, ValidatesOptions) {
+  LaneOptions o;
+  EXPECT_NO_THROW(o.validate());
+  EXPECT_EQ(o.chunk_bytes(), 8 << 20);
+  o.inflight = 0;
+  EXPECT_THROW(o.validate(), UserError);
+  o = LaneOptions{};
+  o.chunk_mib = 0;
+  EXPECT_THROW(o.validate(), UserError);
+  o = LaneOptions{};
+  o.pcie_groups = "0-1";
+  EXPECT_THROW(o.validate(), UserError);
+}
+
+TEST(LaneArbiterUnit, JainFairness) {
+  EXPECT_DOUBLE_EQ(jain_fairness({5, 5, 5}), 1.0);
+  EXPECT_DOUBLE_EQ(jain_fairness({1, 0, 0, 0}), 0.25);
+  EXPECT_DOUBLE_EQ(jain_fairness({}), 1.0);
+  EXPECT_NEAR(jain_fairness({4, 1}), 25.0 / 34.0, 1e-12);
+}
+
+TEST(LaneArbiterUnit, LocalGrantsAtOnceAndCounts) {
+  LocalCopyArbiter a(1 << 20);
+  a.begin_step();
+  CopyTicket r = a.request(CopyDirection::kReload, 1000);
+  CopyTicket o = a.request(CopyDirection::kOffload, 1 << 20);
+  EXPECT_TRUE(a.granted(r));
+  EXPECT_TRUE(a.granted(o));
+  EXPECT_LT(r.grant_seq, o.grant_seq);
+  a.release(o);
+  a.release(r);
+  CopyArbiterStats s = a.stats();
+  EXPECT_EQ(s.bytes[0], 1000);
+  EXPECT_EQ(s.bytes[1], 1 << 20);
+  EXPECT_EQ(s.chunks[0] + s.chunks[1], 2);
+  EXPECT_EQ(s.max_wait_s[0], 0.0);
+  EXPECT_GE(s.active_s, 0.0);
+  EXPECT_THROW(a.request(CopyDirection::kReload, (1 << 20) + 1), Error);
+  a.begin_step();
+  EXPECT_EQ(a.stats().chunks[0], 0);
+}
+
+// ---- one rank per process -----------------------------------------------------------------------
+
+CommPtr lane_world() {
+  static CommPtr world = []() -> CommPtr {
+    CommOptions options;
+    options.timeout = 60s;
+    LaunchInfo info = detect_launch();
+    if (!info.use_mpi) return nullptr;
+    CommPtr w = create_world(info, parse_bootstrap("mpi"), options);
+    set_error_rank(w->rank());
+    return w;
+  }();
+  return world;
+}
+
+// The ranks of this host; the tests need every rank on it.
+#define HP_LANE_NODE(var)                                                                 \
+  CommPtr world_ = lane_world();                                                          \
+  if (!world_ || world_->size() < 2) GTEST_SKIP() << "needs a launch of 2 or more ranks"; \
+  CommPtr var = world_->split_by_host("node");                                            \
+  if (var->size() != world_->size()) GTEST_SKIP() << "needs every rank on one host"
+
+LaneOptions lane_options(const std::string& groups = "") {
+  LaneOptions o;
+  o.enabled = true;
+  o.chunk_mib = 8;
+  o.inflight = 1;
+  o.pcie_groups = groups;
+  o.timeout = 30s;
+  return o;
+}
+
+TEST(LaneArbiterMulti, EqualDemandsShareTheLinkFairly) {
+  HP_LANE_NODE(node);
+  std::unique_ptr<CopyArbiter> a = make_copy_arbiter(*node, lane_options());
+  auto* lane = dynamic_cast<NodeLaneArbiter*>(a.get());
+  ASSERT_NE(lane, nullptr);
+  const int64_t chunk = a->chunk_bytes();
+  // Everyone keeps the link busy for a window of 12 chunk times per rank.
+  node->barrier();
+  const Clock::time_point end = Clock::now() + chunk_time(chunk) * (12 * node->size());
+  std::vector<Held> mine;
+  while (Clock::now() < end) mine.push_back(move_chunk(*a, CopyDirection::kOffload, chunk));
+  node->barrier();
+  std::vector<std::vector<Held>> all = gather(*node, mine);
+  std::vector<double> shares;
+  std::vector<Held> holds;
+  for (const auto& r : all) {
+    shares.push_back(static_cast<double>(r.size()));
+    holds.insert(holds.end(), r.begin(), r.end());
+  }
+  const double jain = jain_fairness(shares);
+  EXPECT_GE(jain, 0.95) << "chunks per rank: " << ::testing::PrintToString(shares);
+  // The shared counters agree with the ranks' own records.
+  std::vector<int64_t> bytes = lane->link_bytes();
+  ASSERT_EQ(bytes.size(), all.size());
+  for (size_t r = 0; r < all.size(); ++r) EXPECT_EQ(bytes[r], chunk * (int64_t)all[r].size());
+  EXPECT_EQ(a->stats().chunks[1], static_cast<int64_t>(mine.size()));
+  EXPECT_EQ(a->stats().bytes[1], chunk * static_cast<int64_t>(mine.size()));
+  EXPECT_GT(a->stats().achieved_gbps(), 0.0);
+  expect_serialized(holds);
+  if (node->rank() == 0) {
+    std::printf("[lane] %d ranks, one link: chunks per rank %s, Jain %.4f, rank 0 %.2f GB/s\n",
+                node->size(), ::testing::PrintToString(shares).c_str(), jain,
+                a->stats().achieved_gbps());
+  }
+}
+
+TEST(LaneArbiterMulti, LightRankWaitsAtMostOneChunk) {
+  HP_LANE_NODE(node);
+  const int n = node->size();
+  // Ranks 0 (light) and 1 (heavy) share a link; any further ranks are heavy on a second link,
+  // which must not slow the first.
+  std::string groups = "0,1";
+  for (int r = 2; r < n; ++r) groups += (r == 2 ? ";" : ",") + std::to_string(r);
+  std::unique_ptr<CopyArbiter> a = make_copy_arbiter(*node, lane_options(groups));
+  const int64_t chunk = a->chunk_bytes();
+  const bool light = node->rank() == 0;
+  const int chunks = light ? 8 : 32;  // the heavy ranks move 4x the bytes
+  node->barrier();
+  std::vector<Held> mine;
+  for (int i = 0; i < chunks; ++i) {
+    mine.push_back(move_chunk(*a, CopyDirection::kOffload, chunk));
+    // The light rank computes between its chunks, so each request finds the link taken.
+    if (light) std::this_thread::sleep_for(chunk_time(chunk) * 3 / 2);
+  }
+  node->barrier();
+  std::vector<std::vector<Held>> all = gather(*node, mine);
+  int64_t max_hold = 0, max_wait = 0, waited = 0;
+  for (const Held& h : all[1]) max_hold = std::max(max_hold, h.released_ns - h.granted_ns);
+  for (const Held& h : all[0]) {
+    max_hold = std::max(max_hold, h.released_ns - h.granted_ns);
+    max_wait = std::max(max_wait, h.waited_ns);
+    waited += h.waited_ns > 0;
+  }
+  // The allowance covers the hand-over: the releasing rank grants inside release(), the light
+  // rank sees it at its next poll (50 us) once the OS wakes it; a quarter chunk (~1 ms) leaves
+  // room for a wake-up delayed by other processes on the cores, while a second whole chunk
+  // (what losing the round to the heavy rank would cost) stays far outside it.
+  const int64_t allowance = max_hold / 4;
+  EXPECT_LE(max_wait, max_hold + allowance) << "light rank waited " << max_wait / 1e6
+                                            << " ms, chunk hold up to " << max_hold / 1e6 << " ms";
+  EXPECT_EQ(all[0].size(), 8u);
+  EXPECT_EQ(all[1].size(), 32u);
+  int64_t my_max_wait = 0;
+  for (const Held& h : mine) my_max_wait = std::max(my_max_wait, h.waited_ns);
+  EXPECT_NEAR(a->stats().max_wait_s[1], my_max_wait / 1e9, 1e-6);
+  std::vector<Held> first_link = all[0];
+  first_link.insert(first_link.end(), all[1].begin(), all[1].end());
+  expect_serialized(first_link);
+  if (light) {
+    std::printf(
+        "[lane] light rank: max wait %.2f ms, chunk hold %.2f ms, %lld of 8 requests "
+        "waited\n",
+        max_wait / 1e6, max_hold / 1e6, static_cast<long long>(waited));
+  }
+}
+
+TEST(LaneArbiterMulti, ReloadsBeforePendingOffloads) {
+  HP_LANE_NODE(node);
+  const int n = node->size(), me = node->rank();
+  std::unique_ptr<CopyArbiter> a = make_copy_arbiter(*node, lane_options());
+  auto* lane = dynamic_cast<NodeLaneArbiter*>(a.get());
+  ASSERT_NE(lane, nullptr);
+  const int64_t chunk = a->chunk_bytes();
+  auto until = [&](CopyDirection d, int64_t want) {
+    const Clock::time_point deadline = Clock::now() + 20s;
+    while (lane->link_pending(d) != want && Clock::now() < deadline) {
+      std::this_thread::sleep_for(100us);
+    }
+    EXPECT_EQ(lane->link_pending(d), want) << copy_direction_name(d);
+  };
+  // Rank 0 holds the link with an offload chunk.
+  CopyTicket held;
+  if (me == 0) {
+    held = a->request(CopyDirection::kOffload, chunk);
+    ASSERT_TRUE(a->granted(held));
+  }
+  node->barrier();
+  // The other ranks queue offloads first, then every rank queues a reload.
+  std::vector<Held> mine;
+  std::mutex mu;
+  auto mover = [&](CopyDirection d) {
+    Held h = move_chunk(*a, d, chunk);
+    std::lock_guard<std::mutex> lock(mu);
+    mine.push_back(h);
+  };
+  std::vector<std::thread> threads;
+  if (me != 0) threads.emplace_back(mover, CopyDirection::kOffload);
+  until(CopyDirection::kOffload, n - 1);
+  node->barrier();
+  threads.emplace_back(mover, CopyDirection::kReload);
+  until(CopyDirection::kReload, n);
+  node->barrier();
+  if (me == 0) a->release(held);
+  for (auto& t : threads) t.join();
+  node->barrier();
+  EXPECT_EQ(lane->link_pending(CopyDirection::kReload), 0);
+  EXPECT_EQ(lane->link_pending(CopyDirection::kOffload), 0);
+  std::vector<std::vector<Held>> all = gather(*node, mine);
+  int64_t last_reload = 0, first_offload = INT64_MAX;
+  int reloads = 0, offloads = 0;
+  std::vector<Held> holds;
+  for (const auto& r : all) {
+    for (const Held& h : r) {
+      holds.push_back(h);
+      if (h.dir == 0) {
+        last_reload = std::max(last_reload, h.seq), ++reloads;
+      } else {
+        first_offload = std::min(first_offload, h.seq), ++offloads;
+      }
+    }
+  }
+  EXPECT_EQ(reloads, n);
+  EXPECT_EQ(offloads, n - 1);
+  EXPECT_LT(last_reload, first_offload) << "an offload was granted before a pending reload";
+  // Grants 2..2n: n reloads, then n-1 offloads, one at a time (grant 1 was rank 0's offload).
+  expect_serialized(holds);
+  if (me == 0) {
+    std::printf("[lane] %d reloads granted as %lld..%lld before %d pending offloads from %lld\n",
+                reloads, static_cast<long long>(last_reload - reloads + 1),
+                static_cast<long long>(last_reload), offloads,
+                static_cast<long long>(first_offload));
+  }
+}
+
+}  // namespace
+}  // namespace hp
