@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <memory>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -273,6 +274,8 @@ struct AttnCase {
   bool sinks;
   std::vector<std::vector<int>> rows;  // sequence lengths per row
 };
+// Test listings show the case's name rather than its bytes.
+void PrintTo(const AttnCase& c, std::ostream* os) { *os << c.name; }
 
 class CudaAttention : public CudaConsistency, public ::testing::WithParamInterface<AttnCase> {};
 
