@@ -186,6 +186,54 @@ std::string fmt_double(double v, int prec) {
   return os.str();
 }
 
+// Host staging for checkpoint I/O with a device backend: two buffers, page-locked where the
+// backend can, each as large as the largest tensor. The device<->host copy of one tensor runs
+// while the file I/O of the other does, and host memory stays at two tensors however large the
+// model (holding every tensor on the host at once would need as much host memory as the whole
+// checkpoint). With the CPU backend tensors already are host memory and nothing is staged.
+class Staging {
+ public:
+  Staging(Backend& be, const std::vector<Item>& items) : be_(be) {
+    size_t bytes = 0;
+    for (const Item& it : items)
+      if (it.local.device() != Device::kCPU) bytes = std::max(bytes, it.local.nbytes());
+    if (bytes == 0) return;
+    for (auto& slot : slots_) {
+      slot.storage = be.pinned_host_storage(bytes);
+      if (!slot.storage) slot.storage = std::make_shared<Storage>(&host_allocator(), bytes);
+    }
+  }
+  // Blocks until the copy last issued through slot `i % 2` has completed.
+  void wait(size_t i) {
+    Slot& s = slots_[i % 2];
+    if (!s.pending) return;
+    be_.event_synchronize(*s.pending, SyncCause::kOther);
+    s.pending.reset();
+  }
+  // Slot `i % 2` as a host tensor shaped like `like`, free to use.
+  Tensor acquire(size_t i, const Tensor& like) {
+    wait(i);
+    return Tensor(slots_[i % 2].storage, 0, like.shape(), like.dtype());
+  }
+  // Issues an asynchronous copy through slot `i % 2` (acquired before).
+  void copy(size_t i, const Tensor& src, Tensor& dst) {
+    be_.copy(src, dst);
+    slots_[i % 2].pending = be_.record_event(Backend::StreamKind::kCompute);
+  }
+  void finish() {
+    wait(0);
+    wait(1);
+  }
+
+ private:
+  struct Slot {
+    std::shared_ptr<Storage> storage;
+    std::shared_ptr<Backend::Event> pending;
+  };
+  Backend& be_;
+  Slot slots_[2];
+};
+
 }  // namespace
 
 bool is_save_fault_kind(const std::string& kind) {
@@ -232,21 +280,17 @@ SaveStats save_checkpoint(Trainer& t, const std::string& dir, int64_t keep_last)
   const std::string tmp = checkpoint_tmp_path(dir, step);
   const std::string final_path = checkpoint_path(dir, step);
 
-  // Host copies (the CPU backend's tensors already are host memory): one synchronization.
+  // Tensors go to the file one at a time through two host staging buffers: the device->host
+  // copy of tensor i+1 is issued before tensor i is written.
   std::vector<Item> items = checkpoint_items(t.model().params(), false);
-  std::vector<Tensor> host(items.size());
-  bool copied = false;
-  for (size_t i = 0; i < items.size(); ++i) {
+  Staging staging(be, items);
+  const auto stage = [&](size_t i) {
     const Tensor& src = items[i].local;
-    if (src.device() == Device::kCPU) {
-      host[i] = src;
-    } else {
-      host[i] = Tensor::host(src.shape(), src.dtype());
-      be.copy(src, host[i]);
-      copied = true;
-    }
-  }
-  if (copied) be.synchronize(SyncCause::kOther);
+    if (src.device() == Device::kCPU) return src;
+    Tensor h = staging.acquire(i, src);
+    staging.copy(i, src, h);
+    return h;
+  };
 
   // An MPI world writes in parallel; otherwise rank 0 writes alone what the ep groups gather.
   auto* mpi = dynamic_cast<MpiCommunicator*>(ctx.groups.world.get());
@@ -257,9 +301,14 @@ SaveStats save_checkpoint(Trainer& t, const std::string& dir, int64_t keep_last)
   maybe_kill_in_save("begin", rank, step);
 
   const DType md = be.master_dtype();
+  Tensor next = items.empty() ? Tensor() : stage(0);
   for (size_t i = 0; i < items.size(); ++i) {
     const Param& p = *items[i].param;
     const int64_t chunk = chunk_rows_of(p, md);
+    const Tensor host = next;
+    // Slot (i + 1) % 2 held tensor i - 1, whose write has returned.
+    if (i + 1 < items.size()) next = stage(i + 1);
+    staging.wait(i);  // tensor i has landed on the host
     if (parallel) {
       // Writers: dense chunks split over the world; each expert block over its dp group.
       RowRange rows;
@@ -269,14 +318,14 @@ SaveStats save_checkpoint(Trainer& t, const std::string& dir, int64_t keep_last)
       } else {
         rows = split_rows_by_chunk(p.global_shape[0], chunk, ctx.world(), rank);
       }
-      const char* data = host[i].data<char>() +
+      const char* data = host.data<char>() +
                          static_cast<size_t>(rows.begin - held_rows(p).begin) * row_bytes(p, md);
       w->write_rows(items[i].name, p.global_shape, md, chunk, rows, data);
     } else {
-      Tensor full = host[i];
+      Tensor full = host;
       if (is_expert(p) && ctx.groups.ep_size > 1) {
         full = Tensor::host(p.global_shape, md);
-        ctx.groups.ep->all_gather(host[i], full);
+        ctx.groups.ep->all_gather(host, full);
       }
       if (writes)
         w->write_rows(items[i].name, p.global_shape, md, chunk, RowRange{0, p.global_shape[0]},
@@ -284,6 +333,7 @@ SaveStats save_checkpoint(Trainer& t, const std::string& dir, int64_t keep_last)
     }
     if (i == items.size() / 2) maybe_kill_in_save("data", rank, step);
   }
+  staging.finish();
 
   if (writes) {
     const bool root = rank == 0;
@@ -357,21 +407,23 @@ void load_checkpoint(Trainer& t, const std::string& path, bool params_only) {
                     shape_str(it.param->global_shape),
                     " (the checkpoint belongs to another model config)");
   }
-  std::vector<Tensor> staged;
+  // Tensors come from the file one at a time through two host staging buffers: tensor i+1 is
+  // read while tensor i's host->device copy runs.
+  Staging staging(be, items);
   int64_t bytes = 0;
-  for (Item& it : items) {
+  for (size_t i = 0; i < items.size(); ++i) {
+    Item& it = items[i];
     const RowRange rows = held_rows(*it.param);
     if (it.local.device() == Device::kCPU) {
       r.read_rows(it.name, rows, it.local.dtype(), it.local.raw());
     } else {
-      Tensor host = Tensor::host(it.local.shape(), it.local.dtype());
+      Tensor host = staging.acquire(i, it.local);
       r.read_rows(it.name, rows, it.local.dtype(), host.raw());
-      be.copy(host, it.local);
-      staged.push_back(host);  // alive until the copies are done
+      staging.copy(i, host, it.local);
     }
     bytes += static_cast<int64_t>(it.local.nbytes());
   }
-  if (!staged.empty()) be.synchronize(SyncCause::kOther);
+  staging.finish();
   t.model().refresh_working_copies();
   if (params_only) return;
 
