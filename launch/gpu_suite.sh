@@ -7,8 +7,13 @@
 #   source .gpu/env.sh && bash launch/gpu_suite.sh
 #
 # Environment: GPU_BIN (default .gpu/bin), LOG_DIR, GPU_SUITE_PERF=0 to skip the timings,
-# GPU_SUITE_NCU=1 to add an Nsight Compute speed-of-light pass.
+# GPU_SUITE_NCU=1 to add an Nsight Compute speed-of-light pass, GPU_SUITE_ONLY=a,b,... to run
+# only some sections: tests, train, step, metadata, attention, moe, profile, offload, ckpt,
+# breakdown (all by default; the whole suite takes about ten minutes on 2x H200).
 set -uo pipefail
+
+# want SECTION: true when SECTION is selected.
+want() { [ -z "${GPU_SUITE_ONLY:-}" ] || [[ ",$GPU_SUITE_ONLY," == *",$1,"* ]]; }
 
 bin=${GPU_BIN:-.gpu/bin}
 log_dir=${LOG_DIR:-gpu_logs}
@@ -52,19 +57,21 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>
   sed 's/^/gpu: /' || true
 
 # ---- 1. tests: every GoogleTest program in the bundle ------------------------------------------
-for t in "$bin"/*_tests; do
-  [ -x "$t" ] || continue
-  run "$(basename "$t")" "$t"
-done
+if want tests; then
+  for t in "$bin"/*_tests; do
+    [ -x "$t" ] || continue
+    run "$(basename "$t")" "$t"
+  done
+fi
 
 # Multi-rank NCCL tests: one rank per GPU (they skip in the single-process run above).
 gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
-if [ "${gpus:-0}" -ge 2 ] && [ -x "$bin/gpu_tests" ] && command -v mpirun >/dev/null; then
+if want tests && [ "${gpus:-0}" -ge 2 ] && [ -x "$bin/gpu_tests" ] && command -v mpirun >/dev/null; then
   run gpu_tests_nccl_np2 mpirun -np 2 "$bin/gpu_tests" --gtest_filter='Nccl*'
 fi
 
 # ---- 2. timings (disabled tests that print tables, never assert times) --------------------------
-if [ "${GPU_SUITE_PERF:-1}" != 0 ] && [ -x "$bin/gpu_tests" ]; then
+if { want attention || want tests; } && [ "${GPU_SUITE_PERF:-1}" != 0 ] && [ -x "$bin/gpu_tests" ]; then
   run gpu_perf "$bin/gpu_tests" --gtest_also_run_disabled_tests --gtest_filter='CudaPerf.*'
 fi
 
@@ -73,14 +80,16 @@ fi
 bench_detail() {
   awk '/^step /{printf "ms/step=%s tok/s=%s syncs=%s MFU=%s", $2, $3, $4, $5}' "$log_dir/$1.log"
 }
-if [ -x "$bin/hotpath" ]; then
-  cfg=examples/configs
+cfg=examples/configs
+if want train && [ -x "$bin/hotpath" ]; then
   run train_tiny_moe "$bin/hotpath" train --config $cfg/tiny-moe.ini --device=cuda --steps=120 \
     --log_every=20 --metrics_path="$log_dir/train_tiny_moe.jsonl"
   details[${#details[@]}-1]=$(grep -o 'done:.*' "$log_dir/train_tiny_moe.log" | cut -c1-90)
   run train_baselines "$bin/hotpath" train --config $cfg/tiny-moe.ini --device=cuda --steps=3 \
     --metadata=per-layer --routing=per-expert --metrics_path="$log_dir/train_baselines.jsonl"
   details[${#details[@]}-1]="syncs/step $(tail -1 "$log_dir/train_baselines.jsonl" | grep -o '"syncs":{[^}]*}')"
+fi
+if want step && [ -x "$bin/hotpath" ]; then
   for spec in "llama1b:llama-3.2-1b.ini:16" "gptoss20b_4l:gptoss-20b.ini:4"; do
     IFS=: read -r name ini layers <<<"$spec"
     for md in cached per-layer; do
@@ -90,7 +99,9 @@ if [ -x "$bin/hotpath" ]; then
       details[${#details[@]}-1]=$(bench_detail "bench_${name}_$md")
     done
   done
-  # Packed metadata: cached vs the per-layer rebuild, on the 16- and 28-layer dense shapes.
+fi
+# Packed metadata: cached vs the per-layer rebuild, on the 16- and 28-layer dense shapes.
+if want metadata && [ -x "$bin/hotpath" ]; then
   for spec in "llama1b:llama-3.2-1b.ini" "qwen06b:qwen3-0.6b.ini"; do
     IFS=: read -r name ini <<<"$spec"
     run "bench_metadata_$name" "$bin/hotpath" bench metadata --config $cfg/$ini --device=cuda \
@@ -99,7 +110,9 @@ if [ -x "$bin/hotpath" ]; then
       /^per-layer rebuild/ {m = $3} END {printf "fwd+bwd cached %s ms, per-layer %s ms (%s syncs), %s", c, p, s, m}' \
       "$log_dir/bench_metadata_$name.log")
   done
-  # A Llama-3.2-1B-shaped model trains on the GPU (synthetic data over 1024 token ids).
+fi
+# A Llama-3.2-1B-shaped model trains on the GPU (synthetic data over 1024 token ids).
+if want train && [ -x "$bin/hotpath" ]; then
   run train_llama1b "$bin/hotpath" train --config $cfg/llama-3.2-1b.ini --device=cuda --steps=30 \
     --seq_len=4096 --batch_tokens=16384 --synthetic_vocab=1024 --synthetic_mean_doc_len=512 \
     --lr=1e-3 --min_lr=1e-4 --warmup_steps=5 --log_every=5
@@ -107,14 +120,14 @@ if [ -x "$bin/hotpath" ]; then
 fi
 
 # Attention against PyTorch's varlen attention (FlashAttention-2) where PyTorch is installed.
-if [ -f "$log_dir/gpu_perf.log" ] && command -v python3 >/dev/null; then
+if want attention && [ -f "$log_dir/gpu_perf.log" ] && command -v python3 >/dev/null; then
   run attention_vs_torch python3 examples/benchmarks/attention_vs_torch.py "$log_dir/gpu_perf.log"
   details[${#details[@]}-1]=$(awk '$1 != "shape" && $NF ~ /^[0-9.]+$/ {printf "%s ", $NF}' \
     "$log_dir/attention_vs_torch.log" | sed 's/^/ratios hotpath\/torch: /')
 fi
 
 # MoE routing (one GPU) and the token all-to-all over NCCL (two GPUs): bench_comm.h.
-if [ -x "$bin/hotpath" ] && [ "${GPU_SUITE_PERF:-1}" != 0 ]; then
+if want moe && [ -x "$bin/hotpath" ] && [ "${GPU_SUITE_PERF:-1}" != 0 ]; then
   run bench_routing "$bin/hotpath" bench routing --config examples/configs/tiny-moe.ini \
     --device=cuda --bench_json="$log_dir/bench_routing.json"
   details[${#details[@]}-1]=$(awk '$1 ~ /^[0-9]+$/ && NF == 6 {
@@ -131,7 +144,7 @@ if [ -x "$bin/hotpath" ] && [ "${GPU_SUITE_PERF:-1}" != 0 ]; then
 fi
 
 # Where a step's GPU time goes (when Nsight Systems is installed): kernel time by kernel.
-if [ -x "$bin/hotpath" ] && command -v nsys >/dev/null && [ "${GPU_SUITE_PERF:-1}" != 0 ]; then
+if want profile && [ -x "$bin/hotpath" ] && command -v nsys >/dev/null && [ "${GPU_SUITE_PERF:-1}" != 0 ]; then
   run profile_llama1b nsys profile -t cuda,nvtx -o "$log_dir/llama1b" --force-overwrite true \
     "$bin/hotpath" bench step --config examples/configs/llama-3.2-1b.ini --device=cuda \
     --seq_len=4096 --batch_tokens=16384 --bench_warmup=1 --bench_steps=3
@@ -142,7 +155,7 @@ fi
 
 # Activation offload: step time none / single / double (lookahead 1, 2) at a dense 8B-like layer
 # shape (d 4096, ffn 14336, 32 heads, 8 kv heads; 8 layers) and at the GPT-OSS-20b shape.
-if [ -x "$bin/hotpath" ] && [ "${GPU_SUITE_PERF:-1}" != 0 ]; then
+if want offload && [ -x "$bin/hotpath" ] && [ "${GPU_SUITE_PERF:-1}" != 0 ]; then
   run bench_offload_8b timeout 240 "$bin/hotpath" bench offload \
     --config examples/configs/llama-3.2-1b.ini --device=cuda --d_model=4096 --n_heads=32 \
     --n_kv_heads=8 --head_dim=128 --ffn_dim=14336 --n_layers=8 --tie_embeddings=false \
@@ -159,7 +172,7 @@ fi
 # Checkpoints with the CUDA backend: a save/resume round trip (2 ranks, ep=2, when 2 GPUs are
 # visible) continues with the same losses as an uninterrupted run; save and load time of the
 # GPT-OSS-20b shape with 4 layers (about 53 GB of fp32 params and moments).
-if [ -x "$bin/hotpath" ]; then
+if want ckpt && [ -x "$bin/hotpath" ]; then
   ck=$(mktemp -d)
   launcher=()
   ep=1
@@ -179,19 +192,33 @@ if [ -x "$bin/hotpath" ]; then
     statuses[${#statuses[@]}-1]="FAIL(diff)"
     failed=1
   fi
+  # GPT-OSS-20b, 4 layers: about 53 GB. Written where there is room for it: the file system
+  # behind mktemp, or /dev/shm when that is larger (it measures the software, not the disk). The
+  # disk's own sequential write rate, with fdatasync, is measured next to it as the baseline.
+  big_dir=$ck/big
+  shm_free=$(df -k --output=avail /dev/shm 2>/dev/null | tail -1)
+  tmp_free=$(df -k --output=avail "$ck" | tail -1)
+  if [ "${shm_free:-0}" -gt 70000000 ] && [ "${shm_free:-0}" -gt "${tmp_free:-0}" ]; then
+    big_dir=$(mktemp -d -p /dev/shm)
+  fi
+  run disk_write_baseline dd if=/dev/zero of="$ck/dd.bin" bs=64M count=64 conv=fdatasync
+  details[${#details[@]}-1]="$(df -h --output=source,fstype "$ck" | tail -1 | tr -s ' '): $(grep -oE '[0-9.]+ [GM]B/s' "$log_dir/disk_write_baseline.log")"
+  rm -f "$ck/dd.bin"
   big=(train --config examples/configs/gptoss-20b.ini --device=cuda --n_layers=4 --seq_len=4096
-       --batch_tokens=16384 --steps=2 --checkpoint_dir="$ck/big")
-  run ckpt_gptoss20b_save timeout 150 "$bin/hotpath" "${big[@]}" --stop_at_step=1
-  details[${#details[@]}-1]=$(grep -oE 'saved .* MiB/s' "$log_dir/ckpt_gptoss20b_save.log" | sed 's/^saved [^ ]* //')
-  run ckpt_gptoss20b_load timeout 150 "$bin/hotpath" "${big[@]}" --resume=auto
+       --batch_tokens=16384 --steps=2 --checkpoint_dir="$big_dir")
+  run ckpt_gptoss20b_save timeout 240 "$bin/hotpath" "${big[@]}" --stop_at_step=1
+  details[${#details[@]}-1]="to $big_dir: $(grep -oE 'saved .* MiB/s' "$log_dir/ckpt_gptoss20b_save.log" | sed 's/^saved [^ ]* //')"
+  # Resumes at step 1 and stops there: a load and no further save.
+  run ckpt_gptoss20b_load timeout 240 "$bin/hotpath" "${big[@]}" --resume=auto --stop_at_step=1
   details[${#details[@]}-1]=$(grep -oE 'this rank read .* MiB/s' "$log_dir/ckpt_gptoss20b_load.log")
+  rm -rf "$big_dir"
   rm -rf "$ck"
 fi
 
 # Where the Llama-shaped step goes, by timing variants: 1 layer vs 16 layers separates the
 # per-layer cost from the fixed cost (embedding, 128K-vocabulary unembedding and loss, optimizer);
 # and, where Nsight Compute is installed, speed-of-light figures for a window of kernels.
-if [ -x "$bin/hotpath" ] && [ "${GPU_SUITE_PERF:-1}" != 0 ]; then
+if want breakdown && [ -x "$bin/hotpath" ] && [ "${GPU_SUITE_PERF:-1}" != 0 ]; then
   run bench_llama1b_1layer "$bin/hotpath" bench step --config examples/configs/llama-3.2-1b.ini \
     --device=cuda --n_layers=1 --seq_len=4096 --batch_tokens=16384 --bench_warmup=2 --bench_steps=5
   details[${#details[@]}-1]=$(bench_detail bench_llama1b_1layer)
