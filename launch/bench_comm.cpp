@@ -3,12 +3,14 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <functional>
 #include <sstream>
 #include <vector>
 
 #include "framework/model/expert_exchange.h"
+#include "parallel/launch_env.h"
 #include "parallel/moe_exchange.h"
 #if HOTPATH_HAVE_CUDA
 #include "framework/backend/cuda/cuda_backend.h"
@@ -228,6 +230,64 @@ struct A2aRow {
   double ms;       // median over iterations, max over ranks
   double algbw;    // GB/s
   double busbw;    // GB/s
+  int set;         // rows of one size share a set: ratios compare within it
+};
+
+// The reference all-to-all: NCCL used the standard way, independent of the NcclCommunicator
+// under test. A plain blocking NCCL communicator of its own over the same ranks, on the
+// backend's compute stream (where the timer records), and per all-to-all one group with an
+// ncclSend/ncclRecv pair for every peer, this rank included.
+class NcclReferenceAllToAll {
+ public:
+  NcclReferenceAllToAll(Communicator& host, Backend& be) : stream_(cuda_compute_stream(be)) {
+    // Launch ordering as for every NcclCommunicator of the process, so both pay the same.
+    (void)nccl_launch_order_implicit();
+    CUDA_CHECK(cudaSetDevice(cuda_backend_device(be)));
+    ncclUniqueId id;
+    std::memset(&id, 0, sizeof(id));
+    std::vector<uint8_t> blob;
+    if (host.rank() == 0) {
+      NCCL_CHECK(ncclGetUniqueId(&id));
+      const auto* p = reinterpret_cast<const uint8_t*>(&id);
+      blob.assign(p, p + sizeof(id));
+    }
+    blob = share_blob(host, blob, 0);
+    HP_CHECK(blob.size() == sizeof(id), "bench alltoall: NCCL unique id of ", blob.size(),
+             " bytes");
+    std::memcpy(&id, blob.data(), sizeof(id));
+    NCCL_CHECK(ncclCommInitRank(&comm_, host.size(), id, host.rank()));
+  }
+  ~NcclReferenceAllToAll() {
+    if (!comm_) return;
+    cudaStreamSynchronize(stream_);  // destructors do not throw: best effort
+    ncclCommDestroy(comm_);
+  }
+  NcclReferenceAllToAll(const NcclReferenceAllToAll&) = delete;
+  NcclReferenceAllToAll& operator=(const NcclReferenceAllToAll&) = delete;
+
+  // Rows of `row_bytes` bytes; counts per peer as in Communicator::all_to_all_v.
+  void run(const Tensor& send, const std::vector<int64_t>& send_counts, Tensor& recv,
+           const std::vector<int64_t>& recv_counts, size_t row_bytes) {
+    const char* src = static_cast<const char*>(send.raw());
+    char* dst = static_cast<char*>(recv.raw());
+    size_t send_off = 0, recv_off = 0;
+    NCCL_CHECK(ncclGroupStart());
+    for (size_t p = 0; p < send_counts.size(); ++p) {
+      const size_t sb = static_cast<size_t>(send_counts[p]) * row_bytes;
+      const size_t rb = static_cast<size_t>(recv_counts[p]) * row_bytes;
+      if (sb > 0)
+        NCCL_CHECK(ncclSend(src + send_off, sb, ncclInt8, static_cast<int>(p), comm_, stream_));
+      if (rb > 0)
+        NCCL_CHECK(ncclRecv(dst + recv_off, rb, ncclInt8, static_cast<int>(p), comm_, stream_));
+      send_off += sb;
+      recv_off += rb;
+    }
+    NCCL_CHECK(ncclGroupEnd());
+  }
+
+ private:
+  cudaStream_t stream_ = nullptr;
+  ncclComm_t comm_ = nullptr;
 };
 
 }  // namespace
@@ -245,6 +305,7 @@ int run_bench_alltoall(const TrainOptions& o, const RankContext& ctx) {
   std::shared_ptr<NcclCommunicator> comm = NcclCommunicator::create(*ctx.groups.world, be, "world");
   CommExpertExchange exchange(comm, comm);
   Communicator& host = *ctx.groups.world;
+  NcclReferenceAllToAll reference(host, be);
   const int world = comm->size();
   const int experts = 32;
   HP_CHECK(experts % world == 0, "bench alltoall: ", experts, " experts over ", world, " ranks");
@@ -267,9 +328,10 @@ int run_bench_alltoall(const TrainOptions& o, const RankContext& ctx) {
     host.all_reduce(t, ReduceOp::kMax);
     return t.data<double>()[0];
   };
+  int set = 0;
   auto row = [&](const std::string& v, int64_t tokens, double bytes, double ms) {
     const double algbw = bytes / (ms * 1e-3) / 1e9;
-    return A2aRow{v, tokens, bytes / (1 << 20), ms, algbw, algbw * bus_factor};
+    return A2aRow{v, tokens, bytes / (1 << 20), ms, algbw, algbw * bus_factor, set};
   };
 
   std::vector<A2aRow> rows;
@@ -302,8 +364,16 @@ int run_bench_alltoall(const TrainOptions& o, const RankContext& ctx) {
       comm->all_to_all_v(x, send, y, recv);
       comm->all_to_all_v(y, recv, z, send);
     });
+    // The same two all-to-alls (same counts, same bytes) through plain NCCL.
+    const size_t row_size = static_cast<size_t>(kDModel) * dtype_size(DType::kBF16);
+    const double ms_ref = time_op([&] {
+      reference.run(x, send, y, recv, row_size);
+      reference.run(y, recv, z, send, row_size);
+    });
     rows.push_back(row("moe_exchange", tokens, bytes, ms_ex));
     rows.push_back(row("all_to_all_v", tokens, bytes, ms_plain));
+    rows.push_back(row("nccl_ref", tokens, bytes, ms_ref));
+    ++set;
   }
   // Plain even all-to-all, the size nccl-tests quotes (bytes = this rank's send buffer).
   for (int64_t mib : {int64_t{1}, int64_t{16}, int64_t{128}, int64_t{512}}) {
@@ -314,7 +384,10 @@ int run_bench_alltoall(const TrainOptions& o, const RankContext& ctx) {
     Tensor recv = be.empty({total}, DType::kBF16);
     std::vector<int64_t> c(static_cast<size_t>(world), total / world);
     const double ms = time_op([&] { comm->all_to_all_v(send, c, recv, c); });
+    const double ms_ref = time_op([&] { reference.run(send, c, recv, c, 2); });
     rows.push_back(row("even", 0, static_cast<double>(total) * 2, ms));
+    rows.push_back(row("nccl_ref", 0, static_cast<double>(total) * 2, ms_ref));
+    ++set;
   }
 
   if (ctx.rank() != 0) return 0;
@@ -322,22 +395,36 @@ int run_bench_alltoall(const TrainOptions& o, const RankContext& ctx) {
       "bench alltoall: backend=%s world=%d experts=%d top_k=%d d_model=%lld bf16 "
       "iters=%d (warm-up %d)\n",
       be.name().c_str(), world, experts, kTopK, static_cast<long long>(kDModel), iters, warmup);
-  std::printf("%-13s %7s %10s %9s %11s %11s %8s\n", "variant", "tokens", "MiB/rank", "ms",
-              "algbw GB/s", "busbw GB/s", "ratio");
+  // ratio: the exchange's bus bandwidth over the communicator's plain all_to_all_v of the same
+  // bytes; vs_nccl: a row's bus bandwidth over plain NCCL's (nccl_ref) of the same bytes.
+  std::printf("%-13s %7s %10s %9s %11s %11s %8s %8s\n", "variant", "tokens", "MiB/rank", "ms",
+              "algbw GB/s", "busbw GB/s", "ratio", "vs_nccl");
   std::ostringstream js;
   js << "{\"scenario\":\"alltoall\",\"world\":" << world << ",\"experts\":" << experts
      << ",\"top_k\":" << kTopK << ",\"d_model\":" << kDModel << ",\"rows\":[";
   for (size_t i = 0; i < rows.size(); ++i) {
     const A2aRow& r = rows[i];
-    // Exchange rows: ratio of the exchange's bus bandwidth to the plain all_to_all_v's.
-    std::string ratio = "";
-    if (r.variant == "moe_exchange" && i + 1 < rows.size())
-      ratio = str_cat(static_cast<int>(100 * r.busbw / rows[i + 1].busbw + 0.5), "%");
-    std::printf("%-13s %7lld %10.1f %9.3f %11.1f %11.1f %8s\n", r.variant.c_str(),
-                static_cast<long long>(r.tokens), r.mib, r.ms, r.algbw, r.busbw, ratio.c_str());
+    auto busbw_of = [&](const char* variant) {
+      for (const A2aRow& q : rows)
+        if (q.set == r.set && q.variant == variant) return q.busbw;
+      return 0.0;
+    };
+    auto percent = [](double a, double b) {
+      return b > 0 ? str_cat(static_cast<int>(100 * a / b + 0.5), "%") : std::string("-");
+    };
+    const double plain = busbw_of("all_to_all_v"), nccl = busbw_of("nccl_ref");
+    const bool is_ref = r.variant == "nccl_ref";
+    const std::string ratio = r.variant == "moe_exchange" ? percent(r.busbw, plain) : "-";
+    const std::string vs_nccl = is_ref ? "-" : percent(r.busbw, nccl);
+    std::printf("%-13s %7lld %10.1f %9.3f %11.1f %11.1f %8s %8s\n", r.variant.c_str(),
+                static_cast<long long>(r.tokens), r.mib, r.ms, r.algbw, r.busbw, ratio.c_str(),
+                vs_nccl.c_str());
     js << (i ? "," : "") << "{\"variant\":\"" << r.variant << "\",\"tokens\":" << r.tokens
        << ",\"mib_per_rank\":" << r.mib << ",\"ms\":" << r.ms << ",\"algbw_gbs\":" << r.algbw
-       << ",\"busbw_gbs\":" << r.busbw << "}";
+       << ",\"busbw_gbs\":" << r.busbw;
+    if (r.variant == "moe_exchange" && plain > 0) js << ",\"vs_all_to_all_v\":" << r.busbw / plain;
+    if (!is_ref && nccl > 0) js << ",\"vs_nccl\":" << r.busbw / nccl;
+    js << "}";
   }
   js << "]}\n";
   if (!o.bench_json.empty()) std::ofstream(o.bench_json) << js.str();

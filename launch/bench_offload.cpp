@@ -8,6 +8,8 @@
 #include <vector>
 
 #include "framework/model/activation_store.h"
+#include "framework/model/copy_arbiter.h"
+#include "parallel/lane_arbiter.h"
 
 namespace hp {
 namespace {
@@ -69,6 +71,66 @@ std::pair<double, double> time_copies(Backend& be, const Shape& shape, int block
   return {median_ms(d2h), median_ms(h2d)};
 }
 
+// One rank's side of the arbiter comparison: its median step and copy rate.
+struct LaneRun {
+  std::string name;  // "off" | "on"
+  std::string arbiter;  // what make_copy_arbiter gave: "local" | "node"
+  std::vector<double> ms, gbps, wait_ms;  // per world rank (medians over the timed steps)
+  std::vector<double> bytes;              // per world rank, of the last timed step
+};
+
+// Every rank offloads at once (offload=double, the ring's first variant): timed steps start
+// together after a world barrier. Per rank: the median step time, the median achieved copy
+// rate (CopyArbiterStats::achieved_gbps: bytes over first request to last release) and grant
+// wait; gathered over the world by summing per-rank slots.
+LaneRun run_lane_variant(Backend& be, Model& model, const BatchMeta& meta, double scale,
+                         const TrainOptions& o, const RankContext& ctx, bool on, int64_t reps) {
+  LaneOptions lo = make_lane_options(o);
+  lo.enabled = on;
+  std::unique_ptr<CopyArbiter> arb = make_copy_arbiter(*ctx.groups.node, lo);
+  be.set_copy_arbiter(arb.get());
+  LaneRun r;
+  r.name = on ? "on" : "off";
+  r.arbiter = dynamic_cast<NodeLaneArbiter*>(arb.get()) ? "node" : "local";
+  for (int64_t i = 0; i < std::max<int64_t>(1, o.bench_warmup); ++i) {
+    model.zero_grads();
+    model.forward_backward(meta, scale);
+  }
+  std::vector<double> ms, gbps, wait;
+  double bytes = 0;
+  for (int64_t i = 0; i < reps; ++i) {
+    model.zero_grads();
+    be.synchronize(SyncCause::kOther);
+    ctx.groups.world->barrier();
+    arb->begin_step();
+    ms.push_back(time_ms(be, [&] { model.forward_backward(meta, scale); }));
+    const CopyArbiterStats st = arb->stats();
+    gbps.push_back(st.achieved_gbps());
+    wait.push_back(1e3 * (st.wait_s[0] + st.wait_s[1]));
+    bytes = static_cast<double>(st.bytes[0] + st.bytes[1]);
+  }
+  be.set_copy_arbiter(nullptr);
+  const int w = ctx.world(), me = ctx.rank();
+  Tensor all = Tensor::host({4 * w}, DType::kF64);
+  double* a = all.data<double>();
+  std::fill(a, a + 4 * w, 0.0);
+  a[me] = median_ms(ms);
+  a[w + me] = median_ms(gbps);
+  a[2 * w + me] = median_ms(wait);
+  a[3 * w + me] = bytes;
+  ctx.groups.world->all_reduce(all, ReduceOp::kSum);
+  r.ms.assign(a, a + w);
+  r.gbps.assign(a + w, a + 2 * w);
+  r.wait_ms.assign(a + 2 * w, a + 3 * w);
+  r.bytes.assign(a + 3 * w, a + 4 * w);
+  return r;
+}
+
+double max_over_min(const std::vector<double>& v) {
+  const auto mm = std::minmax_element(v.begin(), v.end());
+  return *mm.first > 0 ? *mm.second / *mm.first : 0.0;
+}
+
 }  // namespace
 
 int run_bench_offload(const TrainOptions& o, const RankContext& ctx) {
@@ -126,6 +188,13 @@ int run_bench_offload(const TrainOptions& o, const RankContext& ctx) {
   const double moved = block_bytes * blocks;
   const double t_copy = copy_ms.first + copy_ms.second;
   const double t_none = vs[0].ms;
+  // Ranks sharing host links: the same offloading step with the lane arbiter off, then on.
+  std::vector<LaneRun> lanes;
+  if (ctx.world() > 1) {
+    model.set_offload(vs[2].opts);
+    for (bool on : {false, true})
+      lanes.push_back(run_lane_variant(*be, model, meta, scale, o, ctx, on, reps));
+  }
   if (ctx.rank() != 0) return 0;
 
   std::printf(
@@ -170,8 +239,47 @@ int run_bench_offload(const TrainOptions& o, const RankContext& ctx) {
             ",\"h2d_bytes\":" + std::to_string(v.stats.h2d_bytes) +
             ",\"device_bytes\":" + std::to_string(dev) + "}";
   }
-  json += "]}\n";
+  json += "]";
   std::printf("double L=1 vs single: %.2f%% faster step\n", 100.0 * (vs[1].ms / vs[2].ms - 1.0));
+  if (!lanes.empty()) {
+    std::printf(
+        "lane arbiter off vs on: %d ranks offloading at once (double L=1), chunk %lld MiB, "
+        "inflight %d, pcie_groups='%s'%s\n",
+        ctx.world(), static_cast<long long>(o.lane_chunk_mib), o.lane_inflight,
+        o.pcie_groups.c_str(),
+        be->device() == Device::kCPU ? " (cpu: each rank simulates its own link)" : "");
+    std::printf("%-5s %-6s %5s %10s %10s %10s %10s\n", "lane", "grants", "rank", "step ms",
+                "copy GB/s", "wait ms", "MiB");
+    for (const LaneRun& l : lanes) {
+      for (int r = 0; r < ctx.world(); ++r) {
+        std::printf("%-5s %-6s %5d %10.3f %10.3f %10.3f %10.2f\n", l.name.c_str(),
+                    l.arbiter.c_str(), r, l.ms[static_cast<size_t>(r)],
+                    l.gbps[static_cast<size_t>(r)], l.wait_ms[static_cast<size_t>(r)],
+                    l.bytes[static_cast<size_t>(r)] / 1048576.0);
+      }
+    }
+    std::printf("%-5s %14s %16s %12s\n", "lane", "GB/s max/min", "step max/min", "jain(GB/s)");
+    json += ",\"lane\":[";
+    for (size_t i = 0; i < lanes.size(); ++i) {
+      const LaneRun& l = lanes[i];
+      const double bw = max_over_min(l.gbps), spread = max_over_min(l.ms);
+      const double jain = jain_fairness(l.gbps);
+      std::printf("%-5s %14.3f %16.3f %12.4f\n", l.name.c_str(), bw, spread, jain);
+      auto list = [](const std::vector<double>& v) {
+        std::string out = "[";
+        for (size_t k = 0; k < v.size(); ++k) out += (k ? "," : "") + std::to_string(v[k]);
+        return out + "]";
+      };
+      json += std::string(i ? "," : "") + "{\"lane_arbiter\":\"" + l.name +
+              "\",\"grants\":\"" + l.arbiter + "\",\"step_ms\":" + list(l.ms) +
+              ",\"gbps\":" + list(l.gbps) + ",\"wait_ms\":" + list(l.wait_ms) +
+              ",\"bytes\":" + list(l.bytes) + ",\"gbps_max_over_min\":" + std::to_string(bw) +
+              ",\"step_max_over_min\":" + std::to_string(spread) +
+              ",\"jain\":" + std::to_string(jain) + "}";
+    }
+    json += "]";
+  }
+  json += "}\n";
   if (!o.bench_json.empty()) std::ofstream(o.bench_json) << json;
   return 0;
 }

@@ -136,10 +136,21 @@ if want moe && [ -x "$bin/hotpath" ] && [ "${GPU_SUITE_PERF:-1}" != 0 ]; then
     run bench_alltoall_np2 mpirun -np 2 "$bin/hotpath" bench alltoall \
       --config examples/configs/tiny-moe.ini --device=cuda \
       --bench_json="$log_dir/bench_alltoall.json"
-    details[${#details[@]}-1]=$(awk '$1 == "moe_exchange" && $2 == 16384 {e = $6; r = $7}
-      $1 == "all_to_all_v" && $2 == 16384 {p = $6} $1 == "even" && $3 > 500 {v = $6}
-      END {printf "16k tok: exchange %s GB/s vs plain %s (%s); even 512MiB %s GB/s", e, p, r, v}' \
+    details[${#details[@]}-1]=$(awk '$1 == "moe_exchange" && $2 == 16384 {e = $6; r = $7; n = $NF}
+      $1 == "all_to_all_v" && $2 == 16384 {p = $6} $1 == "even" && $3 > 500 {v = $6; vn = $NF}
+      END {printf "16k tok: exchange %s GB/s vs plain %s (%s), vs NCCL %s; even 512MiB %s GB/s (vs NCCL %s)", e, p, r, n, v, vn}' \
       "$log_dir/bench_alltoall_np2.log")
+    # Gradient all-reduces on the comm stream (overlapping backward) vs on the compute stream
+    # (NCCL_LAUNCH_ORDER_IMPLICIT=0 keeps them there): 2 ranks, dp=2, the Llama-3.2-1B shape.
+    for order in 1 0; do
+      run "grad_overlap_np2_order$order" mpirun -np 2 -x NCCL_LAUNCH_ORDER_IMPLICIT=$order \
+        "$bin/hotpath" train --config $cfg/llama-3.2-1b.ini --device=cuda --steps=12 \
+        --seq_len=4096 --batch_tokens=32768 --synthetic_vocab=1024 --log_every=4 \
+        --metrics_path="$log_dir/grad_overlap_np2_order$order.jsonl"
+      details[${#details[@]}-1]=$(grep -oE '"step":([5-9]|1[0-2]),.*' "$log_dir/grad_overlap_np2_order$order.jsonl" |
+        grep -oE '"ms":[0-9.]+' | cut -d: -f2 | sort -n | awk '{a[NR] = $1} END {
+          printf "median ms/step (steps 5-12) %s; %s", a[int((NR + 1) / 2)], (o ? "comm stream" : "compute stream")}' o=$order)
+    done
   fi
 fi
 
@@ -167,6 +178,16 @@ if want offload && [ -x "$bin/hotpath" ] && [ "${GPU_SUITE_PERF:-1}" != 0 ]; the
     --batch_tokens=16384 --bench_warmup=1 --bench_steps=3
   details[${#details[@]}-1]=$(awk '$1 ~ /^(none|single|double)/ {printf "%s %s %s ", $1, $2, $3}
     /faster step/ {print "| " $0}' "$log_dir/bench_offload_gptoss20b.log")
+  # Two ranks offloading at once over their host links: lane arbiter off vs on.
+  if [ "${gpus:-0}" -ge 2 ] && command -v mpirun >/dev/null; then
+    run bench_offload_lane_np2 timeout 240 mpirun -np 2 "$bin/hotpath" bench offload \
+      --config $cfg/llama-3.2-1b.ini --device=cuda --d_model=4096 --n_heads=32 --n_kv_heads=8 \
+      --head_dim=128 --ffn_dim=14336 --n_layers=8 --tie_embeddings=false --seq_len=4096 \
+      --batch_tokens=32768 --bench_warmup=1 --bench_steps=3 --lane_chunk_mib=8 --lane_inflight=1 \
+      --bench_json="$log_dir/bench_offload_lane_np2.json"
+    details[${#details[@]}-1]=$(awk '$1 ~ /^(off|on)$/ && NF == 4 {printf "%s: %s %s %s; ", $1, $2, $3, $4}' \
+      "$log_dir/bench_offload_lane_np2.log")
+  fi
 fi
 
 # Checkpoints with the CUDA backend: a save/resume round trip (2 ranks, ep=2, when 2 GPUs are

@@ -70,6 +70,16 @@ po::options_description describe_options(TrainOptions& o, std::string& window_la
       "cpu backend: simulated host-link bandwidth of offload copies in GB/s (0: unlimited)")(
       "pinned_pool_mib", po::value(&o.pinned_pool_mib)->default_value(o.pinned_pool_mib),
       "pinned host pool for offloaded block inputs in MiB (0: sized from the model and batch)")(
+      "lane_arbiter", po::value(&o.lane_arbiter)->default_value(o.lane_arbiter),
+      "offload copies of the ranks of a node share their host links through a lane arbiter: "
+      "on | off (off: every rank copies on its own, the baseline)")(
+      "lane_chunk_mib", po::value(&o.lane_chunk_mib)->default_value(o.lane_chunk_mib),
+      "offload copies move in chunks of this many MiB, each with a grant (1 .. 4096)")(
+      "lane_inflight", po::value(&o.lane_inflight)->default_value(o.lane_inflight),
+      "lane_arbiter=on: chunks in flight per host link (1 .. 64)")(
+      "pcie_groups", po::value(&o.pcie_groups)->default_value(o.pcie_groups),
+      "lane_arbiter=on: node ranks sharing a host link, e.g. \"0,1;2,3\" (empty: all ranks of "
+      "a node share one link)")(
       "bench_warmup", po::value(&o.bench_warmup)->default_value(o.bench_warmup),
       "bench: warm-up steps (not timed)")(
       "bench_steps", po::value(&o.bench_steps)->default_value(o.bench_steps), "bench: timed steps")(
@@ -270,6 +280,9 @@ void validate_train_options(const TrainOptions& o, int world) {
   require(o.sim_link_gbps >= 0, "sim_link_gbps", str_cat("must be >= 0, got ", o.sim_link_gbps));
   require(o.pinned_pool_mib >= 0, "pinned_pool_mib",
           str_cat("must be >= 0 (0: automatic), got ", o.pinned_pool_mib));
+  require(o.lane_arbiter == "on" || o.lane_arbiter == "off", "lane_arbiter",
+          str_cat("must be on or off, got '", o.lane_arbiter, "'"));
+  make_lane_options(o).validate();
   const int64_t eot = o.data.eot_token < 0 ? o.model.vocab_size - 1 : o.data.eot_token;
   require(eot < o.model.vocab_size, "eot_token",
           str_cat("must be < vocab_size=", o.model.vocab_size, ", got ", eot));
@@ -286,6 +299,17 @@ void validate_train_options(const TrainOptions& o, int world) {
   require(o.eval_batches >= 1, "batches", "must be >= 1");
   require(o.bench_warmup >= 0 && o.bench_steps >= 1, "bench_steps",
           "bench_warmup must be >= 0 and bench_steps >= 1");
+}
+
+LaneOptions make_lane_options(const TrainOptions& o) {
+  LaneOptions l;
+  l.enabled = o.lane_arbiter == "on";
+  l.chunk_mib = o.lane_chunk_mib;
+  l.inflight = o.lane_inflight;
+  l.pcie_groups = o.pcie_groups;
+  // A grant that takes longer than a collective may is a stuck peer.
+  l.timeout = std::chrono::milliseconds(static_cast<int64_t>(o.collective_timeout_s * 1000));
+  return l;
 }
 
 }  // namespace hp

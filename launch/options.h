@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "framework/model/config.h"
+#include "parallel/lane_arbiter.h"
 
 namespace hp {
 
@@ -52,6 +53,11 @@ struct TrainOptions {
   int offload_lookahead = 1;     // double: blocks reloaded ahead (1 .. offload_buffers - 1)
   double sim_link_gbps = 0;      // cpu: simulated host link for offload copies, GB/s (0: off)
   int64_t pinned_pool_mib = 0;   // host pool for offloaded inputs (0: sized from model and batch)
+  // node lane arbiter (parallel/lane_arbiter.h) for the offload copies, when offload != none
+  std::string lane_arbiter = "off";  // on | off (off: each rank copies unarbitrated, the baseline)
+  int64_t lane_chunk_mib = 8;        // copies move in granted chunks of this size
+  int lane_inflight = 1;             // chunks in flight per host link
+  std::string pcie_groups;           // "0,1;2,3": node ranks sharing a link ("": one link)
   bool dry_run = false;
   // parallel layout and launch
   int ep_size = 1;                    // expert-parallel group size; world = dp x ep
@@ -81,5 +87,8 @@ bool parse_train_options(const std::vector<std::string>& args, const std::string
 
 // Checks cross-key rules (divisibility, enums) for a given world size.
 void validate_train_options(const TrainOptions& o, int world_size);
+
+// The lane arbiter's options from lane_arbiter, lane_chunk_mib, lane_inflight, pcie_groups.
+LaneOptions make_lane_options(const TrainOptions& o);
 
 }  // namespace hp

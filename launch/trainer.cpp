@@ -107,17 +107,31 @@ Trainer::Trainer(const TrainOptions& o, const RankContext& ctx)
   // Device tensors move over NCCL groups that mirror the host groups; scalars (valid-target
   // counts, loss sums) stay on the host communicators of ctx_.groups.
   ProcessGroups tensor_groups = ctx_.groups;
+  // Gradient reductions get their own NCCL communicators on the comm stream, so they overlap
+  // backward, where NCCL can order concurrent communicators; else they share tensor_groups.
+  ProcessGroups grad_groups;
+  Backend::StreamKind grad_stream = Backend::StreamKind::kCompute;
 #if HOTPATH_HAVE_CUDA
-  if (be_->device() == Device::kCUDA && ctx_.world() > 1)
+  if (be_->device() == Device::kCUDA && ctx_.world() > 1) {
     tensor_groups = make_nccl_groups(ctx_.groups, *be_);
+    grad_groups = make_nccl_grad_groups(ctx_.groups, *be_);
+    if (grad_groups.world) grad_stream = Backend::StreamKind::kComm;
+  }
 #endif
+  if (!grad_groups.world) grad_groups = tensor_groups;
   std::shared_ptr<ExpertExchange> exchange;
   if (ctx_.world() > 1)
     exchange = std::make_shared<CommExpertExchange>(tensor_groups.ep, tensor_groups.world);
   model_ = std::make_unique<Model>(o_.model, make_model_options(o_), *be_, exchange);
+  if (o_.offload != "none") {
+    // Over the ranks of this host (collective over the node group); lane_arbiter=off gives a
+    // local arbiter that grants at once but still counts the copies for the step stats.
+    lane_ = make_copy_arbiter(*ctx_.groups.node, make_lane_options(o_));
+    be_->set_copy_arbiter(lane_.get());
+  }
   model_->init_params(o_.seed);
   if (ctx_.world() > 1) {
-    grad_sync_ = std::make_unique<GradSync>(*be_, model_->params(), tensor_groups);
+    grad_sync_ = std::make_unique<GradSync>(*be_, model_->params(), grad_groups, grad_stream);
     model_->set_grad_ready_hook([this](int layer) { grad_sync_->layer_ready(layer); });
   }
   sched_.lr = o_.lr;
@@ -157,6 +171,11 @@ StepStats Trainer::step() {
   be.syncs().reset();
   ++step_;
   maybe_inject_fault();
+  auto* node_lane = dynamic_cast<NodeLaneArbiter*>(lane_.get());
+  if (lane_) {
+    lane_->begin_step();
+    if (node_lane) link_bytes_ = node_lane->link_bytes();
+  }
 
   PackedBatch batch = loader_->next();
   BatchMeta meta = be.upload_batch(batch);
@@ -205,6 +224,22 @@ StepStats Trainer::step() {
     opt_.step(be, model_->params(), step_, st.lr, clip_coefficient(st.grad_norm, o_.grad_clip));
   }
   st.syncs = be.syncs();
+  if (lane_) {
+    // Every copy of the step has completed (backward waited for the last reload, which follows
+    // the step's offloads on the copy stream) and released its grants.
+    st.lane = true;
+    st.lane_copies = lane_->stats();
+    if (node_lane) {
+      st.link_ranks = node_lane->link_ranks();
+      st.link_bytes = node_lane->link_bytes();
+      std::vector<double> share;
+      for (size_t i = 0; i < st.link_bytes.size(); ++i) {
+        st.link_bytes[i] -= i < link_bytes_.size() ? link_bytes_[i] : 0;
+        share.push_back(static_cast<double>(st.link_bytes[i]));
+      }
+      st.lane_jain = jain_fairness(share);
+    }
+  }
   st.ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
   st.tokens_per_s = st.tokens / (st.ms / 1000.0);
   return st;
@@ -218,13 +253,53 @@ std::string fmt(double v, int prec = 4) {
   return os.str();
 }
 
+}  // namespace
+
+std::string lane_log_fields(const StepStats& s) {
+  if (!s.lane) return "";
+  const CopyArbiterStats& c = s.lane_copies;
+  std::string out = str_cat(
+      " lane_mib=r", fmt(c.bytes[0] / 1048576.0, 4), "/o", fmt(c.bytes[1] / 1048576.0, 4),
+      " lane_wait_ms=", fmt(1e3 * (c.wait_s[0] + c.wait_s[1]), 3), "/max",
+      fmt(1e3 * std::max(c.max_wait_s[0], c.max_wait_s[1]), 3),
+      " lane_gbps=", fmt(c.achieved_gbps(), 3));
+  if (!s.link_ranks.empty()) out += " jain=" + fmt(s.lane_jain, 4);
+  return out;
+}
+
+std::string lane_json_fields(const StepStats& s) {
+  if (!s.lane) return "";
+  const CopyArbiterStats& c = s.lane_copies;
+  std::ostringstream os;
+  os << std::setprecision(9) << ",\"lane\":{\"arbiter\":\""
+     << (s.link_ranks.empty() ? "local" : "node") << "\"";
+  for (int d = 0; d < 2; ++d) {
+    const std::string n = copy_direction_name(static_cast<CopyDirection>(d));
+    os << ",\"" << n << "_bytes\":" << c.bytes[d] << ",\"" << n << "_chunks\":" << c.chunks[d]
+       << ",\"" << n << "_wait_s\":" << c.wait_s[d] << ",\"" << n
+       << "_max_wait_s\":" << c.max_wait_s[d];
+  }
+  os << ",\"active_s\":" << c.active_s << ",\"gbps\":" << c.achieved_gbps();
+  if (!s.link_ranks.empty()) {
+    os << ",\"link_ranks\":[";
+    for (size_t i = 0; i < s.link_ranks.size(); ++i) os << (i ? "," : "") << s.link_ranks[i];
+    os << "],\"link_bytes\":[";
+    for (size_t i = 0; i < s.link_bytes.size(); ++i) os << (i ? "," : "") << s.link_bytes[i];
+    os << "],\"jain\":" << s.lane_jain;
+  }
+  os << "}";
+  return os.str();
+}
+
+namespace {
+
 std::string metrics_json(const StepStats& s, bool moe) {
   std::ostringstream os;
   os << std::setprecision(9) << "{\"step\":" << s.step << ",\"loss\":" << s.loss;
   if (moe) os << ",\"aux_loss\":" << s.aux_loss;
   os << ",\"lr\":" << s.lr << ",\"grad_norm\":" << s.grad_norm
      << ",\"tokens_per_s\":" << s.tokens_per_s << ",\"ms\":" << s.ms << ",\"tokens\":" << s.tokens
-     << ",\"syncs\":" << s.syncs.json() << "}";
+     << ",\"syncs\":" << s.syncs.json() << lane_json_fields(s) << "}";
   return os.str();
 }
 
@@ -251,6 +326,15 @@ int run_train(const TrainOptions& o, const RankContext& ctx) {
       o.model.is_moe() ? str_cat(" experts=", o.model.n_experts, " top_k=", o.model.top_k) : "");
   log_info("launch: ", ctx.launch.describe(), " world=", ctx.world(), " dp=", ctx.groups.dp_size,
            " ep=", ctx.groups.ep_size);
+  if (CopyArbiter* a = trainer.copy_arbiter()) {
+    const auto* lane = dynamic_cast<NodeLaneArbiter*>(a);
+    std::string link;
+    if (lane)
+      for (int r : lane->link_ranks()) link += (link.empty() ? "" : ",") + std::to_string(r);
+    log_info("offload copies: lane_arbiter=", lane ? "on" : o.lane_arbiter,
+             lane ? "" : " (local grants)", " chunk=", a->chunk_bytes() >> 20, " MiB",
+             lane ? str_cat(" inflight=", o.lane_inflight, " link ranks=", link) : "");
+  }
   log_info(trainer.loader().describe(), " seq_len=", o.seq_len, " batch_tokens=", o.batch_tokens,
            " steps=", o.steps);
   if (!std::isnan(floor))
@@ -287,7 +371,7 @@ int run_train(const TrainOptions& o, const RankContext& ctx) {
       log_info("step=", s.step, " loss=", fmt(s.loss),
                o.model.is_moe() ? " aux_loss=" + fmt(s.aux_loss) : "", " lr=", fmt(s.lr, 3),
                " grad_norm=", fmt(s.grad_norm, 3), " tok/s=", fmt(s.tokens_per_s, 5),
-               " ms=", fmt(s.ms, 4), " syncs=", s.syncs.total());
+               " ms=", fmt(s.ms, 4), " syncs=", s.syncs.total(), lane_log_fields(s));
     }
     if (!std::isfinite(s.loss))
       HP_USER_ERROR(ErrorKind::kUser, "loss is ", s.loss, " at step ", s.step,

@@ -8,6 +8,7 @@
 
 #include "framework/backend/backend.h"
 #include "framework/data/loader.h"
+#include "framework/model/copy_arbiter.h"
 #include "framework/model/model.h"
 #include "launch/options.h"
 #include "optim/adamw.h"
@@ -30,7 +31,20 @@ struct StepStats {
   int64_t valid_targets = 0;  // global
   double model_flops = 0;     // global: 6 * active params * tokens + causal attention FLOPs
   SyncCounter syncs;
+  // Offload copies through the copy arbiter (offload != none), this rank's, over the step.
+  bool lane = false;
+  CopyArbiterStats lane_copies;
+  // lane_arbiter=on: bytes each rank of this rank's host link released over the step (both
+  // directions, in link_ranks order), and Jain's fairness index over them; else empty and 1.
+  std::vector<int> link_ranks;
+  std::vector<int64_t> link_bytes;
+  double lane_jain = 1.0;
 };
+
+// The copy arbiter's part of the step line (compact) and of the JSONL metrics (full); both
+// empty when the step had no arbiter.
+std::string lane_log_fields(const StepStats& s);
+std::string lane_json_fields(const StepStats& s);
 
 // Picks the backend for options.device ("auto": CUDA when a GPU is present).
 std::unique_ptr<Backend> make_backend(const TrainOptions& o, int local_rank);
@@ -53,6 +67,8 @@ class Trainer {
   Model& model() { return *model_; }
   Backend& backend() { return *be_; }
   DataLoader& loader() { return *loader_; }
+  // The arbiter of the offload copies (null with offload=none).
+  CopyArbiter* copy_arbiter() { return lane_.get(); }
   int64_t steps_done() const { return step_; }
   // Checkpointing (launch/checkpointing.h) reads and restores the run's position through these.
   const TrainOptions& options() const { return o_; }
@@ -66,6 +82,9 @@ class Trainer {
 
  private:
   TrainOptions o_;
+  // Declared before be_: the backend keeps a pointer to it until the backend is gone.
+  std::unique_ptr<CopyArbiter> lane_;
+  std::vector<int64_t> link_bytes_;  // at the start of the step
   std::unique_ptr<Backend> be_;
   std::unique_ptr<Model> model_;
   std::unique_ptr<DataLoader> loader_;

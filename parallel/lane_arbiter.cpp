@@ -323,6 +323,8 @@ int64_t NodeLaneArbiter::link_pending(CopyDirection dir) const {
 
 std::unique_ptr<CopyArbiter> make_copy_arbiter(Communicator& node, const LaneOptions& options) {
   options.validate();
+  // A node of one rank needs no coordination, but its pcie_groups must still name the node.
+  if (options.enabled) parse_pcie_groups(options.pcie_groups, node.size());
   if (!options.enabled || node.size() == 1) {
     return std::make_unique<LocalCopyArbiter>(options.chunk_bytes());
   }

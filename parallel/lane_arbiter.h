@@ -91,7 +91,8 @@ class NodeLaneArbiter final : public CopyArbiter {
 };
 
 // lane_arbiter=off (or a node of one rank): LocalCopyArbiter; otherwise NodeLaneArbiter over
-// `node` (collective over it).
+// `node` (collective over it). Options are validated first, and with lane_arbiter=on
+// pcie_groups against the node's size, also for a node of one rank.
 std::unique_ptr<CopyArbiter> make_copy_arbiter(Communicator& node, const LaneOptions& options);
 
 }  // namespace hp

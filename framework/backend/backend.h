@@ -26,6 +26,9 @@
 
 namespace hp {
 
+class CopyArbiter;          // framework/model/copy_arbiter.h
+enum class CopyDirection;   // framework/model/copy_arbiter.h
+
 // The device-resident view of a PackedBatch, uploaded once per batch (no sync) and read by every
 // layer. `host` points at the batch it came from, which must outlive this object.
 struct BatchMeta {
@@ -124,6 +127,24 @@ class Backend {
   // as memory allows). Only a backend whose device memory is host memory simulates (cpu);
   // others ignore it.
   virtual void set_simulated_link_gbps(double gbps) {}
+  // Host-link arbitration (ARCHITECTURE rule 2). With an arbiter set, every copy on the copy
+  // stream is cut into chunks of at most arbiter->chunk_bytes(); each chunk is issued only with
+  // a grant of its direction and released once it has completed. Grants are waited for by a
+  // thread of the backend that issues the copy stream's work in order (cpu: the copy worker),
+  // never by the thread that drives the backend, which blocks only where it waits for a
+  // copy-stream event that has not been issued yet (the event then waits for the grants of the
+  // copies before it). The same bytes move in the same stream order, so results do not change.
+  // While an arbiter is set, only copies and events may go on the copy stream. Setting one
+  // (or null, to detach) first waits until the copy stream's work has been issued and has
+  // completed; the arbiter must stay alive until it is detached or the backend is destroyed.
+  virtual void set_copy_arbiter(CopyArbiter* arbiter) {}
+  // copy(), labelled with the direction it crosses the host link in (kReload: host -> device):
+  // the label an arbiter grants its chunks under. A plain copy() on the copy stream counts as a
+  // reload when its destination is device memory, else as an offload (on the cpu backend, whose
+  // device memory is host memory, always an offload).
+  virtual void copy_over_link(const Tensor& src, Tensor& dst, CopyDirection dir) {
+    copy(src, dst);
+  }
 
   // ---- packed batch metadata (rule 1) --------------------------------------------------------
   virtual BatchMeta upload_batch(const PackedBatch& batch) = 0;

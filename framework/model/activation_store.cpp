@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "framework/core/log.h"
+#include "framework/model/copy_arbiter.h"
 
 namespace hp {
 
@@ -131,7 +132,7 @@ class OffloadStore final : public ActivationStore {
     std::shared_ptr<Backend::Event> written = be_.record_event(SK::kCompute);
     be_.wait_event(SK::kCopy, *written);
     be_.set_stream(SK::kCopy);
-    be_.copy(x, b.host);
+    be_.copy_over_link(x, b.host, CopyDirection::kOffload);
     b.offloaded = be_.record_event(SK::kCopy);
     be_.set_stream(SK::kCompute);
     if (b.pageable) be_.event_synchronize(*b.offloaded, SyncCause::kOffload);
@@ -239,12 +240,12 @@ class OffloadStore final : public ActivationStore {
         std::max<int64_t>(1, slot_bytes_ / static_cast<int64_t>(dtype_size(b.host.dtype())));
     const int64_t n = b.host.numel();
     if (b.slot >= 0 || n <= chunk) {
-      be_.copy(b.host, b.reloaded);
+      be_.copy_over_link(b.host, b.reloaded, CopyDirection::kReload);
     } else {
       for (int64_t s = 0; s < n; s += chunk) {
         const int64_t c = std::min(chunk, n - s);
         Tensor dst = b.reloaded.flat_view(s, c);
-        be_.copy(b.host.flat_view(s, c), dst);
+        be_.copy_over_link(b.host.flat_view(s, c), dst, CopyDirection::kReload);
       }
     }
     b.ready = be_.record_event(SK::kCopy);

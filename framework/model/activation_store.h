@@ -26,6 +26,11 @@
 // offload. Device memory the copy stream touches is either held by the store or ordered after the
 // compute stream with an event, so the caching allocator's stream-ordered reuse stays safe.
 //
+// Host link: offloads go over it as CopyDirection::kOffload copies, reloads as kReload
+// (Backend::copy_over_link), so a copy arbiter attached to the backend (Backend::set_copy_arbiter,
+// the node lane arbiter of parallel/lane_arbiter.h) grants them chunk by chunk, reloads first,
+// without the store or its host thread waiting for grants.
+//
 // Memory: host copies go to one host pool (pinned on the GPU) allocated at the first step, sized
 // (n - 1) x the block input unless `pinned_pool_bytes` fixes it; the staging ring is allocated
 // then too, each buffer the size of a block input unless `staging_bytes` fixes it. Fallbacks,

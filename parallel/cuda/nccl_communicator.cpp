@@ -3,6 +3,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <iomanip>
 #include <numeric>
@@ -75,7 +76,23 @@ void check_device_tensor(const Tensor& t, const char* op, const char* what) {
 
 char* bytes_of(const Tensor& t) { return static_cast<char*>(t.raw()); }
 
+// NCCL reads NCCL_LAUNCH_ORDER_IMPLICIT when it first prepares a launch and keeps the value, so
+// the decision is made before the process's first communicator exists (create() asks first).
+// An explicit setting in the environment wins; without one it is turned on.
+bool decide_launch_order_implicit() {
+  int version = 0;
+  if (ncclGetVersion(&version) != ncclSuccess || version < NCCL_VERSION(2, 26, 0)) return false;
+  const char* v = std::getenv("NCCL_LAUNCH_ORDER_IMPLICIT");
+  if (v && *v) return std::atoi(v) != 0;
+  return ::setenv("NCCL_LAUNCH_ORDER_IMPLICIT", "1", /*overwrite=*/0) == 0;
+}
+
 }  // namespace
+
+bool nccl_launch_order_implicit() {
+  static const bool on = decide_launch_order_implicit();
+  return on;
+}
 
 NcclCommunicator::NcclCommunicator(std::string name, int rank, int size,
                                    std::vector<int> world_ranks, CommOptions options, int device,
@@ -86,8 +103,14 @@ NcclCommunicator::NcclCommunicator(std::string name, int rank, int size,
       be_(be) {}
 
 std::shared_ptr<NcclCommunicator> NcclCommunicator::create(Communicator& host, Backend& be,
-                                                           const std::string& name) {
-  auto c = create(host, cuda_backend_device(be), cuda_compute_stream(be), name);
+                                                           const std::string& name,
+                                                           Backend::StreamKind stream) {
+  HP_CHECK(stream == Backend::StreamKind::kCompute || stream == Backend::StreamKind::kComm,
+           "NCCL communicator '", name.empty() ? host.name() : name,
+           "': only the compute or the comm stream can carry collectives");
+  auto c = create(
+      host, cuda_backend_device(be),
+      stream == Backend::StreamKind::kComm ? cuda_comm_stream(be) : cuda_compute_stream(be), name);
   c->be_ = &be;
   return c;
 }
@@ -95,6 +118,8 @@ std::shared_ptr<NcclCommunicator> NcclCommunicator::create(Communicator& host, B
 std::shared_ptr<NcclCommunicator> NcclCommunicator::create(Communicator& host, int device,
                                                            CUstream_st* stream,
                                                            const std::string& name) {
+  // Before any NCCL communicator of the process exists (see decide_launch_order_implicit).
+  (void)nccl_launch_order_implicit();
   CUDA_CHECK(cudaSetDevice(device));
   // The unique id travels over the host communicator: rank 0 makes it, share_blob hands it out.
   ncclUniqueId id;
@@ -346,10 +371,11 @@ void NcclCommunicator::all_reduce(Tensor& t, ReduceOp op) {
   check_usable("all_reduce");
   check_device_tensor(t, "all_reduce", "t");
   std::lock_guard<std::mutex> lk(mu_);
-  HP_CHECK(group_depth_ == 0, "all_reduce inside a group");
   HP_NCCL_ENQUEUE("all_reduce", ncclAllReduce(t.raw(), t.raw(), static_cast<size_t>(t.numel()),
                                               nccl_type(t.dtype()), nccl_op(op), comm_, stream_));
-  track("all_reduce");
+  // Inside a group the reduction is launched by group_end, which records the group for the
+  // watchdog.
+  if (group_depth_ == 0) track("all_reduce");
 }
 
 void NcclCommunicator::broadcast(Tensor& t, int root) {
@@ -423,18 +449,16 @@ void NcclCommunicator::all_to_all_v(const Tensor& send, const std::vector<int64_
   const size_t me = static_cast<size_t>(rank());
   HP_CHECK(send_counts[me] == recv_counts[me], "all_to_all_v: rank ", rank(), " sends ",
            send_counts[me], " rows to itself but receives ", recv_counts[me]);
-  // The rows this rank keeps never touch NCCL: a device copy, ordered before the group.
-  if (send_counts[me] > 0)
-    CUDA_CHECK(cudaMemcpyAsync(dst + recv_off[me], src + send_off[me],
-                               static_cast<size_t>(send_counts[me]) * row_bytes,
-                               cudaMemcpyDeviceToDevice, stream_));
+  // The rows this rank keeps are a send/recv pair to itself inside the group (NCCL supports
+  // self-addressed point-to-point in a group and copies it within the group's kernel), so the
+  // local copy runs alongside the transfers to the other ranks instead of ahead of them on the
+  // stream: with 2 ranks it is half of the bytes. Peers with a zero count get no operation.
   // Every send/recv is recorded first; the group is closed even when one of them fails, so the
   // thread's NCCL group state stays balanced.
   NCCL_CHECK(ncclGroupStart());
   ncclResult_t first = ncclSuccess;
   const char* failed = nullptr;
   for (size_t p = 0; p < n && first == ncclSuccess; ++p) {
-    if (p == me) continue;
     const int peer = static_cast<int>(p);
     if (send_counts[p] > 0) {
       first = ncclSend(src + send_off[p], static_cast<size_t>(send_counts[p]) * row_bytes, ncclInt8,
@@ -501,9 +525,9 @@ void NcclCommunicator::group_end() {
     ncclGroupEnd();
     HP_FAIL(error_kind_, error_);
   }
-  HP_NCCL_ENQUEUE("send/recv group", ncclGroupEnd());
+  HP_NCCL_ENQUEUE("group", ncclGroupEnd());
   if (group_depth_ == 0) {
-    track("send/recv group");
+    track("group");
     if (!error_.empty()) abort_locked();
   }
 }
@@ -626,6 +650,35 @@ ProcessGroups make_nccl_groups(const ProcessGroups& host, Backend& be) {
   g.ep = mirror(host.ep);
   // Every rank has a node group or none does (it comes from one collective split).
   g.node = mirror(host.node);
+  return g;
+}
+
+ProcessGroups make_nccl_grad_groups(const ProcessGroups& host, Backend& be) {
+  HP_CHECK(host.world, "make_nccl_grad_groups: no host world communicator");
+  // Every rank must take the same decision (the creations below are collective).
+  Tensor agreed =
+      Tensor::host_from(std::vector<int64_t>{nccl_launch_order_implicit() ? 1 : 0}, DType::kI64);
+  host.world->all_reduce(agreed, ReduceOp::kMin);
+  if (agreed.data<int64_t>()[0] == 0) {
+    log_warn(
+        "gradient reductions stay on the compute stream: NCCL orders launches of "
+        "concurrent communicators only from 2.26 on with NCCL_LAUNCH_ORDER_IMPLICIT=1 "
+        "(missing on at least one rank)");
+    return ProcessGroups{};
+  }
+  ProcessGroups g = host;
+  g.ep = nullptr;
+  g.node = nullptr;
+  // Created in the same order on every rank, like make_nccl_groups.
+  auto mirror = [&](const std::shared_ptr<Communicator>& h) -> std::shared_ptr<Communicator> {
+    if (!h) return nullptr;
+    return NcclCommunicator::create(*h, be, h->name() + ".grad", Backend::StreamKind::kComm);
+  };
+  g.world = mirror(host.world);
+  // dp with the world's ranks in the world's order (ep_size 1): the same decision on every rank,
+  // and one communicator (one set of NCCL buffers) serves both.
+  const bool dp_is_world = host.dp && host.dp->world_ranks() == host.world->world_ranks();
+  g.dp = dp_is_world ? g.world : mirror(host.dp);
   return g;
 }
 

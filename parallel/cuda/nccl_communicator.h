@@ -1,7 +1,8 @@
 // NcclCommunicator: the device-tensor Communicator (device() == kCUDA) over NCCL.
 //
 // Stream semantics: every call enqueues its NCCL operation on one CUDA stream, fixed at
-// construction (the backend's compute stream by default), after the work already there, and
+// construction (the backend's compute stream by default; gradient communicators use its comm
+// stream, see make_nccl_grad_groups), after the work already there, and
 // returns without waiting for the device. Inputs and outputs must stay alive until the stream
 // has run the operation; tensors from the backend's caching allocator satisfy that because the
 // allocator reuses memory in the compute stream's order. Other streams order themselves against
@@ -26,6 +27,17 @@
 // Thread safety: one host thread drives a communicator; different NcclCommunicators may be
 // driven by different threads. group_start()/group_end() map to ncclGroupStart/End, which group
 // the calling thread's NCCL operations across all communicators.
+//
+// Several communicators on one device at once: operations of different communicators on
+// different streams (the expert exchange on the compute stream, gradient reductions on the comm
+// stream) may run concurrently. NCCL kernels wait for their peers, so two of them ordered
+// differently on two GPUs can deadlock unless NCCL orders their launches. From NCCL 2.26 on,
+// NCCL_LAUNCH_ORDER_IMPLICIT=1 makes every device launch NCCL kernels in the order the host
+// issued them (on CUDA >= 12.3 through launch-completion events, so the kernels still run side
+// by side); then the application only has to issue all NCCL operations of all communicators in
+// the same order on every rank, from one thread per device. create() turns it on for the
+// process (see nccl_launch_order_implicit()); hotpath issues every NCCL call of a step from the
+// one thread that drives the backend, in program order, which is the same on every rank.
 #pragma once
 
 #include <nccl.h>
@@ -68,8 +80,10 @@ class NcclCommunicator final : public Communicator {
   // hands it to the others, and each rank joins an NCCL communicator with `host`'s ranks, size,
   // world ranks and options, on the backend's device and compute stream. `name` defaults to
   // host's name. Bounded by host.timeout(). The backend must outlive the communicator.
-  static std::shared_ptr<NcclCommunicator> create(Communicator& host, Backend& be,
-                                                  const std::string& name = "");
+  // `stream` picks the backend stream the operations go on (kCompute or kComm).
+  static std::shared_ptr<NcclCommunicator> create(
+      Communicator& host, Backend& be, const std::string& name = "",
+      Backend::StreamKind stream = Backend::StreamKind::kCompute);
   // Same, on an explicit device and stream (no backend: barrier/synchronize count no syncs).
   static std::shared_ptr<NcclCommunicator> create(Communicator& host, int device,
                                                   CUstream_st* stream,
@@ -82,13 +96,18 @@ class NcclCommunicator final : public Communicator {
   ncclComm_t nccl_comm() const { return comm_; }
 
   // Reductions: f32, f64, bf16, i32, i64 (bf16 sums in NCCL's own order: identical on every
-  // rank, not the host implementations' rank-order fold).
+  // rank, not the host implementations' rank-order fold). Unlike the other collectives,
+  // all_reduce may also be recorded between group_start() and group_end(): the group then
+  // launches the recorded reductions together (NCCL aggregates them; see GradSync for when
+  // that keeps the sums bitwise equal to separate launches).
   void all_reduce(Tensor& t, ReduceOp op) override;
   void broadcast(Tensor& t, int root) override;
   void all_gather(const Tensor& in, Tensor& out) override;
   void reduce_scatter(const Tensor& in, Tensor& out, ReduceOp op) override;
-  // Grouped ncclSend/ncclRecv, one pair per peer with a nonzero count; the rows this rank keeps
-  // are a device copy on the same stream.
+  // Grouped ncclSend/ncclRecv, one pair per peer with a nonzero count, this rank included: the
+  // rows it keeps travel as a send/recv to itself inside the same group, so NCCL copies them in
+  // the same kernel while the other peers' rows cross the links (no separate device copy ahead
+  // of the group that the transfers would wait for).
   void all_to_all_v(const Tensor& send, const std::vector<int64_t>& send_counts, Tensor& recv,
                     const std::vector<int64_t>& recv_counts) override;
   // A one-element all-reduce, then a bounded host wait for it (counts one sync of cause other
@@ -165,5 +184,21 @@ class NcclCommunicator final : public Communicator {
 // backend's device and compute stream. Each comes from a unique id shared over its host group
 // (create() above), so it mirrors that group by construction.
 ProcessGroups make_nccl_groups(const ProcessGroups& host_groups, Backend& be);
+
+// Whether NCCL kernels of different communicators on one device are launched in host issue
+// order (NCCL_LAUNCH_ORDER_IMPLICIT, NCCL >= 2.26; set for the process by the first create()
+// unless the environment already says otherwise). Only then may communicators on different
+// streams have operations in flight at the same time; callers fall back to the compute stream
+// otherwise. Never throws.
+bool nccl_launch_order_implicit();
+
+// Collective over host_groups.world: the communicators of the gradient reductions (GradSync),
+// world and dp, named "<host name>.grad", on the backend's comm stream (StreamKind::kComm), so
+// reductions overlap backward compute while the expert exchange keeps the compute stream's
+// communicators. When dp has the world's ranks (ep_size 1) both are one communicator. ep and
+// node stay empty. When nccl_launch_order_implicit() is false on any rank (agreed over the host
+// world), logs why and returns empty groups (world == nullptr): the caller keeps its gradient
+// reductions on the compute stream.
+ProcessGroups make_nccl_grad_groups(const ProcessGroups& host_groups, Backend& be);
 
 }  // namespace hp

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The node lane arbiter across processes: the LaneArbiterMulti.* cases of parallel_tests under
 # mpirun on 2 and 3 ranks of one host (a simulated shared link: equal demands share it fairly,
-# a light rank waits at most one chunk behind a heavy one, reloads go before pending offloads).
+# a light rank waits at most one chunk behind a heavy one, reloads go before pending offloads,
+# the activation store offloading through it on every rank computes the same bits).
 # Every rank must pass every case, none skipped. The LaneArbiterUnit.* cases run once, alone.
 #   mpi_lane_arbiter.sh HOTPATH_BINARY [SOURCE_DIR]   (parallel_tests sits next to hotpath)
 set -u
@@ -30,7 +31,7 @@ else
   fail "LaneArbiterUnit.*: $(grep -E 'FAILED|Failure' "$work/unit.log" | head -5)"
 fi
 
-cases=3
+cases=4
 for np in 2 3; do
   log="$work/np$np.log"
   if timeout 300 mpirun --oversubscribe --bind-to none -x OMP_NUM_THREADS -np "$np" "$tests" \

@@ -2,17 +2,22 @@
 // simulated link: losses and gradients bitwise identical for offload none / single / double,
 // both fallbacks (pageable host memory, chunked reloads), no offload syncs in the steady state,
 // reloads never reading a host copy before its offload finished, and the copy queue's events.
+// With a copy arbiter on the backend: the same bits, every chunk granted and counted, and grant
+// waits on the copy worker, never on the host thread.
 #include "framework/model/activation_store.h"
 
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <condition_variable>
 #include <cstring>
+#include <mutex>
 #include <limits>
 #include <thread>
 
 #include "framework/backend/cpu/cpu_copy_queue.h"
 #include "framework/data/loader.h"
+#include "framework/model/copy_arbiter.h"
 #include "framework/model/model.h"
 
 namespace hp {
@@ -79,6 +84,7 @@ struct Outcome {
   std::vector<uint32_t> bits;
   OffloadStats stats;  // of the last step
   int64_t last_step_offload_syncs = 0;
+  CopyArbiterStats copies;  // the arbiter's, of the last step
 };
 
 std::vector<uint32_t> bits_of(const Tensor& t) {
@@ -87,8 +93,10 @@ std::vector<uint32_t> bits_of(const Tensor& t) {
   return v;
 }
 
-Outcome run_steps(const ModelConfig& cfg, const OffloadOptions& off, int steps = 2) {
+Outcome run_steps(const ModelConfig& cfg, const OffloadOptions& off, int steps = 2,
+                  CopyArbiter* arbiter = nullptr) {
   auto be = make_cpu_backend(DType::kF32);
+  if (arbiter) be->set_copy_arbiter(arbiter);
   ModelOptions mo;
   mo.checkpoint_activations = true;
   mo.offload = off;
@@ -100,9 +108,11 @@ Outcome run_steps(const ModelConfig& cfg, const OffloadOptions& off, int steps =
     BatchMeta meta = be->upload_batch(batch);
     model.zero_grads();
     be->syncs().reset();
+    if (arbiter) arbiter->begin_step();
     LossSums sums = model.forward_backward(meta, 1.0 / batch.num_valid_targets);
     be->synchronize(SyncCause::kOther);
     out.last_step_offload_syncs = be->syncs().get(SyncCause::kOffload);
+    if (arbiter) out.copies = arbiter->stats();
     for (const Tensor& t : {sums.lm, sums.aux}) {
       auto b = bits_of(t);
       out.bits.insert(out.bits.end(), b.begin(), b.end());
@@ -331,6 +341,190 @@ TEST(CpuCopyStream, QueueRunsInOrderAndKeepsStoragesAlive) {
   q.drain();
   EXPECT_TRUE(q.done(2));
   EXPECT_EQ(0, std::memcmp(a.raw(), c.raw(), a.nbytes()));
+}
+
+}  // namespace
+}  // namespace hp
+
+namespace hp {
+namespace {
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Chunks far smaller than a block input (and not a multiple of the element size): every copy
+// is cut into many granted pieces, and the model computes the same bits.
+TEST(ActivationStoreArbiter, LocalArbiterChangesNoBitsAndGrantsEveryChunk) {
+  const ModelConfig cfg = moe_config();
+  for (OffloadMode m : {OffloadMode::kSingle, OffloadMode::kDouble}) {
+    const Outcome plain = run_steps(cfg, offload(m));
+    LocalCopyArbiter arbiter(1000);
+    const Outcome on = run_steps(cfg, offload(m), 2, &arbiter);
+    expect_same_bits(plain, on, offload_mode_name(m));
+    EXPECT_EQ(on.last_step_offload_syncs, 0) << offload_mode_name(m);
+    ASSERT_GT(on.stats.offloaded_blocks, 0);
+    const int64_t block = on.stats.d2h_bytes / on.stats.offloaded_blocks;
+    const int64_t per_copy = ceil_div(block, 1000);
+    EXPECT_GT(per_copy, 1);
+    const int off = static_cast<int>(CopyDirection::kOffload);
+    const int rel = static_cast<int>(CopyDirection::kReload);
+    EXPECT_EQ(on.copies.chunks[off], on.stats.offloaded_blocks * per_copy) << offload_mode_name(m);
+    EXPECT_EQ(on.copies.chunks[rel], on.stats.offloaded_blocks * per_copy) << offload_mode_name(m);
+    EXPECT_EQ(on.copies.bytes[off], on.stats.d2h_bytes);
+    EXPECT_EQ(on.copies.bytes[rel], on.stats.h2d_bytes);
+    EXPECT_EQ(on.copies.max_wait_s[0] + on.copies.max_wait_s[1], 0.0);  // local: granted at once
+    EXPECT_GT(on.copies.achieved_gbps(), 0.0);
+  }
+}
+
+// Reloads larger than a staging buffer go in staging-sized pieces; each piece is chunked again.
+TEST(ActivationStoreArbiter, ChunkedReloadFallbackWithArbiter) {
+  const ModelConfig cfg = dense_config();
+  OffloadOptions o = offload(OffloadMode::kDouble);
+  o.staging_bytes = 3000;
+  const Outcome plain = run_steps(cfg, o);
+  LocalCopyArbiter arbiter(1024);
+  const Outcome on = run_steps(cfg, o, 2, &arbiter);
+  expect_same_bits(plain, on, "chunked reloads");
+  EXPECT_GT(on.stats.chunked_blocks, 0);
+  const int64_t block = on.stats.d2h_bytes / on.stats.offloaded_blocks;
+  // A staging piece of 3000 bytes (750 floats) is 3 chunks; the block's last piece the rest.
+  const int64_t pieces = block / 3000, rest = block % 3000;
+  const int64_t per_reload = pieces * ceil_div(3000, 1024) + ceil_div(rest, 1024);
+  EXPECT_EQ(on.copies.chunks[static_cast<int>(CopyDirection::kReload)],
+            on.stats.offloaded_blocks * per_reload);
+  EXPECT_EQ(on.copies.chunks[static_cast<int>(CopyDirection::kOffload)],
+            on.stats.offloaded_blocks * ceil_div(block, 1024));
+}
+
+// An arbiter that grants nothing until opened: shows who waits for grants.
+class GateArbiter final : public CopyArbiter {
+ public:
+  explicit GateArbiter(int64_t chunk) : chunk_(chunk) {}
+  int64_t chunk_bytes() const override { return chunk_; }
+  CopyTicket request(CopyDirection dir, int64_t bytes) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    CopyTicket t;
+    t.dir = dir;
+    t.bytes = bytes;
+    t.index = ++requested_;
+    dirs_.push_back(dir);
+    return t;
+  }
+  bool granted(CopyTicket& t) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (open_) t.grant_seq = t.index;
+    return open_;
+  }
+  void wait(CopyTicket& t) override {
+    std::unique_lock<std::mutex> lock(mu_);
+    ++waiting_;
+    cv_.notify_all();
+    cv_.wait(lock, [&] { return open_; });
+    t.grant_seq = t.index;
+  }
+  void release(CopyTicket& t) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++released_;
+    released_bytes_ += t.bytes;
+  }
+  void begin_step() override {}
+  CopyArbiterStats stats() const override { return CopyArbiterStats(); }
+
+  void open() {
+    std::lock_guard<std::mutex> lock(mu_);
+    open_ = true;
+    cv_.notify_all();
+  }
+  void wait_for_a_waiter() {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return waiting_ > 0; });
+  }
+  int64_t released() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return released_;
+  }
+  int64_t released_bytes() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return released_bytes_;
+  }
+  std::vector<CopyDirection> dirs() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return dirs_;
+  }
+
+ private:
+  int64_t chunk_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool open_ = false;
+  int64_t requested_ = 0, waiting_ = 0, released_ = 0, released_bytes_ = 0;
+  std::vector<CopyDirection> dirs_;
+};
+
+TEST(ActivationStoreArbiter, HostThreadNeverWaitsForAGrant) {
+  GateArbiter gate(1024);
+  auto be = make_cpu_backend(DType::kF32);
+  be->set_copy_arbiter(&gate);
+  Tensor src = Tensor::host({1000}, DType::kF32);
+  Tensor dst = Tensor::host({1000}, DType::kF32);
+  for (int i = 0; i < 1000; ++i) {
+    src.data<float>()[i] = static_cast<float>(i + 1);
+    dst.data<float>()[i] = 0;
+  }
+  be->set_stream(SK::kCopy);
+  be->copy_over_link(src, dst, CopyDirection::kReload);
+  be->copy(src, dst);  // a plain copy: an offload on the cpu
+  std::shared_ptr<Backend::Event> done = be->record_event(SK::kCopy);
+  be->set_stream(SK::kCompute);
+  // Issued without a grant: the copy worker is the one waiting.
+  gate.wait_for_a_waiter();
+  EXPECT_EQ(dst.data<float>()[0], 0.0f);
+  EXPECT_EQ(gate.released(), 0);
+  gate.open();
+  be->syncs().reset();
+  be->event_synchronize(*done, SyncCause::kOther);
+  for (int i = 0; i < 1000; ++i) ASSERT_EQ(dst.data<float>()[i], static_cast<float>(i + 1));
+  EXPECT_EQ(gate.released(), 2 * 4);  // 4000 bytes in chunks of 1024, twice
+  EXPECT_EQ(gate.released_bytes(), 2 * 4000);
+  const std::vector<CopyDirection> dirs = gate.dirs();
+  ASSERT_EQ(dirs.size(), 8u);
+  EXPECT_EQ(dirs.front(), CopyDirection::kReload);
+  EXPECT_EQ(dirs.back(), CopyDirection::kOffload);
+  be->set_copy_arbiter(nullptr);
+}
+
+// A grant that never comes (a stuck peer) fails the copy stream with the arbiter's error.
+class FailingArbiter final : public CopyArbiter {
+ public:
+  int64_t chunk_bytes() const override { return 1 << 20; }
+  CopyTicket request(CopyDirection dir, int64_t bytes) override {
+    CopyTicket t;
+    t.dir = dir;
+    t.bytes = bytes;
+    return t;
+  }
+  bool granted(CopyTicket&) override { return false; }
+  void wait(CopyTicket&) override { HP_FAIL(ErrorKind::kComm, "grant not received (test)"); }
+  void release(CopyTicket&) override {}
+  void begin_step() override {}
+  CopyArbiterStats stats() const override { return CopyArbiterStats(); }
+};
+
+TEST(ActivationStoreArbiter, ArbiterFailureReachesTheHostThread) {
+  FailingArbiter failing;  // outlives the backend that points to it
+  auto be = make_cpu_backend(DType::kF32);
+  be->set_copy_arbiter(&failing);
+  Tensor src = Tensor::host({16}, DType::kF32), dst = Tensor::host({16}, DType::kF32);
+  be->set_stream(SK::kCopy);
+  be->copy_over_link(src, dst, CopyDirection::kOffload);
+  std::shared_ptr<Backend::Event> done = be->record_event(SK::kCopy);
+  be->set_stream(SK::kCompute);
+  try {
+    be->event_synchronize(*done, SyncCause::kOther);
+    FAIL() << "expected the arbiter's error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("grant not received"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 // The NCCL communicator and the GPU multi-rank path: every collective against host-computed
-// expectations on random data, the MoE token exchange, make_nccl_groups, a 2-rank MoE training
-// run against a 1-rank reference (ep_size 2 and 1) with its routing sync budget, and a stuck
+// expectations on random data, the MoE token exchange, make_nccl_groups, gradient reductions on
+// the backend's comm stream (make_nccl_grad_groups, GradSync ordered by events), a 2-rank MoE
+// training run against a 1-rank reference (ep_size 2 and 1) with its sync budget, and a stuck
 // collective that must fail promptly, naming itself, instead of hanging.
 //
 // One rank per process and one GPU per rank: run under `mpirun -np 2` (or more, with as many
@@ -16,6 +17,7 @@
 #include "framework/backend/cuda/cuda_check.h"
 #include "launch/trainer.h"
 #include "parallel/cuda/nccl_communicator.h"
+#include "parallel/grad_sync.h"
 #include "parallel/moe_exchange.h"
 #include "parallel/mpi_communicator.h"
 #include "parallel/process_groups.h"
@@ -291,6 +293,36 @@ TEST(NcclComm, AllToAllVUnevenAndZeroCounts) {
   comm->synchronize();
 }
 
+// Rows this rank keeps go through NCCL (a send/recv to itself in the group): large enough for
+// many chunks, with every peer's rows distinct.
+TEST(NcclComm, AllToAllVLargeRowsToSelfAndPeers) {
+  HP_NCCL_WORLD(comm);
+  const int n = comm->size(), me = comm->rank();
+  const int64_t width = 1024;  // 4 KiB rows of f32
+  std::vector<int64_t> send_counts(n), recv_counts(n);
+  for (int p = 0; p < n; ++p) {
+    send_counts[p] = 1000 + 37 * ((me + 2 * p) % 5);
+    recv_counts[p] = 1000 + 37 * ((p + 2 * me) % 5);
+  }
+  std::vector<double> send_vals;
+  for (int dst = 0; dst < n; ++dst)
+    for (int64_t r = 0; r < send_counts[dst]; ++r)
+      for (int64_t c = 0; c < width; ++c)
+        send_vals.push_back(static_cast<double>(((me * n + dst) * 4096 + r) * 8 + c % 8));
+  int64_t send_rows = 0, recv_rows = 0;
+  for (int p = 0; p < n; ++p) send_rows += send_counts[p], recv_rows += recv_counts[p];
+  Tensor send = be.upload(hwtensor(send_vals, DType::kF32, {send_rows, width}));
+  Tensor recv = be.empty({recv_rows, width}, DType::kF32);
+  comm->all_to_all_v(send, send_counts, recv, recv_counts);
+  std::vector<double> want;
+  for (int src = 0; src < n; ++src)
+    for (int64_t r = 0; r < recv_counts[src]; ++r)
+      for (int64_t c = 0; c < width; ++c)
+        want.push_back(static_cast<double>(((src * n + me) * 4096 + r) * 8 + c % 8));
+  EXPECT_EQ(read_values(be, recv), want);
+  comm->synchronize();
+}
+
 TEST(NcclComm, SendRecvRingInGroupAndBarrier) {
   HP_NCCL_WORLD(comm);
   const int n = comm->size(), me = comm->rank();
@@ -389,6 +421,147 @@ TEST(NcclMoeExchange, DispatchCombineRoundTrip) {
   EXPECT_EQ(read_values(be, back), x);
 }
 
+// ---- gradient reductions on the comm stream -----------------------------------------------------
+
+TEST(NcclGradSync, GradGroupsRunOnTheBackendCommStream) {
+  HP_NCCL_WORLD(comm);
+  // NCCL >= 2.26 orders concurrent communicators' launches: the comm-stream groups exist.
+  ASSERT_TRUE(nccl_launch_order_implicit());
+  const char* env = std::getenv("NCCL_LAUNCH_ORDER_IMPLICIT");
+  ASSERT_NE(env, nullptr);
+  EXPECT_STRNE(env, "0");
+  // ep_size 1: dp has the world's ranks and shares its communicator; ep_size = world: dp has one
+  // rank per group and gets its own.
+  for (int ep : {1, hw->size()}) {
+    ProcessGroups g = make_nccl_grad_groups(make_process_groups(hw, ep), be);
+    ASSERT_TRUE(g.world && g.dp) << "ep_size " << ep;
+    EXPECT_FALSE(g.ep);
+    EXPECT_FALSE(g.node);
+    EXPECT_EQ(g.world->name(), "world.grad");
+    EXPECT_EQ(g.world->size(), hw->size());
+    EXPECT_EQ(g.dp->size(), hw->size() / ep);
+    EXPECT_EQ(g.dp == g.world, ep == 1) << "ep_size " << ep;
+    for (const CommPtr& c : {g.world, g.dp}) {
+      auto* nc = dynamic_cast<NcclCommunicator*>(c.get());
+      ASSERT_NE(nc, nullptr);
+      EXPECT_EQ(nc->stream(), cuda_comm_stream(be)) << c->name();
+      EXPECT_NE(nc->stream(), cuda_compute_stream(be)) << c->name();
+    }
+  }
+  // The communicators of the other device collectives stay on the compute stream.
+  EXPECT_EQ(comm->stream(), cuda_compute_stream(be));
+}
+
+// GradSync over comm-stream communicators against the same reductions on the compute stream:
+// the comm stream must wait for the gradients (written on compute after a long queue of GEMMs)
+// and compute must wait for the reductions (read right after finish()), with no host sync in
+// between; the sums are bitwise those of the compute-stream path (and, on 2 ranks, exactly the
+// float sum of the two addends).
+TEST(NcclGradSync, CommStreamReductionsAreOrderedByEventsAndBitwiseUnchanged) {
+  HP_NCCL_WORLD(comm);
+  ASSERT_TRUE(nccl_launch_order_implicit());
+  const int n = comm->size(), me = comm->rank();
+  ProcessGroups host = make_process_groups(hw, 1);
+  ProcessGroups on_comm = make_nccl_grad_groups(host, be);
+  ASSERT_TRUE(on_comm.world);
+  ProcessGroups on_compute = host;
+  on_compute.world = comm;
+  on_compute.dp = comm;
+
+  // Big tensors take milliseconds to reduce; small ones share a layer (one grouped launch on 2
+  // ranks). Layer 2 is never reported: finish() reduces it.
+  struct Spec {
+    const char* name;
+    int64_t numel;
+    ParamGroup group;
+  };
+  const std::vector<Spec> specs = {
+      {"embed", 8 << 20, ParamGroup::kDense},
+      {"layers.0.attn.wqkv", 4 << 20, ParamGroup::kDense},
+      {"layers.0.attn.sinks", 24, ParamGroup::kDense},
+      {"layers.0.moe.w1", 16 << 20, ParamGroup::kExpert},
+      {"layers.0.norm", 128, ParamGroup::kDense},
+      {"layers.1.attn.wqkv", 4 << 20, ParamGroup::kDense},
+      {"layers.1.norm", 128, ParamGroup::kDense},
+      {"layers.2.moe.b1", 1000, ParamGroup::kExpert},
+  };
+  ParamRegistry reg;
+  std::vector<Tensor> source;  // this rank's gradient values, uploaded once
+  std::vector<std::vector<double>> addends(specs.size());
+  for (size_t k = 0; k < specs.size(); ++k) {
+    Param p;
+    p.name = specs[k].name;
+    p.shape = {specs[k].numel};
+    p.global_shape = p.shape;
+    p.group = specs[k].group;
+    p.grad = be.zeros(p.shape, DType::kF32);
+    reg.add(std::move(p));
+    // Only a prefix varies (host generation is slow); the rest repeats it.
+    const int64_t m = std::min<int64_t>(specs[k].numel, 4096);
+    addends[k] = rank_values(900 + k, me, m, DType::kF32);
+    Tensor src = be.empty({specs[k].numel}, DType::kF32);
+    Tensor blk = be.upload(hwtensor(addends[k], DType::kF32));
+    for (int64_t i = 0; i < specs[k].numel; i += m) {
+      Tensor dst = src.flat_view(i, std::min(m, specs[k].numel - i));
+      be.copy(blk.flat_view(0, dst.numel()), dst);
+    }
+    source.push_back(src);
+  }
+  // Compute-stream work queued ahead of the gradient writes.
+  Tensor a = be.zeros({4096, 4096}, DType::kBF16), c = be.empty({4096, 4096}, DType::kBF16);
+  be.synchronize(SyncCause::kOther);
+
+  auto run = [&](const ProcessGroups& groups, Backend::StreamKind stream) {
+    GradSync sync(be, reg, groups, stream);
+    EXPECT_EQ(sync.stream(), stream);
+    for (auto& p : reg.all()) be.fill(p->grad, 0.0);
+    be.synchronize(SyncCause::kOther);
+    be.syncs().reset();
+    for (int i = 0; i < 40; ++i) be.gemm(a, false, a, false, c, 1.0, 0.0);
+    for (size_t k = 0; k < specs.size(); ++k) be.copy(source[k], reg.all()[k]->grad);
+    for (int layer : {1, 0, -1}) sync.layer_ready(layer);
+    sync.finish();
+    // Read on compute at once: it must see the reduced gradients.
+    std::vector<Tensor> out;
+    for (auto& p : reg.all()) {
+      Tensor t = be.empty(p->grad.shape(), DType::kF32);
+      be.copy(p->grad, t);
+      out.push_back(t);
+    }
+    EXPECT_EQ(be.syncs().total(), 0) << "layer_ready/finish must not wait on the host";
+    std::vector<std::vector<double>> values;
+    for (const Tensor& t : out) values.push_back(read_values(be, t));
+    return values;
+  };
+  const auto got_compute = run(on_compute, Backend::StreamKind::kCompute);
+  const auto got_comm = run(on_comm, Backend::StreamKind::kComm);
+
+  for (size_t k = 0; k < specs.size(); ++k) {
+    // The reduced addends of every rank (the expert group's dp is the world at ep_size 1).
+    const int64_t m = static_cast<int64_t>(addends[k].size());
+    std::vector<double> want(static_cast<size_t>(m), 0.0);
+    for (int r = 0; r < n; ++r) {
+      const std::vector<double> v = rank_values(900 + k, r, m, DType::kF32);
+      for (int64_t i = 0; i < m; ++i) {
+        // fl(a + b) in float, the exact result of any 2-rank sum order.
+        want[static_cast<size_t>(i)] =
+            static_cast<float>(static_cast<float>(want[static_cast<size_t>(i)]) +
+                               static_cast<float>(v[static_cast<size_t>(i)]));
+      }
+    }
+    size_t bad = 0;
+    for (int64_t i = 0; i < specs[k].numel; ++i) {
+      const double w = want[static_cast<size_t>(i % m)];
+      const double g = got_comm[k][static_cast<size_t>(i)];
+      const bool ok = n == 2 ? g == w : std::abs(g - w) <= 1e-5 * (1 + std::abs(w));
+      if (!ok && bad++ < 3) ADD_FAILURE() << specs[k].name << "[" << i << "] " << g << " vs " << w;
+    }
+    EXPECT_EQ(bad, 0u) << specs[k].name;
+    EXPECT_TRUE(got_comm[k] == got_compute[k])
+        << specs[k].name << ": comm stream vs compute stream";
+  }
+}
+
 // ---- training ---------------------------------------------------------------------------------
 
 TrainOptions tiny_moe_options(int ep_size) {
@@ -424,8 +597,11 @@ TrainOptions tiny_moe_options(int ep_size) {
   return o;
 }
 
+// The trainer reduces gradients on the comm stream (make_nccl_grad_groups) wherever NCCL orders
+// concurrent communicators, which NcclGradSync.* checks; here the whole step runs that way.
 TEST(NcclTrain, TwoRankLossesMatchOneRankAndRoutingSyncsPerLayer) {
   HP_NCCL_WORLD(comm);
+  ASSERT_TRUE(nccl_launch_order_implicit()) << "gradient reductions would stay on compute";
   const int steps = 10;
   // The 1-rank reference, computed by every rank on its own GPU from the same global batches.
   std::vector<double> ref;
@@ -448,6 +624,8 @@ TEST(NcclTrain, TwoRankLossesMatchOneRankAndRoutingSyncsPerLayer) {
       // Bincount routing: one count read per MoE layer forward, none in backward.
       EXPECT_EQ(s.syncs.get(SyncCause::kRouting), o.model.n_layers)
           << "ep_size " << ep << " step " << i + 1;
+      // Gradient reductions (on the comm stream, ordered by events) wait on the host nowhere.
+      EXPECT_EQ(s.syncs.get(SyncCause::kOther), 0) << "ep_size " << ep << " step " << i + 1;
     }
   }
 }

@@ -15,12 +15,15 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <mutex>
 #include <thread>
 #include <vector>
 
 #include "framework/core/error.h"
+#include "framework/data/loader.h"
 #include "framework/model/copy_arbiter.h"
+#include "framework/model/model.h"
 #include "parallel/launch_env.h"
 
 namespace hp {
@@ -340,6 +343,112 @@ TEST(LaneArbiterMulti, ReloadsBeforePendingOffloads) {
                 static_cast<long long>(last_reload), offloads,
                 static_cast<long long>(first_offload));
   }
+}
+
+// ---- the activation store through the node arbiter ---------------------------------------------
+
+// Block inputs of 1536 tokens x 256 f32 = 1.5 MiB: two 1 MiB chunks per copy.
+ModelConfig lane_model_config() {
+  ModelConfig c;
+  c.vocab_size = 64;
+  c.d_model = 256;
+  c.n_layers = 3;
+  c.n_heads = 4;
+  c.n_kv_heads = 2;
+  c.head_dim = 64;
+  c.ffn_dim = 512;
+  c.init_std = 0.05;
+  return c;
+}
+
+struct StoreRun {
+  std::vector<uint32_t> bits;  // losses and gradients of every step
+  OffloadStats offload;        // of the last step
+  CopyArbiterStats copies;     // of the last step
+  int64_t offload_syncs = 0;   // of the last step
+};
+
+StoreRun run_store(CopyArbiter* arbiter, Communicator& node) {
+  const ModelConfig cfg = lane_model_config();
+  auto be = make_cpu_backend(DType::kF32);
+  if (arbiter) be->set_copy_arbiter(arbiter);
+  ModelOptions mo;
+  mo.checkpoint_activations = true;
+  mo.offload.mode = OffloadMode::kDouble;
+  mo.offload.sim_link_gbps = 2.0;
+  mo.offload.poison_released = true;
+  Model model(cfg, mo, *be);
+  model.init_params(5);
+  StoreRun out;
+  for (int step = 0; step < 2; ++step) {
+    DataConfig d;
+    d.vocab_size = cfg.vocab_size;
+    d.eot_token = static_cast<int32_t>(cfg.vocab_size - 1);
+    d.seq_len = 256;
+    d.rows_per_batch = 6;
+    d.seed = 300 + static_cast<uint64_t>(step);
+    d.synthetic_vocab = cfg.vocab_size - 1;
+    d.synthetic_mean_doc_len = 40;
+    PackedBatch batch = DataLoader::open(d)->next();
+    BatchMeta meta = be->upload_batch(batch);
+    model.zero_grads();
+    be->syncs().reset();
+    // Every rank offloads at once.
+    node.barrier();
+    if (arbiter) arbiter->begin_step();
+    LossSums sums = model.forward_backward(meta, 1.0 / batch.num_valid_targets);
+    be->synchronize(SyncCause::kOther);
+    out.offload_syncs = be->syncs().get(SyncCause::kOffload);
+    if (arbiter) out.copies = arbiter->stats();
+    std::vector<Tensor> ts = {sums.lm, sums.aux};
+    for (auto& p : model.params().all()) ts.push_back(p->grad);
+    for (const Tensor& t : ts) {
+      const size_t n = out.bits.size();
+      out.bits.resize(n + t.nbytes() / 4);
+      std::memcpy(out.bits.data() + n, t.raw(), t.nbytes());
+    }
+  }
+  out.offload = model.activation_store().stats();
+  return out;
+}
+
+TEST(LaneArbiterMulti, OffloadThroughTheArbiterChangesNoBits) {
+  HP_LANE_NODE(node);
+  const StoreRun plain = run_store(nullptr, *node);
+  LaneOptions o = lane_options();
+  o.chunk_mib = 1;
+  std::unique_ptr<CopyArbiter> a = make_copy_arbiter(*node, o);
+  auto* lane = dynamic_cast<NodeLaneArbiter*>(a.get());
+  ASSERT_NE(lane, nullptr);
+  const std::vector<int64_t> before = lane->link_bytes();
+  const StoreRun on = run_store(a.get(), *node);
+  ASSERT_EQ(plain.bits.size(), on.bits.size());
+  size_t diff = 0;
+  for (size_t i = 0; i < plain.bits.size(); ++i) diff += plain.bits[i] != on.bits[i];
+  EXPECT_EQ(diff, 0u) << "loss/gradient values differ with lane_arbiter=on";
+  EXPECT_EQ(on.offload_syncs, 0);
+  // Every copy went through grants, chunk by chunk.
+  ASSERT_EQ(on.offload.offloaded_blocks, lane_model_config().n_layers - 1);
+  const int64_t block = on.offload.d2h_bytes / on.offload.offloaded_blocks;
+  const int64_t per_copy = (block + a->chunk_bytes() - 1) / a->chunk_bytes();
+  EXPECT_EQ(per_copy, 2);
+  for (int d = 0; d < 2; ++d) {
+    EXPECT_EQ(on.copies.chunks[d], on.offload.offloaded_blocks * per_copy)
+        << copy_direction_name(static_cast<CopyDirection>(d));
+  }
+  EXPECT_EQ(on.copies.bytes[0], on.offload.h2d_bytes);
+  EXPECT_EQ(on.copies.bytes[1], on.offload.d2h_bytes);
+  // Every rank moved the same bytes over the link: a perfectly fair share.
+  node->barrier();
+  const std::vector<int64_t> after = lane->link_bytes();
+  std::vector<double> moved;
+  for (size_t i = 0; i < after.size(); ++i) {
+    moved.push_back(static_cast<double>(after[i] - before[i]));
+    EXPECT_EQ(after[i] - before[i], 2 * (on.offload.d2h_bytes + on.offload.h2d_bytes))
+        << "link rank " << lane->link_ranks()[i];
+  }
+  EXPECT_EQ(jain_fairness(moved), 1.0);
+  node->barrier();
 }
 
 }  // namespace

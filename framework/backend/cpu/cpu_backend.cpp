@@ -264,6 +264,18 @@ class CpuBackend final : public Backend {
       std::memmove(dst.raw(), src.raw(), src.nbytes());
   }
 
+  void copy_over_link(const Tensor& src, Tensor& dst, CopyDirection dir) override {
+    if (stream_ != StreamKind::kCopy) {
+      copy(src, dst);
+      return;
+    }
+    check_cpu("copy", "src", src);
+    check_cpu("copy", "dst", dst);
+    HP_CHECK(src.dtype() == dst.dtype() && src.numel() == dst.numel(), "copy: src ", src.desc(),
+             " and dst ", dst.desc(), " must have the same dtype and numel");
+    copy_queue_.enqueue_copy(src, dst, dir);
+  }
+
   void convert(const Tensor& src, Tensor& dst) override {
     check_cpu("convert", "src", src);
     check_cpu("convert", "dst", dst);
@@ -321,6 +333,8 @@ class CpuBackend final : public Backend {
   }
 
   void set_simulated_link_gbps(double gbps) override { copy_queue_.set_link_gbps(gbps); }
+  // The copy worker asks for the grants: the host thread never waits for one.
+  void set_copy_arbiter(CopyArbiter* arbiter) override { copy_queue_.set_arbiter(arbiter); }
 
   // ---- packed batch metadata ------------------------------------------------------------------
 

@@ -5,6 +5,8 @@
 
 namespace hp {
 
+using Clock = std::chrono::steady_clock;
+
 CpuCopyQueue::~CpuCopyQueue() {
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -20,17 +22,29 @@ void CpuCopyQueue::set_link_gbps(double gbps) {
   gbps_ = gbps;
 }
 
-uint64_t CpuCopyQueue::enqueue_copy(const Tensor& src, const Tensor& dst) {
+void CpuCopyQueue::set_arbiter(CopyArbiter* arbiter) {
+  // Chunks of queued copies are released to the arbiter that granted them.
+  drain();
+  std::lock_guard<std::mutex> lock(mu_);
+  arbiter_ = arbiter;
+}
+
+void CpuCopyQueue::rethrow_locked() const {
+  if (error_) std::rethrow_exception(error_);
+}
+
+uint64_t CpuCopyQueue::enqueue_copy(const Tensor& src, const Tensor& dst, CopyDirection dir) {
   HP_CHECK(
       src.device() == Device::kCPU && dst.device() == Device::kCPU && src.nbytes() == dst.nbytes(),
       "copy queue: ", src.desc(), " -> ", dst.desc(), " must be host tensors of equal size");
   uint64_t ticket;
   {
     std::lock_guard<std::mutex> lock(mu_);
+    rethrow_locked();
     // The worker starts lazily: most backends never use their copy stream.
     if (!worker_.joinable()) worker_ = std::thread([this] { run(); });
     ticket = ++issued_;
-    tasks_.push_back(Task{src, dst, ticket});
+    tasks_.push_back(Task{src, dst, ticket, dir});
   }
   work_cv_.notify_one();
   return ticket;
@@ -49,10 +63,38 @@ bool CpuCopyQueue::done(uint64_t ticket) const {
 void CpuCopyQueue::wait(uint64_t ticket) {
   std::unique_lock<std::mutex> lock(mu_);
   done_cv_.wait(lock, [&] { return completed_ >= ticket; });
+  rethrow_locked();
+}
+
+void CpuCopyQueue::move(const Task& t, double gbps, CopyArbiter* arbiter) {
+  const int64_t bytes = static_cast<int64_t>(t.src.nbytes());
+  const bool same = t.src.raw() == t.dst.raw();
+  const int64_t step = arbiter ? arbiter->chunk_bytes() : std::max<int64_t>(bytes, 1);
+  for (int64_t off = 0; off < bytes; off += step) {
+    const int64_t n = std::min(step, bytes - off);
+    CopyTicket grant;
+    if (arbiter) {
+      grant = arbiter->request(t.dir, n);
+      arbiter->wait(grant);
+    }
+    // The link carries one chunk at a time: it starts when both the chunk and the link are
+    // ready and occupies the link for bytes / bandwidth.
+    const Clock::time_point start = std::max(Clock::now(), link_free_);
+    if (!same) {
+      std::memmove(static_cast<char*>(t.dst.raw()) + off,
+                   static_cast<const char*>(t.src.raw()) + off, static_cast<size_t>(n));
+    }
+    if (gbps > 0) {
+      const std::chrono::duration<double> busy(static_cast<double>(n) / (gbps * 1e9));
+      link_free_ = start + std::chrono::duration_cast<Clock::duration>(busy);
+      std::this_thread::sleep_until(link_free_);
+    }
+    // The chunk has left the link: its capacity passes on.
+    if (arbiter) arbiter->release(grant);
+  }
 }
 
 void CpuCopyQueue::run() {
-  using Clock = std::chrono::steady_clock;
   std::unique_lock<std::mutex> lock(mu_);
   for (;;) {
     work_cv_.wait(lock, [&] { return stop_ || !tasks_.empty(); });
@@ -60,21 +102,21 @@ void CpuCopyQueue::run() {
     Task t = std::move(tasks_.front());
     tasks_.pop_front();
     const double gbps = gbps_;
+    CopyArbiter* arbiter = arbiter_;
+    const bool failed = error_ != nullptr;
     lock.unlock();
-    // The link carries one copy at a time: it starts when both the copy and the link are ready
-    // and occupies the link for bytes / bandwidth.
-    const Clock::time_point start = std::max(Clock::now(), link_free_);
-    if (t.src.nbytes() > 0 && t.src.raw() != t.dst.raw())
-      std::memmove(t.dst.raw(), t.src.raw(), t.src.nbytes());
-    if (gbps > 0) {
-      link_free_ =
-          start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(
-                      static_cast<double>(t.src.nbytes()) / (gbps * 1e9)));
-      std::this_thread::sleep_until(link_free_);
+    std::exception_ptr error;
+    if (!failed) {
+      try {
+        move(t, gbps, arbiter);
+      } catch (...) {
+        error = std::current_exception();
+      }
     }
     const uint64_t ticket = t.ticket;
     t = Task();  // release the storages before reporting completion
     lock.lock();
+    if (error && !error_) error_ = error;
     completed_ = ticket;
     done_cv_.notify_all();
   }

@@ -7,13 +7,19 @@
 #include <cuda_runtime.h>
 
 #include <cmath>
+#include <condition_variable>
 #include <cstring>
+#include <deque>
+#include <exception>
 #include <limits>
+#include <mutex>
+#include <thread>
 #include <vector>
 
 #include "framework/backend/cuda/cuda_allocator.h"
 #include "framework/backend/cuda/cuda_check.h"
 #include "framework/backend/cuda/cuda_kernels.h"
+#include "framework/model/copy_arbiter.h"
 
 namespace hp {
 
@@ -180,6 +186,7 @@ class CudaBackend final : public Backend {
 
   ~CudaBackend() override {
     // Destructors must not throw: errors are ignored, the device is left as it is.
+    stop_issuer();
     for (cudaStream_t s : streams_) cudaStreamSynchronize(s);
     cublasDestroy(cublas_);
     for (cudaStream_t s : streams_) cudaStreamDestroy(s);
@@ -193,6 +200,7 @@ class CudaBackend final : public Backend {
   Allocator& allocator() override { return *alloc_; }
 
   cudaStream_t compute_stream() const { return streams_[0]; }
+  cudaStream_t comm_stream() const { return streams_[static_cast<int>(StreamKind::kComm)]; }
   int device_ordinal() const { return device_; }
 
   // ---- memory
@@ -208,6 +216,12 @@ class CudaBackend final : public Backend {
     HP_CHECK(src.dtype() == dst.dtype() && src.numel() == dst.numel(), "copy: src ", src.desc(),
              " and dst ", dst.desc(), " must have the same dtype and numel");
     if (src.nbytes() == 0 || src.raw() == dst.raw()) return;
+    if (stream_ == StreamKind::kCopy && arbiter_) {
+      enqueue_issue(IssueOp::kCopy, src, dst,
+                    dst.device() == Device::kCUDA ? CopyDirection::kReload
+                                                  : CopyDirection::kOffload);
+      return;
+    }
     // Unified addressing tells host from device; pageable host memory is staged by the driver.
     CUDA_CHECK(
         cudaMemcpyAsync(dst.raw(), src.raw(), src.nbytes(), cudaMemcpyDefault, cur_stream()));
@@ -226,11 +240,13 @@ class CudaBackend final : public Backend {
     HP_CHECK(host_dst.defined() && host_dst.device() == Device::kCPU, "read_to_host: destination ",
              host_dst.desc(), " must be a host tensor");
     copy(src, host_dst);
+    if (stream_ == StreamKind::kCopy && arbiter_) wait_issued(issue_enqueued());
     CUDA_CHECK(cudaStreamSynchronize(cur_stream()));
     syncs_.add(cause);
   }
 
   void synchronize(SyncCause cause) override {
+    if (arbiter_) wait_issued(issue_enqueued());
     for (cudaStream_t s : streams_) CUDA_CHECK(cudaStreamSynchronize(s));
     syncs_.add(cause);
   }
@@ -257,17 +273,60 @@ class CudaBackend final : public Backend {
   std::shared_ptr<Event> record_event(StreamKind s) override {
     auto e = std::make_shared<CudaEvent>();
     CUDA_CHECK(cudaEventCreateWithFlags(&e->event, cudaEventDisableTiming));
+    e->stream = s;
+    if (s == StreamKind::kCopy && arbiter_) {
+      // Recorded by the copy issuer, after the copy-stream work queued before it.
+      e->issue_seq =
+          enqueue_issue(IssueOp::kRecord, Tensor(), Tensor(), CopyDirection::kOffload, e);
+      return e;
+    }
     CUDA_CHECK(cudaEventRecord(e->event, streams_[static_cast<int>(s)]));
     return e;
   }
 
   void wait_event(StreamKind waiter, const Event& e) override {
-    CUDA_CHECK(cudaStreamWaitEvent(streams_[static_cast<int>(waiter)], as_cuda_event(e), 0));
+    const CudaEvent& ce = as_cuda_event_object(e);
+    if (waiter == StreamKind::kCopy && arbiter_) {
+      // In order with the copies queued before it; the issuer keeps the event alive.
+      enqueue_issue(IssueOp::kWait, Tensor(), Tensor(), CopyDirection::kOffload,
+                    std::const_pointer_cast<CudaEvent>(ce.shared_from_this()));
+      return;
+    }
+    // Waiting on an event not recorded yet would be a no-op: wait until the issuer recorded it.
+    if (ce.issue_seq > 0) wait_issued(ce.issue_seq);
+    CUDA_CHECK(cudaStreamWaitEvent(streams_[static_cast<int>(waiter)], ce.event, 0));
   }
 
   void event_synchronize(const Event& e, SyncCause cause) override {
-    CUDA_CHECK(cudaEventSynchronize(as_cuda_event(e)));
+    const CudaEvent& ce = as_cuda_event_object(e);
+    if (ce.issue_seq > 0) wait_issued(ce.issue_seq);
+    CUDA_CHECK(cudaEventSynchronize(ce.event));
     syncs_.add(cause);
+  }
+
+  void copy_over_link(const Tensor& src, Tensor& dst, CopyDirection dir) override {
+    if (stream_ != StreamKind::kCopy || !arbiter_) {
+      copy(src, dst);
+      return;
+    }
+    HP_CHECK(src.defined() && dst.defined(), "copy: undefined tensor");
+    HP_CHECK(src.dtype() == dst.dtype() && src.numel() == dst.numel(), "copy: src ", src.desc(),
+             " and dst ", dst.desc(), " must have the same dtype and numel");
+    if (src.nbytes() == 0 || src.raw() == dst.raw()) return;
+    enqueue_issue(IssueOp::kCopy, src, dst, dir);
+  }
+
+  void set_copy_arbiter(CopyArbiter* arbiter) override {
+    if (arbiter == arbiter_) return;
+    // Every chunk of the old arbiter has been issued and (its release callback having run once
+    // the copy stream is idle) released before the new one takes over.
+    if (arbiter_) wait_issued(issue_enqueued());
+    CUDA_CHECK(cudaStreamSynchronize(streams_[static_cast<int>(StreamKind::kCopy)]));
+    {
+      std::lock_guard<std::mutex> lock(issue_mu_);
+      arbiter_ = arbiter;
+    }
+    if (arbiter_ && !issuer_.joinable()) issuer_ = std::thread([this] { issuer_loop(); });
   }
 
   // ---- packed batch metadata
@@ -784,12 +843,171 @@ class CudaBackend final : public Backend {
   }
 
  private:
-  struct CudaEvent final : Event {
+  struct CudaEvent final : Event, std::enable_shared_from_this<CudaEvent> {
     cudaEvent_t event = nullptr;
+    StreamKind stream = StreamKind::kCompute;
+    // Under a copy arbiter, a copy-stream event is recorded by the copy issuer: the position of
+    // that record among the issuer's operations (0: recorded when made).
+    uint64_t issue_seq = 0;
     ~CudaEvent() override {
       if (event) cudaEventDestroy(event);
     }
   };
+
+  static const CudaEvent& as_cuda_event_object(const Event& e) {
+    const auto* c = dynamic_cast<const CudaEvent*>(&e);
+    HP_CHECK(c != nullptr, "event was not recorded by a CUDA backend");
+    return *c;
+  }
+
+  // ---- copy-stream issue under a copy arbiter ----------------------------------------------
+  // With an arbiter, the driving thread queues the copy stream's operations (copies, event
+  // records, waits for other streams' events) to one issuer thread, which issues them in order.
+  // Before a copy's first chunk it waits on the host for the events the copy stream was told to
+  // wait for (so a grant is not held while the copy waits for compute), then per chunk: request
+  // a grant, wait for it, cudaMemcpyAsync on the copy stream, and a host callback after it on
+  // the same stream that releases the grant once the chunk has completed (no CUDA calls in it).
+  struct IssueOp {
+    enum Kind { kCopy, kRecord, kWait } kind = kCopy;
+    Tensor src, dst;  // kCopy: held until issued
+    CopyDirection dir = CopyDirection::kOffload;
+    std::shared_ptr<CudaEvent> event;  // kRecord, kWait
+    uint64_t seq = 0;
+  };
+  struct PendingRelease {
+    CopyArbiter* arbiter;
+    CopyTicket ticket;
+  };
+
+  static void CUDART_CB release_chunk(void* p) {
+    std::unique_ptr<PendingRelease> r(static_cast<PendingRelease*>(p));
+    try {
+      r->arbiter->release(r->ticket);
+    } catch (...) {
+      // A host callback must not throw; release fails only for a ticket never granted.
+    }
+  }
+
+  uint64_t enqueue_issue(IssueOp::Kind kind, const Tensor& src, const Tensor& dst,
+                         CopyDirection dir, std::shared_ptr<CudaEvent> event = nullptr) {
+    uint64_t seq;
+    {
+      std::lock_guard<std::mutex> lock(issue_mu_);
+      if (issue_error_) std::rethrow_exception(issue_error_);
+      seq = ++issue_enqueued_;
+      IssueOp op;
+      op.kind = kind;
+      op.src = src;
+      op.dst = dst;
+      op.dir = dir;
+      op.event = std::move(event);
+      op.seq = seq;
+      issue_q_.push_back(std::move(op));
+    }
+    issue_cv_.notify_one();
+    return seq;
+  }
+
+  uint64_t issue_enqueued() {
+    std::lock_guard<std::mutex> lock(issue_mu_);
+    return issue_enqueued_;
+  }
+
+  // Blocks the calling thread until the issuer has issued operation `seq` (no device wait).
+  void wait_issued(uint64_t seq) {
+    std::unique_lock<std::mutex> lock(issue_mu_);
+    issued_cv_.wait(lock, [&] { return issue_done_ >= seq; });
+    if (issue_error_) std::rethrow_exception(issue_error_);
+  }
+
+  void issuer_loop() {
+    std::vector<std::shared_ptr<CudaEvent>> gates;  // waited for before the next grant request
+    std::exception_ptr error;
+    if (cudaSetDevice(device_) != cudaSuccess) {
+      cudaGetLastError();
+      try {
+        HP_FAIL(ErrorKind::kCuda, "copy issuer: cudaSetDevice(", device_, ") failed");
+      } catch (...) {
+        error = std::current_exception();
+      }
+    }
+    std::unique_lock<std::mutex> lock(issue_mu_);
+    if (error) issue_error_ = error;
+    for (;;) {
+      issue_cv_.wait(lock, [&] { return issue_stop_ || !issue_q_.empty(); });
+      if (issue_q_.empty()) return;  // stopped with nothing left
+      IssueOp op = std::move(issue_q_.front());
+      issue_q_.pop_front();
+      CopyArbiter* arbiter = arbiter_;
+      const bool failed = issue_error_ != nullptr;
+      lock.unlock();
+      error = nullptr;
+      if (!failed) {
+        try {
+          issue(op, arbiter, gates);
+        } catch (...) {
+          error = std::current_exception();
+        }
+      }
+      const uint64_t seq = op.seq;
+      op = IssueOp();  // drop the tensors and events before reporting the op issued
+      lock.lock();
+      if (error && !issue_error_) issue_error_ = error;
+      issue_done_ = seq;
+      issued_cv_.notify_all();
+    }
+  }
+
+  void issue(IssueOp& op, CopyArbiter* arbiter,
+             std::vector<std::shared_ptr<CudaEvent>>& gates) {
+    cudaStream_t stream = streams_[static_cast<int>(StreamKind::kCopy)];
+    switch (op.kind) {
+      case IssueOp::kRecord:
+        CUDA_CHECK(cudaEventRecord(op.event->event, stream));
+        return;
+      case IssueOp::kWait:
+        CUDA_CHECK(cudaStreamWaitEvent(stream, op.event->event, 0));
+        if (op.event->stream != StreamKind::kCopy) gates.push_back(op.event);
+        return;
+      case IssueOp::kCopy:
+        break;
+    }
+    // The issuer's own host waits are not the driving thread's: they count no sync.
+    for (const auto& g : gates) CUDA_CHECK(cudaEventSynchronize(g->event));
+    gates.clear();
+    const int64_t bytes = static_cast<int64_t>(op.src.nbytes());
+    if (!arbiter) {
+      CUDA_CHECK(cudaMemcpyAsync(op.dst.raw(), op.src.raw(), static_cast<size_t>(bytes),
+                                 cudaMemcpyDefault, stream));
+      return;
+    }
+    const int64_t step = arbiter->chunk_bytes();
+    for (int64_t off = 0; off < bytes; off += step) {
+      const int64_t n = std::min(step, bytes - off);
+      auto release = std::make_unique<PendingRelease>(PendingRelease{arbiter, CopyTicket{}});
+      release->ticket = arbiter->request(op.dir, n);
+      arbiter->wait(release->ticket);  // throws after the arbiter's timeout
+      cudaError_t st =
+          cudaMemcpyAsync(static_cast<char*>(op.dst.raw()) + off,
+                          static_cast<const char*>(op.src.raw()) + off, static_cast<size_t>(n),
+                          cudaMemcpyDefault, stream);
+      if (st == cudaSuccess) st = cudaLaunchHostFunc(stream, release_chunk, release.get());
+      if (st != cudaSuccess) {
+        arbiter->release(release->ticket);
+        CUDA_CHECK(st);
+      }
+      release.release();  // owned by the callback now
+    }
+  }
+
+  void stop_issuer() {
+    {
+      std::lock_guard<std::mutex> lock(issue_mu_);
+      issue_stop_ = true;
+    }
+    issue_cv_.notify_all();
+    if (issuer_.joinable()) issuer_.join();
+  }
 
   static cudaEvent_t as_cuda_event(const Event& e) {
     const auto* c = dynamic_cast<const CudaEvent*>(&e);
@@ -863,6 +1081,15 @@ class CudaBackend final : public Backend {
   Tensor cublas_workspace_;
   PinnedStaging staging_;
   int32_t* info_host_ = nullptr;
+  // The copy issuer (see IssueOp): started by the first set_copy_arbiter with an arbiter.
+  CopyArbiter* arbiter_ = nullptr;  // read by the driving thread; changed only when drained
+  std::mutex issue_mu_;
+  std::condition_variable issue_cv_, issued_cv_;
+  std::deque<IssueOp> issue_q_;
+  uint64_t issue_enqueued_ = 0, issue_done_ = 0;
+  bool issue_stop_ = false;
+  std::exception_ptr issue_error_;  // the first failure; fails every later copy-stream call
+  std::thread issuer_;
 };
 
 CudaBackend& as_cuda(Backend& b) {
@@ -878,6 +1105,8 @@ std::unique_ptr<Backend> make_cuda_backend(int device_ordinal) {
 }
 
 CUstream_st* cuda_compute_stream(Backend& b) { return as_cuda(b).compute_stream(); }
+
+CUstream_st* cuda_comm_stream(Backend& b) { return as_cuda(b).comm_stream(); }
 
 int cuda_backend_device(Backend& b) { return as_cuda(b).device_ordinal(); }
 

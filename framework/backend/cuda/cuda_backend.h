@@ -21,6 +21,10 @@ std::unique_ptr<Backend> make_cuda_backend(int device_ordinal);
 // The compute stream of a CUDA backend (for components that order their own streams against it
 // with events: communicators, the activation store). Throws if `b` is not a CUDA backend.
 CUstream_st* cuda_compute_stream(Backend& b);
+// The comm stream of a CUDA backend (StreamKind::kComm): gradient communicators enqueue their
+// collectives there so that they overlap compute; events order it against compute. Throws if
+// `b` is not a CUDA backend.
+CUstream_st* cuda_comm_stream(Backend& b);
 // The device ordinal of a CUDA backend. Throws if `b` is not a CUDA backend.
 int cuda_backend_device(Backend& b);
 

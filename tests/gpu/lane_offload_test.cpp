@@ -1,0 +1,259 @@
+// Activation offload on the CUDA backend through a copy arbiter (Backend::set_copy_arbiter):
+// losses and gradients bitwise identical to the same store without one, every copy cut into
+// granted chunks (counted), no offload syncs in the steady state, and grant waits on the
+// backend's copy issuer, never on the thread that drives the backend. Skips without a GPU.
+#include <gtest/gtest.h>
+
+#include <condition_variable>
+#include <cstring>
+#include <mutex>
+
+#include "framework/backend/cuda/cuda_backend.h"
+#include "framework/data/loader.h"
+#include "framework/model/activation_store.h"
+#include "framework/model/copy_arbiter.h"
+#include "framework/model/model.h"
+
+namespace hp {
+namespace {
+
+#define HP_REQUIRE_GPU()                                                  \
+  do {                                                                    \
+    if (cuda_device_count() == 0)                                         \
+      GTEST_SKIP() << "no CUDA device: GPU tests run on the GPU machine"; \
+  } while (0)
+
+using SK = Backend::StreamKind;
+
+ModelConfig dense_config() {
+  ModelConfig c;
+  c.vocab_size = 512;
+  c.d_model = 1024;
+  c.n_layers = 6;
+  c.n_heads = 8;
+  c.n_kv_heads = 2;
+  c.head_dim = 128;
+  c.ffn_dim = 2816;
+  return c;
+}
+
+ModelConfig moe_config() {
+  ModelConfig c;
+  c.vocab_size = 97;
+  c.d_model = 256;
+  c.n_layers = 4;
+  c.n_heads = 4;
+  c.n_kv_heads = 2;
+  c.head_dim = 64;
+  c.n_experts = 4;
+  c.top_k = 2;
+  c.expert_ffn_dim = 192;
+  c.sliding_window = 64;
+  c.window_layers = WindowLayers::kEven;
+  c.attn_sinks = true;
+  c.attn_bias = true;
+  c.activation = "gptoss";
+  c.moe_aux_coef = 0.01;
+  return c;
+}
+
+PackedBatch make_batch(const ModelConfig& c, uint64_t seed) {
+  DataConfig d;
+  d.vocab_size = c.vocab_size;
+  d.eot_token = static_cast<int32_t>(c.vocab_size - 1);
+  d.seq_len = 512;
+  d.rows_per_batch = 4;
+  d.seed = seed;
+  d.synthetic_vocab = c.vocab_size - 1;
+  d.synthetic_mean_doc_len = 200;
+  return DataLoader::open(d)->next();
+}
+
+struct Outcome {
+  std::vector<uint32_t> bits;  // losses and gradients (f32) of every step
+  OffloadStats stats;          // of the last step
+  CopyArbiterStats copies;     // of the last step
+  int64_t last_step_offload_syncs = 0;
+};
+
+void append_bits(Backend& be, const Tensor& t, std::vector<uint32_t>& out) {
+  Tensor h = Tensor::host(t.shape(), t.dtype());
+  be.read_to_host(t, h, SyncCause::kOther);
+  const size_t n = out.size();
+  out.resize(n + h.nbytes() / 4);
+  std::memcpy(out.data() + n, h.raw(), h.nbytes());
+}
+
+Outcome run_steps(const ModelConfig& cfg, OffloadOptions off, CopyArbiter* arbiter,
+                  int steps = 3) {
+  auto be = make_cuda_backend(0);
+  if (arbiter) be->set_copy_arbiter(arbiter);
+  off.poison_released = true;
+  ModelOptions mo;
+  mo.checkpoint_activations = true;
+  mo.max_positions = 512;
+  mo.offload = off;
+  Model model(cfg, mo, *be);
+  model.init_params(11);
+  Outcome out;
+  for (int s = 0; s < steps; ++s) {
+    PackedBatch batch = make_batch(cfg, 40 + s);
+    BatchMeta meta = be->upload_batch(batch);
+    model.zero_grads();
+    be->syncs().reset();
+    if (arbiter) arbiter->begin_step();
+    LossSums sums = model.forward_backward(meta, 1.0 / batch.num_valid_targets);
+    out.last_step_offload_syncs = be->syncs().get(SyncCause::kOffload);
+    append_bits(*be, sums.lm, out.bits);
+    append_bits(*be, sums.aux, out.bits);
+    for (auto& p : model.params().all()) append_bits(*be, p->grad, out.bits);
+    be->synchronize(SyncCause::kOther);
+    if (arbiter) out.copies = arbiter->stats();
+  }
+  out.stats = model.activation_store().stats();
+  be->set_copy_arbiter(nullptr);
+  return out;
+}
+
+OffloadOptions mode(OffloadMode m, int buffers = 2, int lookahead = 1) {
+  OffloadOptions o;
+  o.mode = m;
+  o.buffers = buffers;
+  o.lookahead = lookahead;
+  return o;
+}
+
+void expect_same_bits(const Outcome& ref, const Outcome& got, const std::string& what) {
+  ASSERT_EQ(ref.bits.size(), got.bits.size()) << what;
+  size_t diff = 0;
+  for (size_t i = 0; i < ref.bits.size(); ++i) diff += ref.bits[i] != got.bits[i];
+  EXPECT_EQ(diff, 0u) << what << ": " << diff << " of " << ref.bits.size()
+                      << " loss/gradient values differ with the arbiter on";
+}
+
+TEST(CudaLaneOffload, ArbiterChangesNoBitsAndNeedsNoOffloadSyncs) {
+  HP_REQUIRE_GPU();
+  // Not a divisor of any block input: every copy ends in a partial chunk.
+  constexpr int64_t kChunk = 1500000;
+  for (const ModelConfig& cfg : {dense_config(), moe_config()}) {
+    for (const OffloadOptions& o :
+         {mode(OffloadMode::kSingle), mode(OffloadMode::kDouble, 2, 1),
+          mode(OffloadMode::kDouble, 3, 2)}) {
+      const std::string what = str_cat("d_model=", cfg.d_model, " ", offload_mode_name(o.mode),
+                                       " L=", o.lookahead);
+      const Outcome plain = run_steps(cfg, o, nullptr);
+      LocalCopyArbiter arbiter(kChunk);
+      const Outcome on = run_steps(cfg, o, &arbiter);
+      expect_same_bits(plain, on, what);
+      EXPECT_EQ(on.last_step_offload_syncs, 0) << what;
+      ASSERT_EQ(on.stats.offloaded_blocks, cfg.n_layers - 1) << what;
+      const int64_t block = on.stats.d2h_bytes / on.stats.offloaded_blocks;
+      const int64_t per_copy = (block + kChunk - 1) / kChunk;
+      for (int d = 0; d < 2; ++d)
+        EXPECT_EQ(on.copies.chunks[d], on.stats.offloaded_blocks * per_copy) << what;
+      EXPECT_EQ(on.copies.bytes[static_cast<int>(CopyDirection::kOffload)], on.stats.d2h_bytes);
+      EXPECT_EQ(on.copies.bytes[static_cast<int>(CopyDirection::kReload)], on.stats.h2d_bytes);
+    }
+  }
+}
+
+TEST(CudaLaneOffload, ChunkedReloadFallbackWithArbiter) {
+  HP_REQUIRE_GPU();
+  const ModelConfig cfg = dense_config();
+  OffloadOptions o = mode(OffloadMode::kDouble, 2, 1);
+  o.staging_bytes = 1 << 20;
+  const Outcome plain = run_steps(cfg, o, nullptr);
+  LocalCopyArbiter arbiter(300000);
+  const Outcome on = run_steps(cfg, o, &arbiter);
+  expect_same_bits(plain, on, "chunked reloads");
+  EXPECT_GT(on.stats.chunked_blocks, 0);
+  EXPECT_EQ(on.last_step_offload_syncs, 0);
+}
+
+// Grants nothing until opened: shows which thread waits for grants.
+class GateArbiter final : public CopyArbiter {
+ public:
+  explicit GateArbiter(int64_t chunk) : chunk_(chunk) {}
+  int64_t chunk_bytes() const override { return chunk_; }
+  CopyTicket request(CopyDirection dir, int64_t bytes) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    CopyTicket t;
+    t.dir = dir;
+    t.bytes = bytes;
+    t.index = ++requested_;
+    return t;
+  }
+  bool granted(CopyTicket& t) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (open_) t.grant_seq = t.index;
+    return open_;
+  }
+  void wait(CopyTicket& t) override {
+    std::unique_lock<std::mutex> lock(mu_);
+    ++waiting_;
+    cv_.notify_all();
+    cv_.wait(lock, [&] { return open_; });
+    t.grant_seq = t.index;
+  }
+  void release(CopyTicket&) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++released_;
+  }
+  void begin_step() override {}
+  CopyArbiterStats stats() const override { return CopyArbiterStats(); }
+  void open() {
+    std::lock_guard<std::mutex> lock(mu_);
+    open_ = true;
+    cv_.notify_all();
+  }
+  void wait_for_a_waiter() {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return waiting_ > 0; });
+  }
+  int64_t released() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return released_;
+  }
+
+ private:
+  int64_t chunk_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool open_ = false;
+  int64_t requested_ = 0, waiting_ = 0, released_ = 0;
+};
+
+TEST(CudaLaneOffload, DrivingThreadNeverWaitsForAGrant) {
+  HP_REQUIRE_GPU();
+  GateArbiter gate(1 << 16);
+  auto be = make_cuda_backend(0);
+  be->set_copy_arbiter(&gate);
+  const int64_t n = 100000;  // 400000 bytes: 7 chunks of 64 KiB
+  std::shared_ptr<Storage> pinned = be->pinned_host_storage(static_cast<size_t>(n) * 4);
+  ASSERT_TRUE(pinned);
+  Tensor src(pinned, 0, {n}, DType::kF32);
+  for (int64_t i = 0; i < n; ++i) src.data<float>()[i] = static_cast<float>(i % 1000);
+  Tensor dev = be->zeros({n}, DType::kF32);
+  std::shared_ptr<Backend::Event> zeroed = be->record_event(SK::kCompute);
+  be->wait_event(SK::kCopy, *zeroed);
+  be->set_stream(SK::kCopy);
+  be->copy_over_link(src, dev, CopyDirection::kReload);
+  std::shared_ptr<Backend::Event> done = be->record_event(SK::kCopy);
+  be->set_stream(SK::kCompute);
+  // The driving thread is here while the issuer waits for the first grant.
+  gate.wait_for_a_waiter();
+  EXPECT_EQ(gate.released(), 0);
+  gate.open();
+  be->syncs().reset();
+  be->wait_event(SK::kCompute, *done);  // returns once the issuer recorded `done`
+  Tensor back = Tensor::host({n}, DType::kF32);
+  be->read_to_host(dev, back, SyncCause::kOther);
+  for (int64_t i = 0; i < n; ++i) ASSERT_EQ(back.data<float>()[i], static_cast<float>(i % 1000));
+  be->synchronize(SyncCause::kOther);
+  EXPECT_EQ(gate.released(), 7);
+  EXPECT_EQ(be->syncs().get(SyncCause::kOffload), 0);
+  be->set_copy_arbiter(nullptr);
+}
+
+}  // namespace
+}  // namespace hp
