@@ -553,7 +553,7 @@ int inspect_main(const std::vector<std::string>& args) {
     try {
       const uint64_t h = r->verify(d.name);
       std::cout << " fnv64=" << std::hex << std::setw(16) << std::setfill('0') << h << std::dec
-                << std::setfill(' ') << (d.fletcher32 ? " ok" : " ok (no checksum)");
+                << std::setfill(' ') << (d.crc32c || d.fletcher32 ? " ok" : " ok (no checksum)");
       if (d.dtype == DType::kI64 && d.shape[0] <= 8) {
         std::vector<int64_t> v = r->read_i64(d.name);
         std::cout << " =";

@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "framework/checkpoint/checkpoint.h"
+#include "framework/core/crc32c.h"
 #include "framework/core/hdf5_util.h"
 #include "framework/core/rng.h"
 
@@ -16,6 +17,21 @@ namespace {
 constexpr int64_t kChunkBytes = int64_t{16} << 20;
 // HDF5 limits one chunk to 4 GiB.
 constexpr int64_t kMaxChunkBytes = (int64_t{1} << 32) - 1;
+// The dataset attribute holding one CRC-32C per chunk.
+constexpr const char* kCrcAttr = "crc32c";
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// CRC-32C of chunks [c0, c1) of a dataset of `rows` rows of `row_bytes`, chunked by `chunk_rows`,
+// whose rows from `first_row` on lie at `data`; into crc[c]. Chunks are independent: threads.
+void chunk_crcs(const char* data, int64_t first_row, int64_t rows, int64_t row_bytes,
+                int64_t chunk_rows, int64_t c0, int64_t c1, uint32_t* crc) {
+#pragma omp parallel for schedule(dynamic)
+  for (int64_t c = c0; c < c1; ++c) {
+    const int64_t r0 = c * chunk_rows, r1 = std::min(rows, r0 + chunk_rows);
+    crc[c] = crc32c(data + (r0 - first_row) * row_bytes, static_cast<size_t>((r1 - r0) * row_bytes));
+  }
+}
 
 
 hid_t file_type(DType t) {
@@ -182,13 +198,42 @@ void CheckpointWriter::write_rows(const std::string& name, const Shape& shape, D
       H5Sclose);
   H5Handle dcpl(H5_CHECK(H5Pcreate(H5P_DATASET_CREATE), where), H5Pclose);
   H5_CHECK(H5Pset_chunk(dcpl.get(), static_cast<int>(chunk.size()), chunk.data()), where);
-  H5_CHECK(H5Pset_fletcher32(dcpl.get()), where);
-  // Every element is written: no fill pass.
+  // Every element is written: no fill pass. Chunks are allocated at creation (as parallel HDF5
+  // always does): with incremental allocation HDF5 1.10 drops the data of a dataset that is a
+  // single unfiltered chunk written whole.
   H5_CHECK(H5Pset_fill_time(dcpl.get(), H5D_FILL_TIME_NEVER), where);
+  H5_CHECK(H5Pset_alloc_time(dcpl.get(), H5D_ALLOC_TIME_EARLY), where);
   H5Handle ds(H5_CHECK(H5Dcreate2(impl_->file.get(), name.c_str(), file_type(dtype), space.get(),
                                   impl_->lcpl.get(), dcpl.get(), H5P_DEFAULT),
                        where),
               H5Dclose);
+  // Checksums: the CRC-32C of every chunk's bytes, one writer per chunk (rows fall on chunk
+  // boundaries); the writers' vectors are OR-ed together, so every rank holds the whole list
+  // for the (collective) attribute write. The attribute is written before the data: adding it
+  // to the object header afterwards loses the chunk address of a single-chunk dataset in
+  // HDF5 1.10.
+  const int64_t n_chunks = ceil_div(shape[0], chunk[0]);
+  const int64_t end = rows.begin + rows.count;
+  const auto cr = static_cast<int64_t>(chunk[0]);
+  HP_CHECK(rows.count == 0 || (rows.begin % cr == 0 && (end % cr == 0 || end == shape[0])), where,
+           ": rows [", rows.begin, ", ", end, ") do not fall on chunk boundaries of ", cr, " rows");
+  std::vector<uint32_t> crc(static_cast<size_t>(n_chunks), 0);
+  if (rows.count > 0)
+    chunk_crcs(static_cast<const char*>(data), rows.begin, shape[0],
+               row_elems(shape) * static_cast<int64_t>(dtype_size(dtype)), cr, rows.begin / cr,
+               ceil_div(end, cr), crc.data());
+  if (parallel()) {
+    const int rc = MPI_Allreduce(MPI_IN_PLACE, crc.data(), static_cast<int>(n_chunks),
+                                 MPI_UINT32_T, MPI_BOR, comm_);
+    if (rc != MPI_SUCCESS) HP_FAIL(ErrorKind::kComm, where, ": MPI_Allreduce of checksums: ", rc);
+  }
+  const hsize_t n = static_cast<hsize_t>(n_chunks);
+  H5Handle aspace(H5_CHECK(H5Screate_simple(1, &n, nullptr), where), H5Sclose);
+  H5Handle attr(H5_CHECK(H5Acreate2(ds.get(), kCrcAttr, H5T_STD_U32LE, aspace.get(), H5P_DEFAULT,
+                                    H5P_DEFAULT),
+                         where),
+                H5Aclose);
+  H5_CHECK(H5Awrite(attr.get(), H5T_NATIVE_UINT32, crc.data()), where);
   hid_t mem_raw = -1;
   select_rows(space.get(), shape, rows, &mem_raw, where);
   H5Handle mem(mem_raw, H5Sclose);
@@ -249,7 +294,7 @@ CheckpointReader::CheckpointReader(const std::string& path)
                   ": not a hotpath checkpoint (root attribute 'format' is not '", kCheckpointFormat,
                   "')");
   const int64_t version = int_attr("format_version");
-  if (version != kCheckpointVersion)
+  if (version < 1 || version > kCheckpointVersion)
     HP_USER_ERROR(ErrorKind::kData, "checkpoint ", path_, ": format_version ", version,
                   " is not supported (this hotpath reads version ", kCheckpointVersion, ")");
 }
@@ -358,6 +403,7 @@ DatasetInfo CheckpointReader::info(const std::string& name) const {
                                           sizeof fname, fname, nullptr);
     if (f == H5Z_FILTER_FLETCHER32) d.fletcher32 = true;
   }
+  d.crc32c = H5_CHECK(H5Aexists(ds.get(), kCrcAttr), where) > 0;
   return d;
 }
 
@@ -375,6 +421,49 @@ std::vector<DatasetInfo> CheckpointReader::datasets() const {
   return out;
 }
 
+namespace {
+// Checks the CRC-32C of every chunk that rows `rows` of dataset `ds` touch; `out` holds those
+// rows, read as `dtype`. Throws UserError(kData) naming the chunk when one does not match.
+void verify_chunks(hid_t ds, const DatasetInfo& d, RowRange rows, DType dtype, const void* out,
+                   const std::string& where) {
+  const int64_t cr = std::max<int64_t>(1, d.chunk_rows), n_chunks = ceil_div(d.shape[0], cr);
+  std::vector<uint32_t> stored(static_cast<size_t>(n_chunks));
+  {
+    H5Handle attr(H5_CHECK(H5Aopen(ds, kCrcAttr, H5P_DEFAULT), where), H5Aclose);
+    H5Handle space(H5_CHECK(H5Aget_space(attr.get()), where), H5Sclose);
+    if (H5_CHECK(H5Sget_simple_extent_npoints(space.get()), where) != n_chunks)
+      HP_USER_ERROR(ErrorKind::kData, where, ": attribute '", kCrcAttr, "' does not hold one ",
+                    "checksum per chunk (", n_chunks, " chunks): the file is corrupt");
+    H5_CHECK(H5Aread(attr.get(), H5T_NATIVE_UINT32, stored.data()), where);
+  }
+  // The chunks the rows touch. Read in the file's type on chunk boundaries, `out` holds their
+  // bytes as stored; otherwise those chunks are read again, whole, in the file's type.
+  const int64_t end = rows.begin + rows.count, c0 = rows.begin / cr, c1 = ceil_div(end, cr);
+  const int64_t row_bytes = row_elems(d.shape) * static_cast<int64_t>(dtype_size(d.dtype));
+  const int64_t r0 = c0 * cr, r1 = std::min(d.shape[0], c1 * cr);
+  const char* bytes = static_cast<const char*>(out);
+  std::vector<char> whole;
+  if (dtype != d.dtype || r0 != rows.begin || r1 != end) {
+    whole.resize(static_cast<size_t>((r1 - r0) * row_bytes));
+    H5Handle space(H5_CHECK(H5Dget_space(ds), where), H5Sclose);
+    hid_t mem_raw = -1;
+    select_rows(space.get(), d.shape, RowRange{r0, r1 - r0}, &mem_raw, where);
+    H5Handle mem(mem_raw, H5Sclose);
+    H5_CHECK(H5Dread(ds, memory_type(d.dtype), mem.get(), space.get(), H5P_DEFAULT, whole.data()),
+             where);
+    bytes = whole.data();
+  }
+  std::vector<uint32_t> got(static_cast<size_t>(n_chunks), 0);
+  chunk_crcs(bytes, r0, d.shape[0], row_bytes, cr, c0, c1, got.data());
+  for (int64_t c = c0; c < c1; ++c)
+    if (got[c] != stored[c])
+      HP_USER_ERROR(ErrorKind::kData, where, ": chunk ", c, " (rows ", c * cr, "..",
+                    std::min(d.shape[0], (c + 1) * cr) - 1, ") fails its CRC-32C checksum (stored 0x",
+                    std::hex, stored[c], ", computed 0x", got[c], std::dec,
+                    "): the file is corrupt");
+}
+}  // namespace
+
 void CheckpointReader::read_rows(const std::string& name, RowRange rows, DType dtype,
                                  void* out) const {
   const std::string where = str_cat(path_, " dataset '", name, "'");
@@ -389,7 +478,9 @@ void CheckpointReader::read_rows(const std::string& name, RowRange rows, DType d
   select_rows(space.get(), d.shape, rows, &mem_raw, where);
   H5Handle mem(mem_raw, H5Sclose);
   H5_CHECK(H5Dread(ds.get(), memory_type(dtype), mem.get(), space.get(), H5P_DEFAULT, out), where);
+  if (d.crc32c) verify_chunks(ds.get(), d, rows, dtype, out, where);
 }
+
 
 std::vector<int64_t> CheckpointReader::read_i64(const std::string& name) const {
   const DatasetInfo d = info(name);
@@ -406,8 +497,9 @@ uint64_t CheckpointReader::verify(const std::string& name) const {
   if (d.shape.empty()) HP_USER_ERROR(ErrorKind::kData, path_, " dataset '", name, "' is a scalar");
   const int64_t elem = static_cast<int64_t>(dtype_size(d.dtype));
   const int64_t row_bytes = std::max<int64_t>(1, row_elems(d.shape) * elem);
-  const int64_t step =
-      std::max<int64_t>(1, std::max(d.chunk_rows, (int64_t{64} << 20) / row_bytes));
+  // Whole chunks per read, so each chunk's checksum is verified on the bytes read.
+  const int64_t cr = std::max<int64_t>(1, d.chunk_rows);
+  const int64_t step = cr * std::max<int64_t>(1, ((int64_t{64} << 20) / row_bytes) / cr);
   std::vector<char> buf;
   uint64_t h = hash64("");
   for (int64_t r = 0; r < d.shape[0]; r += step) {

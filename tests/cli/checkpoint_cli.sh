@@ -168,7 +168,7 @@ byte=$(od -An -tu1 -j "$off" -N1 "$f" | tr -d ' ')
 printf "$(printf '\\%03o' $(( byte ^ 0x5a )))" | dd of="$f" bs=1 seek="$off" conv=notrunc status=none
 out=$("$hp" inspect "$d/step_00000006.h5" 2>&1)
 rc=$?
-if [ $rc -ne 0 ] && grep -q "CORRUPT.*step_00000006.h5 dataset '/.*'.*Fletcher32" <<<"$out"; then
+if [ $rc -ne 0 ] && grep -q "CORRUPT.*step_00000006.h5 dataset '/.*'.*CRC-32C" <<<"$out"; then
   pass "flipped byte: inspect names the dataset, exit $rc"
 else
   fail "flipped byte inspect (exit $rc): $(grep -v ' ok$' <<<"$out" | tail -3)"

@@ -103,7 +103,8 @@ void round_trip(MPI_Comm comm) {
   EXPECT_EQ(w.shape, (Shape{6, 4}));
   EXPECT_EQ(w.dtype, DType::kF32);
   EXPECT_EQ(w.chunk_rows, 2);
-  EXPECT_TRUE(w.fletcher32);
+  EXPECT_TRUE(w.crc32c);
+  EXPECT_FALSE(w.fletcher32);
   // Rows [2, 5) only, as a rank holding those experts would read them.
   std::vector<float> part(12);
   r.read_rows("/params/w", RowRange{2, 3}, DType::kF32, part.data());
@@ -125,6 +126,28 @@ void round_trip(MPI_Comm comm) {
 TEST(CheckpointFormat, SerialRoundTrip) { round_trip(MPI_COMM_NULL); }
 
 TEST(CheckpointFormat, ParallelRoundTrip) { round_trip(MPI_COMM_WORLD); }
+
+// A dataset that is one chunk larger than HDF5's chunk cache (1 MiB), written whole, keeps its
+// data (HDF5 1.10 dropped it under incremental chunk allocation).
+TEST(CheckpointFormat, LargeSingleChunkDatasetRoundTrips) {
+  TempDir dir;
+  const std::string path = dir.file("big.h5");
+  const int64_t rows = 512, cols = 1024;  // 2 MiB of f32
+  std::vector<float> v(static_cast<size_t>(rows * cols));
+  for (size_t i = 0; i < v.size(); ++i) v[i] = 0.5f + static_cast<float>((i * 2654435761u) % 9973);
+  {
+    CheckpointWriter w(path, MPI_COMM_NULL);
+    w.write_rows("/params/big", {rows, cols}, DType::kF32, rows, RowRange{0, rows}, v.data());
+    w.set_attr("format", std::string(kCheckpointFormat));
+    w.set_attr("format_version", kCheckpointVersion);
+    w.close();
+  }
+  CheckpointReader r(path);
+  EXPECT_EQ(r.info("/params/big").chunk_rows, rows);
+  std::vector<float> back(v.size());
+  r.read_rows("/params/big", RowRange{0, rows}, DType::kF32, back.data());
+  EXPECT_EQ(back, v);
+}
 
 TEST(CheckpointFormat, FlippedByteIsNamed) {
   TempDir dir;
@@ -153,8 +176,18 @@ TEST(CheckpointFormat, FlippedByteIsNamed) {
       [&] {
         r.read_rows("/params/w", RowRange{2, 2}, DType::kF32, rows.data());
       },
-      {path, "'/params/w'", "Fletcher32"});
+      {path, "'/params/w'", "chunk 1", "CRC-32C"});
   expect_throws_with([&] { r.verify("/params/w"); }, {path, "'/params/w'"});
+  // A read of part of the damaged chunk, or with a conversion, checks the whole chunk.
+  expect_throws_with(
+      [&] { r.read_rows("/params/w", RowRange{3, 1}, DType::kF32, rows.data()); },
+      {path, "'/params/w'", "chunk 1"});
+  std::vector<double> wide(8);
+  expect_throws_with(
+      [&] { r.read_rows("/params/w", RowRange{2, 2}, DType::kF64, wide.data()); },
+      {path, "'/params/w'", "chunk 1"});
+  r.read_rows("/params/w", RowRange{0, 1}, DType::kF64, wide.data());  // chunk 0 is intact
+  EXPECT_DOUBLE_EQ(wide[0], 1000.0);
 }
 
 TEST(CheckpointFormat, TruncatedMissingAndForeignFiles) {
