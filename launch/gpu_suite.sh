@@ -187,6 +187,11 @@ if want offload && [ -x "$bin/hotpath" ] && [ "${GPU_SUITE_PERF:-1}" != 0 ]; the
       --bench_json="$log_dir/bench_offload_lane_np2.json"
     details[${#details[@]}-1]=$(awk '$1 ~ /^(off|on)$/ && NF == 4 {printf "%s: %s %s %s; ", $1, $2, $3, $4}' \
       "$log_dir/bench_offload_lane_np2.log")
+    # Training through the arbiter with links found from the GPUs' PCIe root ports.
+    run train_lane_auto_np2 mpirun -np 2 "$bin/hotpath" train --config $cfg/tiny-moe.ini \
+      --device=cuda --ep_size=2 --steps=4 --offload=double --lane_arbiter=on --pcie_groups=auto \
+      --metrics_path="$log_dir/train_lane_auto_np2.jsonl"
+    details[${#details[@]}-1]="$(grep -o 'link ranks=[0-9,]*' "$log_dir/train_lane_auto_np2.log" | head -1); $(tail -1 "$log_dir/train_lane_auto_np2.jsonl" | grep -oE '"jain":[0-9.]+|"offload":[0-9]+' | tr '\n' ' ')"
   fi
 fi
 

@@ -5,9 +5,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <new>
 #include <sstream>
 #include <thread>
@@ -107,13 +110,13 @@ void LaneOptions::validate() const {
     HP_USER_ERROR(ErrorKind::kConfig, "config key 'lane_inflight': must be in [1, ", kRing,
                   "], got ", inflight);
   }
-  if (!pcie_groups.empty()) {
+  if (!pcie_groups.empty() && pcie_groups != "auto") {
     // Rank numbers are checked against the node's size when the arbiter is built.
     for (char c : pcie_groups) {
       if (!(c == ',' || c == ';' || c == ' ' || (c >= '0' && c <= '9'))) {
         HP_USER_ERROR(ErrorKind::kConfig, "config key 'pcie_groups': '", pcie_groups,
-                      "' is not a list like \"0,1;2,3\" (node ranks, ',' within a link, ';' "
-                      "between links)");
+                      "' is not \"auto\" or a list like \"0,1;2,3\" (node ranks, ',' within a "
+                      "link, ';' between links)");
       }
     }
   }
@@ -321,14 +324,85 @@ int64_t NodeLaneArbiter::link_pending(CopyDirection dir) const {
   return n;
 }
 
+std::string host_link_of_pci_device(const std::string& sysfs_devices, const std::string& bus_id) {
+  if (bus_id.empty()) return "";
+  std::string id = bus_id;
+  std::transform(id.begin(), id.end(), id.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  // CUDA reports an 8-digit PCI domain ("00000000:1B:00.0"); sysfs names use 4.
+  if (id.size() > 12 && id.find(':') == 8 && id.compare(0, 4, "0000") == 0) id = id.substr(4);
+  std::error_code ec;
+  const std::filesystem::path dev =
+      std::filesystem::canonical(std::filesystem::path(sysfs_devices) / id, ec);
+  if (ec) return "";
+  // .../devices/pci0000:17/0000:17:01.0/0000:18:00.0/.../0000:1b:00.0: the component after the
+  // host bridge ("pciDDDD:BB") is the root port.
+  std::string bridge;
+  for (const auto& part : dev) {
+    const std::string s = part.string();
+    if (!bridge.empty()) return bridge + "/" + s;
+    if (s.rfind("pci", 0) == 0) bridge = s;
+  }
+  return "";
+}
+
+std::string pcie_groups_from_link_ids(const std::vector<std::string>& ids) {
+  for (const std::string& id : ids)
+    if (id.empty()) return "";
+  std::vector<std::string> links;
+  std::vector<std::vector<int>> members;
+  for (size_t r = 0; r < ids.size(); ++r) {
+    auto it = std::find(links.begin(), links.end(), ids[r]);
+    if (it == links.end()) {
+      links.push_back(ids[r]);
+      members.emplace_back();
+      it = links.end() - 1;
+    }
+    members[static_cast<size_t>(it - links.begin())].push_back(static_cast<int>(r));
+  }
+  std::string out;
+  for (size_t l = 0; l < members.size(); ++l) {
+    if (l) out += ';';
+    for (size_t i = 0; i < members[l].size(); ++i) {
+      if (i) out += ',';
+      out += std::to_string(members[l][i]);
+    }
+  }
+  return out;
+}
+
+namespace {
+// Every node rank's link_id, in node-rank order (collective over `node`).
+std::vector<std::string> gather_link_ids(Communicator& node, const std::string& mine) {
+  constexpr int64_t kMax = 256;
+  std::vector<int32_t> chars(kMax, 0);
+  for (size_t i = 0; i < mine.size() && i + 1 < static_cast<size_t>(kMax); ++i)
+    chars[i] = static_cast<unsigned char>(mine[i]);
+  Tensor in = Tensor::host_from(chars, DType::kI32);
+  Tensor all = Tensor::host({node.size() * kMax}, DType::kI32);
+  node.all_gather(in, all);
+  std::vector<std::string> ids(static_cast<size_t>(node.size()));
+  const int32_t* p = all.data<int32_t>();
+  for (int r = 0; r < node.size(); ++r)
+    for (int64_t i = 0; i < kMax && p[r * kMax + i] != 0; ++i)
+      ids[static_cast<size_t>(r)] += static_cast<char>(p[r * kMax + i]);
+  return ids;
+}
+}  // namespace
+
 std::unique_ptr<CopyArbiter> make_copy_arbiter(Communicator& node, const LaneOptions& options) {
   options.validate();
-  // A node of one rank needs no coordination, but its pcie_groups must still name the node.
-  if (options.enabled) parse_pcie_groups(options.pcie_groups, node.size());
-  if (!options.enabled || node.size() == 1) {
-    return std::make_unique<LocalCopyArbiter>(options.chunk_bytes());
+  LaneOptions o = options;
+  if (o.enabled && o.pcie_groups == "auto") {
+    o.pcie_groups = node.size() > 1 ? pcie_groups_from_link_ids(gather_link_ids(node, o.link_id))
+                                    : std::string();
   }
-  return std::make_unique<NodeLaneArbiter>(node, options);
+  // A node of one rank needs no coordination, but its pcie_groups must still name the node.
+  if (o.enabled) parse_pcie_groups(o.pcie_groups, node.size());
+  if (!o.enabled || node.size() == 1) {
+    return std::make_unique<LocalCopyArbiter>(o.chunk_bytes());
+  }
+  return std::make_unique<NodeLaneArbiter>(node, o);
 }
 
 }  // namespace hp

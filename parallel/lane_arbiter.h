@@ -35,7 +35,11 @@ struct LaneOptions {
   bool enabled = false;     // lane_arbiter=on|off; off: LocalCopyArbiter (the baseline)
   int64_t chunk_mib = 8;    // lane_chunk_mib
   int inflight = 1;         // lane_inflight: chunks in flight per link
-  std::string pcie_groups;  // pcie_groups: "0,1;2,3" (node ranks), "" = one link per node
+  std::string pcie_groups;  // pcie_groups: "0,1;2,3" (node ranks), "" = one link per node,
+                            // "auto" = ranks grouped by link_id
+  // This rank's host link (host_link_of_pci_device of its GPU; "" where unknown), for
+  // pcie_groups=auto.
+  std::string link_id;
   std::chrono::milliseconds timeout{std::chrono::seconds(300)};  // bound on wait()
 
   int64_t chunk_bytes() const { return chunk_mib << 20; }
@@ -47,6 +51,17 @@ struct LaneOptions {
 // rank 0..n_ranks-1 must appear exactly once; "" gives one link of all ranks. Throws a config
 // error naming key `pcie_groups` and what is wrong.
 std::vector<std::vector<int>> parse_pcie_groups(const std::string& text, int n_ranks);
+
+// The host link of the PCI device `bus_id` ("0000:1b:00.0"): its root port, read from the device's
+// path under `sysfs_devices` (normally /sys/bus/pci/devices), e.g. "pci0000:17/0000:17:01.0".
+// Devices behind the same root port share that port's link to the CPU. "" when the path cannot
+// be resolved (no sysfs, no such device, empty bus id).
+std::string host_link_of_pci_device(const std::string& sysfs_devices, const std::string& bus_id);
+
+// pcie_groups=auto: node ranks grouped by equal link ids (rank r has ids[r]), links in order of
+// their lowest rank, as a pcie_groups string ("0,2;1,3"). When any id is "" (unknown topology),
+// every rank goes on one link: sharing is then assumed, never ruled out.
+std::string pcie_groups_from_link_ids(const std::vector<std::string>& ids);
 
 // Jain's fairness index (sum x)^2 / (n * sum x^2) of non-negative shares: 1 when all are
 // equal, 1/n when one takes everything; 1 for an empty or all-zero list.
@@ -91,7 +106,7 @@ class NodeLaneArbiter final : public CopyArbiter {
 };
 
 // lane_arbiter=off (or a node of one rank): LocalCopyArbiter; otherwise NodeLaneArbiter over
-// `node` (collective over it). Options are validated first, and with lane_arbiter=on
+// `node` (collective over it; pcie_groups=auto is resolved there from every rank's link_id). Options are validated first, and with lane_arbiter=on
 // pcie_groups against the node's size, also for a node of one rank.
 std::unique_ptr<CopyArbiter> make_copy_arbiter(Communicator& node, const LaneOptions& options);
 

@@ -127,6 +127,9 @@ class Backend {
   // as memory allows). Only a backend whose device memory is host memory simulates (cpu);
   // others ignore it.
   virtual void set_simulated_link_gbps(double gbps) {}
+  // The device's PCI bus id ("0000:1b:00.0"), which locates its host link; "" for a backend
+  // without one (cpu).
+  virtual std::string pci_bus_id() const { return ""; }
   // Host-link arbitration (ARCHITECTURE rule 2). With an arbiter set, every copy on the copy
   // stream is cut into chunks of at most arbiter->chunk_bytes(); each chunk is issued only with
   // a grant of its direction and released once it has completed. Grants are waited for by a

@@ -80,8 +80,11 @@ if command -v mpirun >/dev/null; then
   two="--config $cfg --batch_tokens=2048 --seq_len=256 --steps=2 --offload=double --lane_chunk_mib=1 --sim_link_gbps=2"
   timeout 300 $mpi "$hp" train $two --lane_arbiter=off --metrics_path="$work/off.jsonl" >"$work/off.log" 2>&1 ||
     fail "2 ranks lane_arbiter=off: $(tail -3 "$work/off.log")"
-  timeout 300 $mpi "$hp" train $two --lane_arbiter=on --metrics_path="$work/on.jsonl" >"$work/on.log" 2>&1 ||
+  timeout 300 $mpi "$hp" train $two --lane_arbiter=on --pcie_groups=auto --metrics_path="$work/on.jsonl" >"$work/on.log" 2>&1 ||
     fail "2 ranks lane_arbiter=on: $(tail -3 "$work/on.log")"
+  # pcie_groups=auto without a PCI device to locate: both ranks on one link.
+  grep -q 'link ranks=0,1' "$work/on.log" && pass "2 ranks: pcie_groups=auto puts unknown links together" ||
+    fail "2 ranks pcie_groups=auto: $(grep 'offload copies' "$work/on.log")"
   la=$(grep -o '"loss":[^,]*' "$work/off.jsonl" 2>/dev/null)
   lb=$(grep -o '"loss":[^,]*' "$work/on.jsonl" 2>/dev/null)
   [ -n "$la" ] && [ "$la" = "$lb" ] && pass "2 ranks: lane_arbiter=on gives the losses of off" ||

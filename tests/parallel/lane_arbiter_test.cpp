@@ -9,6 +9,7 @@
 #include "parallel/lane_arbiter.h"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -16,6 +17,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -129,6 +131,42 @@ TEST(LaneArbiterUnit, ValidatesOptions) {
   o = LaneOptions{};
   o.pcie_groups = "0-1";
   EXPECT_THROW(o.validate(), UserError);
+  o.pcie_groups = "auto";
+  EXPECT_NO_THROW(o.validate());
+}
+
+// A PCI tree like sysfs's: two root ports, two GPUs behind a switch on the first, one on the
+// second; the device directory lists symlinks into it, as /sys/bus/pci/devices does.
+TEST(LaneArbiterUnit, HostLinkOfPciDeviceIsItsRootPort) {
+  namespace fs = std::filesystem;
+  const fs::path root = fs::temp_directory_path() / ("hp_pci_" + std::to_string(::getpid()));
+  fs::remove_all(root);
+  const fs::path tree = root / "devices" / "pci0000:17";
+  const fs::path a = tree / "0000:17:01.0" / "0000:18:00.0" / "0000:19:08.0" / "0000:1b:00.0";
+  const fs::path b = tree / "0000:17:01.0" / "0000:18:00.0" / "0000:19:10.0" / "0000:1c:00.0";
+  const fs::path c = tree / "0000:17:03.0" / "0000:2a:00.0";
+  const fs::path bus = root / "bus";
+  for (const fs::path& p : {a, b, c, bus}) fs::create_directories(p);
+  fs::create_directory_symlink(a, bus / "0000:1b:00.0");
+  fs::create_directory_symlink(b, bus / "0000:1c:00.0");
+  fs::create_directory_symlink(c, bus / "0000:2a:00.0");
+
+  const std::string la = host_link_of_pci_device(bus.string(), "00000000:1B:00.0");  // CUDA form
+  const std::string lb = host_link_of_pci_device(bus.string(), "0000:1c:00.0");
+  const std::string lc = host_link_of_pci_device(bus.string(), "0000:2a:00.0");
+  EXPECT_EQ(la, "pci0000:17/0000:17:01.0");
+  EXPECT_EQ(lb, la);
+  EXPECT_EQ(lc, "pci0000:17/0000:17:03.0");
+  EXPECT_EQ(host_link_of_pci_device(bus.string(), "0000:99:00.0"), "");
+  EXPECT_EQ(host_link_of_pci_device(bus.string(), ""), "");
+  fs::remove_all(root);
+
+  // Ranks 0 and 2 behind one root port, 1 and 3 behind another; one unknown id: one link.
+  EXPECT_EQ(pcie_groups_from_link_ids({la, lc, lb, lc}), "0,2;1,3");
+  EXPECT_EQ(parse_pcie_groups(pcie_groups_from_link_ids({la, lc, lb, lc}), 4),
+            (std::vector<std::vector<int>>{{0, 2}, {1, 3}}));
+  EXPECT_EQ(pcie_groups_from_link_ids({la, "", lc}), "");
+  EXPECT_EQ(pcie_groups_from_link_ids({lc}), "0");
 }
 
 TEST(LaneArbiterUnit, JainFairness) {

@@ -195,6 +195,11 @@ class CudaBackend final : public Backend {
 
   Device device() const override { return Device::kCUDA; }
   std::string name() const override { return str_cat("cuda:", device_); }
+  std::string pci_bus_id() const override {
+    char id[32] = {};
+    CUDA_CHECK(cudaDeviceGetPCIBusId(id, static_cast<int>(sizeof(id)), device_));
+    return id;
+  }
   DType act_dtype() const override { return DType::kBF16; }
   DType master_dtype() const override { return DType::kF32; }
   Allocator& allocator() override { return *alloc_; }
