@@ -244,17 +244,7 @@ class NcclReferenceAllToAll {
     (void)nccl_launch_order_implicit();
     CUDA_CHECK(cudaSetDevice(cuda_backend_device(be)));
     ncclUniqueId id;
-    std::memset(&id, 0, sizeof(id));
-    std::vector<uint8_t> blob;
-    if (host.rank() == 0) {
-      NCCL_CHECK(ncclGetUniqueId(&id));
-      const auto* p = reinterpret_cast<const uint8_t*>(&id);
-      blob.assign(p, p + sizeof(id));
-    }
-    blob = share_blob(host, blob, 0);
-    HP_CHECK(blob.size() == sizeof(id), "bench alltoall: NCCL unique id of ", blob.size(),
-             " bytes");
-    std::memcpy(&id, blob.data(), sizeof(id));
+    share_nccl_unique_id(host, &id);
     NCCL_CHECK(ncclCommInitRank(&comm_, host.size(), id, host.rank()));
   }
   ~NcclReferenceAllToAll() {

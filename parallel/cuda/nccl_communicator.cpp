@@ -115,25 +115,29 @@ std::shared_ptr<NcclCommunicator> NcclCommunicator::create(Communicator& host, B
   return c;
 }
 
+void share_nccl_unique_id(Communicator& host, ncclUniqueId* id) {
+  // Rank 0 makes it; share_blob hands it out over the host communicator.
+  std::memset(id, 0, sizeof(*id));
+  std::vector<uint8_t> blob;
+  if (host.rank() == 0) {
+    NCCL_CHECK(ncclGetUniqueId(id));
+    const auto* p = reinterpret_cast<const uint8_t*>(id);
+    blob.assign(p, p + sizeof(*id));
+  }
+  blob = share_blob(host, blob, 0);
+  HP_CHECK(blob.size() == sizeof(*id), "NCCL unique id of ", blob.size(), " bytes from rank 0 of '",
+           host.name(), "'");
+  std::memcpy(id, blob.data(), sizeof(*id));
+}
+
 std::shared_ptr<NcclCommunicator> NcclCommunicator::create(Communicator& host, int device,
                                                            CUstream_st* stream,
                                                            const std::string& name) {
   // Before any NCCL communicator of the process exists (see decide_launch_order_implicit).
   (void)nccl_launch_order_implicit();
   CUDA_CHECK(cudaSetDevice(device));
-  // The unique id travels over the host communicator: rank 0 makes it, share_blob hands it out.
   ncclUniqueId id;
-  std::memset(&id, 0, sizeof(id));
-  std::vector<uint8_t> blob;
-  if (host.rank() == 0) {
-    NCCL_CHECK(ncclGetUniqueId(&id));
-    const auto* p = reinterpret_cast<const uint8_t*>(&id);
-    blob.assign(p, p + sizeof(id));
-  }
-  blob = share_blob(host, blob, 0);
-  HP_CHECK(blob.size() == sizeof(id), "NCCL unique id of ", blob.size(), " bytes from rank 0 of '",
-           host.name(), "'");
-  std::memcpy(&id, blob.data(), sizeof(id));
+  share_nccl_unique_id(host, &id);
   std::shared_ptr<NcclCommunicator> c(
       new NcclCommunicator(name.empty() ? host.name() : name, host.rank(), host.size(),
                            host.world_ranks(), host.options(), device, stream, nullptr));

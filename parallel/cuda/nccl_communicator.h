@@ -179,6 +179,9 @@ class NcclCommunicator final : public Communicator {
   void* barrier_buf_ = nullptr;  // one i32 on the device
 };
 
+// Collective over `host`: rank 0's new NCCL unique id, handed to every rank of `host`.
+void share_nccl_unique_id(Communicator& host, ncclUniqueId* id);
+
 // Collective over host_groups.world: NCCL communicators for world, dp, ep (and node when the
 // host groups have one) with exactly the ranks, names and options of the host groups, on the
 // backend's device and compute stream. Each comes from a unique id shared over its host group

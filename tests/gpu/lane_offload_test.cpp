@@ -13,61 +13,16 @@
 #include "framework/model/activation_store.h"
 #include "framework/model/copy_arbiter.h"
 #include "framework/model/model.h"
+#include "tests/gpu/gpu_fixtures.h"
 
 namespace hp {
 namespace {
 
-#define HP_REQUIRE_GPU()                                                  \
-  do {                                                                    \
-    if (cuda_device_count() == 0)                                         \
-      GTEST_SKIP() << "no CUDA device: GPU tests run on the GPU machine"; \
-  } while (0)
+using gpu_test::offload_batch;
+using gpu_test::offload_dense_config;
+using gpu_test::offload_moe_config;
 
 using SK = Backend::StreamKind;
-
-ModelConfig dense_config() {
-  ModelConfig c;
-  c.vocab_size = 512;
-  c.d_model = 1024;
-  c.n_layers = 6;
-  c.n_heads = 8;
-  c.n_kv_heads = 2;
-  c.head_dim = 128;
-  c.ffn_dim = 2816;
-  return c;
-}
-
-ModelConfig moe_config() {
-  ModelConfig c;
-  c.vocab_size = 97;
-  c.d_model = 256;
-  c.n_layers = 4;
-  c.n_heads = 4;
-  c.n_kv_heads = 2;
-  c.head_dim = 64;
-  c.n_experts = 4;
-  c.top_k = 2;
-  c.expert_ffn_dim = 192;
-  c.sliding_window = 64;
-  c.window_layers = WindowLayers::kEven;
-  c.attn_sinks = true;
-  c.attn_bias = true;
-  c.activation = "gptoss";
-  c.moe_aux_coef = 0.01;
-  return c;
-}
-
-PackedBatch make_batch(const ModelConfig& c, uint64_t seed) {
-  DataConfig d;
-  d.vocab_size = c.vocab_size;
-  d.eot_token = static_cast<int32_t>(c.vocab_size - 1);
-  d.seq_len = 512;
-  d.rows_per_batch = 4;
-  d.seed = seed;
-  d.synthetic_vocab = c.vocab_size - 1;
-  d.synthetic_mean_doc_len = 200;
-  return DataLoader::open(d)->next();
-}
 
 struct Outcome {
   std::vector<uint32_t> bits;  // losses and gradients (f32) of every step
@@ -97,7 +52,7 @@ Outcome run_steps(const ModelConfig& cfg, OffloadOptions off, CopyArbiter* arbit
   model.init_params(11);
   Outcome out;
   for (int s = 0; s < steps; ++s) {
-    PackedBatch batch = make_batch(cfg, 40 + s);
+    PackedBatch batch = offload_batch(cfg, 40 + s);
     BatchMeta meta = be->upload_batch(batch);
     model.zero_grads();
     be->syncs().reset();
@@ -135,7 +90,7 @@ TEST(CudaLaneOffload, ArbiterChangesNoBitsAndNeedsNoOffloadSyncs) {
   HP_REQUIRE_GPU();
   // Not a divisor of any block input: every copy ends in a partial chunk.
   constexpr int64_t kChunk = 1500000;
-  for (const ModelConfig& cfg : {dense_config(), moe_config()}) {
+  for (const ModelConfig& cfg : {offload_dense_config(), offload_moe_config()}) {
     for (const OffloadOptions& o :
          {mode(OffloadMode::kSingle), mode(OffloadMode::kDouble, 2, 1),
           mode(OffloadMode::kDouble, 3, 2)}) {
@@ -159,7 +114,7 @@ TEST(CudaLaneOffload, ArbiterChangesNoBitsAndNeedsNoOffloadSyncs) {
 
 TEST(CudaLaneOffload, ChunkedReloadFallbackWithArbiter) {
   HP_REQUIRE_GPU();
-  const ModelConfig cfg = dense_config();
+  const ModelConfig cfg = offload_dense_config();
   OffloadOptions o = mode(OffloadMode::kDouble, 2, 1);
   o.staging_bytes = 1 << 20;
   const Outcome plain = run_steps(cfg, o, nullptr);

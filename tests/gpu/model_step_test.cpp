@@ -10,15 +10,10 @@
 #include "framework/data/loader.h"
 #include "framework/model/model.h"
 #include "launch/trainer.h"
+#include "tests/gpu/gpu_fixtures.h"
 
 namespace hp {
 namespace {
-
-#define HP_REQUIRE_GPU()                                                  \
-  do {                                                                    \
-    if (cuda_device_count() == 0)                                         \
-      GTEST_SKIP() << "no CUDA device: GPU tests run on the GPU machine"; \
-  } while (0)
 
 ModelConfig gpu_moe_config() {
   ModelConfig c;

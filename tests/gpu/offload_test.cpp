@@ -10,59 +10,14 @@
 #include "framework/data/loader.h"
 #include "framework/model/activation_store.h"
 #include "framework/model/model.h"
+#include "tests/gpu/gpu_fixtures.h"
 
 namespace hp {
 namespace {
 
-#define HP_REQUIRE_GPU()                                                  \
-  do {                                                                    \
-    if (cuda_device_count() == 0)                                         \
-      GTEST_SKIP() << "no CUDA device: GPU tests run on the GPU machine"; \
-  } while (0)
-
-ModelConfig dense_config() {
-  ModelConfig c;
-  c.vocab_size = 512;
-  c.d_model = 1024;
-  c.n_layers = 6;
-  c.n_heads = 8;
-  c.n_kv_heads = 2;
-  c.head_dim = 128;
-  c.ffn_dim = 2816;
-  return c;
-}
-
-ModelConfig moe_config() {
-  ModelConfig c;
-  c.vocab_size = 97;
-  c.d_model = 256;
-  c.n_layers = 4;
-  c.n_heads = 4;
-  c.n_kv_heads = 2;
-  c.head_dim = 64;
-  c.n_experts = 4;
-  c.top_k = 2;
-  c.expert_ffn_dim = 192;
-  c.sliding_window = 64;
-  c.window_layers = WindowLayers::kEven;
-  c.attn_sinks = true;
-  c.attn_bias = true;
-  c.activation = "gptoss";
-  c.moe_aux_coef = 0.01;
-  return c;
-}
-
-PackedBatch make_batch(const ModelConfig& c, uint64_t seed) {
-  DataConfig d;
-  d.vocab_size = c.vocab_size;
-  d.eot_token = static_cast<int32_t>(c.vocab_size - 1);
-  d.seq_len = 512;
-  d.rows_per_batch = 4;
-  d.seed = seed;
-  d.synthetic_vocab = c.vocab_size - 1;
-  d.synthetic_mean_doc_len = 200;
-  return DataLoader::open(d)->next();
-}
+using gpu_test::offload_batch;
+using gpu_test::offload_dense_config;
+using gpu_test::offload_moe_config;
 
 struct Outcome {
   std::vector<uint32_t> bits;  // losses and gradients (f32) of every step
@@ -89,7 +44,7 @@ Outcome run_steps(const ModelConfig& cfg, OffloadOptions off, int steps = 2) {
   model.init_params(11);
   Outcome out;
   for (int s = 0; s < steps; ++s) {
-    PackedBatch batch = make_batch(cfg, 40 + s);
+    PackedBatch batch = offload_batch(cfg, 40 + s);
     BatchMeta meta = be->upload_batch(batch);
     model.zero_grads();
     be->syncs().reset();
@@ -122,7 +77,7 @@ void expect_same_bits(const Outcome& ref, const Outcome& got, const char* what) 
 
 TEST(CudaOffload, ModesAreBitwiseIdentical) {
   HP_REQUIRE_GPU();
-  for (const ModelConfig& cfg : {dense_config(), moe_config()}) {
+  for (const ModelConfig& cfg : {offload_dense_config(), offload_moe_config()}) {
     const Outcome none = run_steps(cfg, mode(OffloadMode::kNone));
     const Outcome single = run_steps(cfg, mode(OffloadMode::kSingle));
     const Outcome dbl = run_steps(cfg, mode(OffloadMode::kDouble, 2, 1));
@@ -141,7 +96,7 @@ TEST(CudaOffload, ModesAreBitwiseIdentical) {
 
 TEST(CudaOffload, FallbacksAreBitwiseIdentical) {
   HP_REQUIRE_GPU();
-  const ModelConfig cfg = dense_config();
+  const ModelConfig cfg = offload_dense_config();
   const int64_t block = 4 * 512 * cfg.d_model * 2;  // bf16
   const Outcome none = run_steps(cfg, mode(OffloadMode::kNone));
   OffloadOptions pageable = mode(OffloadMode::kDouble);

@@ -19,35 +19,13 @@
 #include "parallel/launch_env.h"
 #include "parallel/process_groups.h"
 #include "parallel/tcp_communicator.h"
+#include "tests/parallel/tcp_threads.h"
 
 namespace hp {
 namespace {
 
 using CommPtr = std::shared_ptr<Communicator>;
 using namespace std::chrono_literals;
-
-// Runs fn on n ranks, one thread each, joined by a file rendezvous; expects no exception.
-void run_ranks(int n, const std::function<void(const CommPtr&)>& fn) {
-  static std::atomic<int> counter{0};
-  const std::string path =
-      str_cat(::testing::TempDir(), "hp_gradsync_", ::getpid(), "_", counter++, ".rdv");
-  const Bootstrap b = parse_bootstrap("file:" + path);
-  std::vector<std::string> errors(static_cast<size_t>(n));
-  std::vector<std::thread> threads;
-  for (int r = 0; r < n; ++r) {
-    threads.emplace_back([&, r] {
-      try {
-        CommOptions options;
-        options.timeout = 60s;
-        fn(TcpCommunicator::connect_world(b, r, n, options));
-      } catch (const std::exception& e) {
-        errors[static_cast<size_t>(r)] = e.what();
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  for (int r = 0; r < n; ++r) EXPECT_EQ(errors[static_cast<size_t>(r)], "") << "rank " << r;
-}
 
 struct Spec {
   const char* name;
@@ -107,7 +85,7 @@ std::vector<std::vector<float>> reduce_steps(const CommPtr& world, int ep_size,
 
 TEST(GradSync, DenseOverWorldExpertsOverDpOnEitherStream) {
   const int world_size = 4, ep_size = 2, steps = 2;
-  run_ranks(world_size, [&](const CommPtr& world) {
+  test::run_tcp_threads(world_size, [&](const CommPtr& world) {
     const int rank = world->rank();
     const GroupLayout layout = GroupLayout::make(world_size, ep_size);
     const auto on_compute = reduce_steps(world, ep_size, Backend::StreamKind::kCompute, steps);
@@ -132,7 +110,7 @@ TEST(GradSync, DenseOverWorldExpertsOverDpOnEitherStream) {
 }
 
 TEST(GradSync, SingleRankGroupsReduceNothing) {
-  run_ranks(2, [&](const CommPtr& world) {
+  test::run_tcp_threads(2, [&](const CommPtr& world) {
     // ep_size 2 over 2 ranks: dp groups have one rank, so expert gradients stay as they are.
     const auto got = reduce_steps(world, 2, Backend::StreamKind::kComm, 1);
     for (size_t k = 0; k < kSpecs.size(); ++k) {

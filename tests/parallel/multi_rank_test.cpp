@@ -26,9 +26,12 @@
 #include "parallel/launch_env.h"
 #include "parallel/process_groups.h"
 #include "parallel/tcp_communicator.h"
+#include "tests/parallel/tcp_threads.h"
 
 namespace hp {
 namespace {
+
+using test::run_tcp_threads;
 
 using CommPtr = std::shared_ptr<Communicator>;
 using namespace std::chrono_literals;
@@ -583,30 +586,6 @@ TEST(FaultInjection, Exit) {
 }
 
 // ---- ranks as threads over TCP ----------------------------------------------------------------
-
-// Runs fn on n ranks, one thread each, joined by a file rendezvous; expects no exception.
-void run_tcp_threads(int n, const std::function<void(const CommPtr&)>& fn) {
-  static std::atomic<int> counter{0};
-  const std::string path =
-      str_cat(::testing::TempDir(), "hp_threads_", ::getpid(), "_", counter++, ".rdv");
-  const Bootstrap b = parse_bootstrap("file:" + path);
-  std::vector<std::string> errors(static_cast<size_t>(n));
-  std::vector<std::thread> threads;
-  for (int r = 0; r < n; ++r) {
-    threads.emplace_back([&, r] {
-      try {
-        CommOptions options;
-        options.timeout = 60s;
-        CommPtr c = TcpCommunicator::connect_world(b, r, n, options);
-        fn(c);
-      } catch (const std::exception& e) {
-        errors[static_cast<size_t>(r)] = e.what();
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  for (int r = 0; r < n; ++r) EXPECT_EQ(errors[static_cast<size_t>(r)], "") << "rank " << r;
-}
 
 TEST(TcpThreads, AllReduce) {
   for (int n : {2, 3}) run_tcp_threads(n, [](const CommPtr& c) { check_all_reduce(*c); });
