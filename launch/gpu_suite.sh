@@ -165,11 +165,12 @@ if want profile && [ -x "$bin/hotpath" ] && command -v nsys >/dev/null && [ "${G
 fi
 
 # Activation offload: step time none / single / double (lookahead 1, 2) at a dense 8B-like layer
-# shape (d 4096, ffn 14336, 32 heads, 8 kv heads; 8 layers) and at the GPT-OSS-20b shape.
+# shape (d 4096, ffn 14336, 32 heads, 8 kv heads; 28 layers, the most that fit in one H200 next
+# to fp32 master weights, gradients and moments) and at the GPT-OSS-20b shape.
 if want offload && [ -x "$bin/hotpath" ] && [ "${GPU_SUITE_PERF:-1}" != 0 ]; then
   run bench_offload_8b timeout 240 "$bin/hotpath" bench offload \
     --config examples/configs/llama-3.2-1b.ini --device=cuda --d_model=4096 --n_heads=32 \
-    --n_kv_heads=8 --head_dim=128 --ffn_dim=14336 --n_layers=8 --tie_embeddings=false \
+    --n_kv_heads=8 --head_dim=128 --ffn_dim=14336 --n_layers=28 --tie_embeddings=false \
     --seq_len=4096 --batch_tokens=16384 --bench_warmup=1 --bench_steps=3
   details[${#details[@]}-1]=$(awk '$1 ~ /^(none|single|double)/ {printf "%s %s %s ", $1, $2, $3}
     /faster step/ {print "| " $0}' "$log_dir/bench_offload_8b.log")
