@@ -185,6 +185,7 @@ if want offload && [ -x "$bin/hotpath" ] && [ "${GPU_SUITE_PERF:-1}" != 0 ]; the
       --config $cfg/llama-3.2-1b.ini --device=cuda --d_model=4096 --n_heads=32 --n_kv_heads=8 \
       --head_dim=128 --ffn_dim=14336 --n_layers=8 --tie_embeddings=false --seq_len=4096 \
       --batch_tokens=32768 --bench_warmup=1 --bench_steps=3 --lane_chunk_mib=8 --lane_inflight=1 \
+      --pcie_groups="0,1" \
       --bench_json="$log_dir/bench_offload_lane_np2.json"
     details[${#details[@]}-1]=$(awk '$1 ~ /^(off|on)$/ && NF == 4 {printf "%s: %s %s %s; ", $1, $2, $3, $4}' \
       "$log_dir/bench_offload_lane_np2.log")

@@ -78,8 +78,9 @@ po::options_description describe_options(TrainOptions& o, std::string& window_la
       "lane_inflight", po::value(&o.lane_inflight)->default_value(o.lane_inflight),
       "lane_arbiter=on: chunks in flight per host link (1 .. 64)")(
       "pcie_groups", po::value(&o.pcie_groups)->default_value(o.pcie_groups),
-      "lane_arbiter=on: node ranks sharing a host link, e.g. \"0,1;2,3\"; auto: grouped by "
-      "their GPUs' PCIe root ports; empty: all ranks of a node share one link")(
+      "lane_arbiter=on: which node ranks share a host link: auto (grouped by their GPUs' PCIe "
+      "root ports; all on one link where one cannot be found), a list like \"0,1;2,3\", or "
+      "empty (all ranks of a node on one link)")(
       "bench_warmup", po::value(&o.bench_warmup)->default_value(o.bench_warmup),
       "bench: warm-up steps (not timed)")(
       "bench_steps", po::value(&o.bench_steps)->default_value(o.bench_steps), "bench: timed steps")(

@@ -57,7 +57,9 @@ struct TrainOptions {
   std::string lane_arbiter = "off";  // on | off (off: each rank copies unarbitrated, the baseline)
   int64_t lane_chunk_mib = 8;        // copies move in granted chunks of this size
   int lane_inflight = 1;             // chunks in flight per host link
-  std::string pcie_groups;           // "0,1;2,3": node ranks sharing a link ("": one link)
+  // "auto": ranks grouped by their GPUs' PCIe root ports; "0,1;2,3": node ranks sharing a
+  // link; "": the whole node on one link.
+  std::string pcie_groups = "auto";
   bool dry_run = false;
   // parallel layout and launch
   int ep_size = 1;                    // expert-parallel group size; world = dp x ep

@@ -33,7 +33,7 @@ TEST(LaneOptions, DefaultsAreTheBaseline) {
   EXPECT_FALSE(l.enabled);
   EXPECT_EQ(l.chunk_mib, 8);
   EXPECT_EQ(l.inflight, 1);
-  EXPECT_EQ(l.pcie_groups, "");
+  EXPECT_EQ(l.pcie_groups, "auto");
 }
 
 TEST(LaneOptions, ParsedFromTheCommandLine) {
