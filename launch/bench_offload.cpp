@@ -85,9 +85,8 @@ struct LaneRun {
 // wait; gathered over the world by summing per-rank slots.
 LaneRun run_lane_variant(Backend& be, Model& model, const BatchMeta& meta, double scale,
                          const TrainOptions& o, const RankContext& ctx, bool on, int64_t reps) {
-  LaneOptions lo = make_lane_options(o);
+  LaneOptions lo = make_lane_options(o, &be);
   lo.enabled = on;
-  lo.link_id = host_link_of_pci_device("/sys/bus/pci/devices", be.pci_bus_id());
   std::unique_ptr<CopyArbiter> arb = make_copy_arbiter(*ctx.groups.node, lo);
   be.set_copy_arbiter(arb.get());
   LaneRun r;

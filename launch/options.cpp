@@ -302,7 +302,7 @@ void validate_train_options(const TrainOptions& o, int world) {
           "bench_warmup must be >= 0 and bench_steps >= 1");
 }
 
-LaneOptions make_lane_options(const TrainOptions& o) {
+LaneOptions make_lane_options(const TrainOptions& o, const Backend* be) {
   LaneOptions l;
   l.enabled = o.lane_arbiter == "on";
   l.chunk_mib = o.lane_chunk_mib;
@@ -310,6 +310,7 @@ LaneOptions make_lane_options(const TrainOptions& o) {
   l.pcie_groups = o.pcie_groups;
   // A grant that takes longer than a collective may is a stuck peer.
   l.timeout = std::chrono::milliseconds(static_cast<int64_t>(o.collective_timeout_s * 1000));
+  if (be) l.link_id = host_link_of_pci_device("/sys/bus/pci/devices", be->pci_bus_id());
   return l;
 }
 

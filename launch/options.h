@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "framework/backend/backend.h"
 #include "framework/model/config.h"
 #include "parallel/lane_arbiter.h"
 
@@ -90,7 +91,8 @@ bool parse_train_options(const std::vector<std::string>& args, const std::string
 // Checks cross-key rules (divisibility, enums) for a given world size.
 void validate_train_options(const TrainOptions& o, int world_size);
 
-// The lane arbiter's options from lane_arbiter, lane_chunk_mib, lane_inflight, pcie_groups.
-LaneOptions make_lane_options(const TrainOptions& o);
+// The lane arbiter's options from lane_arbiter, lane_chunk_mib, lane_inflight, pcie_groups; with
+// a backend, also this rank's host link (its device's PCIe root port, for pcie_groups=auto).
+LaneOptions make_lane_options(const TrainOptions& o, const Backend* be = nullptr);
 
 }  // namespace hp

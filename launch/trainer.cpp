@@ -126,9 +126,7 @@ Trainer::Trainer(const TrainOptions& o, const RankContext& ctx)
   if (o_.offload != "none") {
     // Over the ranks of this host (collective over the node group); lane_arbiter=off gives a
     // local arbiter that grants at once but still counts the copies for the step stats.
-    LaneOptions lane = make_lane_options(o_);
-    lane.link_id = host_link_of_pci_device("/sys/bus/pci/devices", be_->pci_bus_id());
-    lane_ = make_copy_arbiter(*ctx_.groups.node, lane);
+    lane_ = make_copy_arbiter(*ctx_.groups.node, make_lane_options(o_, be_.get()));
     be_->set_copy_arbiter(lane_.get());
   }
   model_->init_params(o_.seed);

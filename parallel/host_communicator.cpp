@@ -337,32 +337,18 @@ void HostCommunicator::barrier() {
   do_barrier(op);
 }
 
-void HostCommunicator::send(const Tensor& t, int peer) {
-  Op op{OpKind::kSendRecv, Clock::time_point{}};
-  check_tensor(op, t, false);
-  if (peer < 0 || peer >= size() || peer == rank()) {
-    HP_FAIL(ErrorKind::kInternal, "send on '", name(), "' from rank ", rank(), " to rank ", peer,
-            " of ", size());
-  }
-  P2p p{true, peer, static_cast<char*>(t.raw()), t.nbytes()};
-  if (group_depth_ > 0) {
-    if (broken()) begin(OpKind::kSendRecv);  // throws
-    group_ops_.push_back(p);
-    group_keep_.push_back(t);
-    return;
-  }
-  op = begin(OpKind::kSendRecv);
-  do_p2p(op, {p});
-}
+void HostCommunicator::send(const Tensor& t, int peer) { point_to_point(t, peer, true); }
 
-void HostCommunicator::recv(Tensor& t, int peer) {
+void HostCommunicator::recv(Tensor& t, int peer) { point_to_point(t, peer, false); }
+
+void HostCommunicator::point_to_point(const Tensor& t, int peer, bool send) {
   Op op{OpKind::kSendRecv, Clock::time_point{}};
   check_tensor(op, t, false);
   if (peer < 0 || peer >= size() || peer == rank()) {
-    HP_FAIL(ErrorKind::kInternal, "recv on '", name(), "' at rank ", rank(), " from rank ", peer,
-            " of ", size());
+    HP_FAIL(ErrorKind::kInternal, send ? "send" : "recv", " on '", name(), "' between rank ",
+            rank(), " and rank ", peer, " of ", size());
   }
-  P2p p{false, peer, static_cast<char*>(t.raw()), t.nbytes()};
+  P2p p{send, peer, static_cast<char*>(t.raw()), t.nbytes()};
   if (group_depth_ > 0) {
     if (broken()) begin(OpKind::kSendRecv);  // throws
     group_ops_.push_back(p);

@@ -126,6 +126,8 @@ class HostCommunicator : public Communicator {
 
  private:
   void check_tensor(const Op& op, const Tensor& t, bool reduction) const;
+  // send (send = true) or recv of t with peer: now, or queued inside a group.
+  void point_to_point(const Tensor& t, int peer, bool send);
   [[noreturn]] void raise(const Op& op, const std::string& rest, const char* file, int line);
 
   std::string broken_reason_;

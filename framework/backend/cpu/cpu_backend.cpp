@@ -126,7 +126,7 @@ void dispatch_float(const char* op, const Tensor& t, F&& f) {
   }
 }
 
-// Same for f32/f64 only (the arithmetic ops).
+// Same for f32/f64 only (the arithmetic ops; f is never instantiated for bf16).
 template <typename F>
 void dispatch_f32_f64(const char* op, const Tensor& t, F&& f) {
   switch (t.dtype()) {
@@ -251,29 +251,22 @@ class CpuBackend final : public Backend {
     }
   }
 
+  // Device memory is host memory: an unlabelled copy on the copy stream counts as an offload.
   void copy(const Tensor& src, Tensor& dst) override {
+    copy_over_link(src, dst, CopyDirection::kOffload);
+  }
+
+  void copy_over_link(const Tensor& src, Tensor& dst, CopyDirection dir) override {
     check_cpu("copy", "src", src);
     check_cpu("copy", "dst", dst);
     HP_CHECK(src.dtype() == dst.dtype() && src.numel() == dst.numel(), "copy: src ", src.desc(),
              " and dst ", dst.desc(), " must have the same dtype and numel");
     if (stream_ == StreamKind::kCopy) {
-      copy_queue_.enqueue_copy(src, dst);
+      copy_queue_.enqueue_copy(src, dst, dir);
       return;
     }
     if (src.nbytes() > 0 && src.raw() != dst.raw())
       std::memmove(dst.raw(), src.raw(), src.nbytes());
-  }
-
-  void copy_over_link(const Tensor& src, Tensor& dst, CopyDirection dir) override {
-    if (stream_ != StreamKind::kCopy) {
-      copy(src, dst);
-      return;
-    }
-    check_cpu("copy", "src", src);
-    check_cpu("copy", "dst", dst);
-    HP_CHECK(src.dtype() == dst.dtype() && src.numel() == dst.numel(), "copy: src ", src.desc(),
-             " and dst ", dst.desc(), " must have the same dtype and numel");
-    copy_queue_.enqueue_copy(src, dst, dir);
   }
 
   void convert(const Tensor& src, Tensor& dst) override {

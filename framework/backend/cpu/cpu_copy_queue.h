@@ -18,10 +18,9 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <exception>
 #include <mutex>
 #include <thread>
-
-#include <exception>
 
 #include "framework/core/tensor.h"
 #include "framework/model/copy_arbiter.h"
