@@ -8,6 +8,7 @@
 #include "framework/core/error.h"
 #include "framework/core/log.h"
 #include "framework/model/config.h"
+#include "launch/bench/bench_step.h"
 #include "launch/checkpointing.h"
 #include "launch/options.h"
 #include "launch/tools.h"

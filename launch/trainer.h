@@ -114,6 +114,5 @@ DataConfig make_data_config(const TrainOptions& o, int rank, int world);
 ModelOptions make_model_options(const TrainOptions& o);
 
 int run_train(const TrainOptions& o, const RankContext& ctx);
-int run_bench(const std::string& scenario, const TrainOptions& o, const RankContext& ctx);
 
 }  // namespace hp
