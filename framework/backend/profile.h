@@ -1,0 +1,82 @@
+// Step profiling: where the time of a training step goes, by phase and by op family.
+//
+// Callers mark what they issue (PhaseScope in the trainer, FamilyScope in the model and
+// optimizer); the backend attributes its device time to the marks that were current when each
+// piece of work was issued. Marks cost a couple of stores when no profile is being collected,
+// so they stay in the hot path permanently.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string>
+
+namespace hp {
+
+class Backend;
+
+enum class StepPhase : uint8_t { kForward, kLoss, kBackward, kGradSync, kOptimizer, kOther };
+constexpr int kNumStepPhases = 6;
+
+enum class OpFamily : uint8_t {
+  kAttention,     // attention forward/backward kernels
+  kDenseGemm,     // projections, dense FFN, unembedding
+  kExpertGemm,    // per-expert FFN GEMMs and their bias/activation
+  kRouting,       // router logits, top-k, histogram, sort, scan, permute, combine, exchange
+  kElementwise,   // norms, RoPE, residual adds, fills, conversions
+  kEmbedding,     // embedding lookup and its scatter-add backward
+  kCrossEntropy,  // softmax cross-entropy over the vocabulary
+  kOptimizer,     // AdamW, gradient norms, clipping
+  kCopies,        // host<->device and device copies (offload, reloads, uploads)
+  kComm,          // collectives (gradient reduction, token exchange)
+  kOther,
+};
+constexpr int kNumOpFamilies = 11;
+
+const char* step_phase_name(StepPhase p);
+const char* op_family_name(OpFamily f);
+
+// One profiled stretch (Backend::profile_begin .. profile_end). Times in milliseconds. Device
+// backends measure device activity: busy is the union of the intervals in which any kernel,
+// copy or fill ran, and each instant of busy time is split evenly among the work running then,
+// so by_family and by_phase each sum to busy_ms, and busy_ms + idle_ms == wall_ms. The host
+// backend (cpu) measures host time between marks: everything it issues runs on the calling
+// thread, so busy == wall.
+struct StepProfile {
+  double wall_ms = 0;
+  double busy_ms = 0;
+  double idle_ms = 0;
+  std::array<double, kNumStepPhases> by_phase{};
+  std::array<double, kNumOpFamilies> by_family{};
+  int64_t kernels = 0;  // device work items seen (0 on the host backend)
+  double busy_fraction() const { return wall_ms > 0 ? busy_ms / wall_ms : 0; }
+};
+
+// Marks the phase of the step for everything issued until the scope ends (restores the previous
+// phase then). The family resets to kOther at a phase change.
+class PhaseScope {
+ public:
+  PhaseScope(Backend& be, StepPhase p);
+  ~PhaseScope();
+  PhaseScope(const PhaseScope&) = delete;
+  PhaseScope& operator=(const PhaseScope&) = delete;
+
+ private:
+  Backend& be_;
+  StepPhase prev_phase_;
+  OpFamily prev_family_;
+};
+
+// Marks the op family for everything issued until the scope ends.
+class FamilyScope {
+ public:
+  FamilyScope(Backend& be, OpFamily f);
+  ~FamilyScope();
+  FamilyScope(const FamilyScope&) = delete;
+  FamilyScope& operator=(const FamilyScope&) = delete;
+
+ private:
+  Backend& be_;
+  OpFamily prev_;
+};
+
+}  // namespace hp
