@@ -1,6 +1,10 @@
 # Finds every external dependency once, as imported targets the project links against.
 
 find_package(MPI REQUIRED COMPONENTS C CXX)
+# The project calls MPI's C API only. Without the deprecated C++ bindings every file that includes
+# <mpi.h> needs just libmpi, which parallel HDF5 already links (its own headers skip the bindings
+# the same way), so a target that includes <mpi.h> without linking parallel/ still links.
+add_compile_definitions(OMPI_SKIP_MPICXX=1 MPICH_SKIP_MPICXX=1)
 
 # The parallel HDF5 build (Debian: libhdf5-openmpi-dev) provides collective MPI-IO writes.
 set(HDF5_PREFER_PARALLEL TRUE)
@@ -15,6 +19,9 @@ target_link_libraries(hotpath_hdf5 INTERFACE ${HDF5_C_LIBRARIES} MPI::MPI_C)
 target_compile_definitions(hotpath_hdf5 INTERFACE ${HDF5_C_DEFINITIONS})
 
 find_package(Boost 1.74 REQUIRED COMPONENTS program_options)
+
+# Every JSON hotpath writes or reads (metrics, benchmark results).
+find_package(nlohmann_json 3 REQUIRED)
 
 # CPU BLAS for the reference backend's matmul. The OpenMP build of OpenBLAS runs its GEMMs in
 # the same thread team as the backend's own OpenMP loops; the pthreads build would add a second

@@ -5,17 +5,18 @@
 // stacked on the leading axis), chunked along the leading axis, with a CRC-32C of every chunk
 // in the dataset's attribute "crc32c", so a flipped byte fails the read of that chunk. (HDF5's
 // Fletcher-32 filter did this in format version 1; it runs single-threaded inside HDF5 and
-// capped writes near 450 MiB/s, where checksums computed by hotpath's threads cost little.) The file uses the HDF5 1.10
-// format, whose superblock, object headers and B-trees carry their own checksums: damaged
-// metadata (attributes included) fails too. This header knows nothing about models, optimizers
-// or ranks: the caller says which rows of which dataset this process writes or reads.
+// capped writes near 450 MiB/s, where checksums computed by hotpath's threads cost little.) The
+// file uses the HDF5 1.10 format, whose superblock, object headers and B-trees carry their own
+// checksums: damaged metadata (attributes included) fails too. This header knows nothing about
+// models, optimizers or ranks: the caller says which rows of which dataset this process writes or
+// reads.
 //
-// Writing: CheckpointWriter is collective over an MPI communicator (parallel HDF5 over MPI-IO,
-// every dataset created by all ranks and written with one collective transfer in which each rank
-// selects its own rows, possibly none), or serial when given MPI_COMM_NULL (this process alone
-// writes everything: single-process runs and launches without MPI, whose caller gathers the
-// shards first). Every rank must make the same calls in the same order with the same names,
-// shapes, chunking and attribute values.
+// Writing: CheckpointWriter is collective over a CheckpointGroup (checkpoint_group.h: parallel
+// HDF5 over MPI-IO, every dataset created by all ranks and written with one collective transfer
+// in which each rank selects its own rows, possibly none), or serial when given no group (this
+// process alone writes everything: single-process runs and launches without MPI, whose caller
+// gathers the shards first). Every rank must make the same calls in the same order with the same
+// names, shapes, chunking and attribute values.
 //
 // Reading: CheckpointReader is serial; every process opens the file on its own and reads the
 // rows it needs (only the chunks those rows touch are read and checked). No collective is
@@ -33,13 +34,12 @@
 // switched off while these classes call it.
 #pragma once
 
-#include <mpi.h>
-
 #include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "framework/checkpoint/checkpoint_group.h"
 #include "framework/core/dtype.h"
 #include "framework/core/tensor.h"
 
@@ -68,7 +68,7 @@ struct DatasetInfo {
   std::string name;  // absolute path, e.g. "/params/layers.0.attn.wqkv"
   Shape shape;
   DType dtype = DType::kF32;
-  int64_t chunk_rows = 0;  // 0: not chunked
+  int64_t chunk_rows = 0;   // 0: not chunked
   bool fletcher32 = false;  // HDF5's Fletcher-32 filter on every chunk (format version 1)
   bool crc32c = false;      // attribute "crc32c": one CRC-32C per chunk (format version 2)
   int64_t bytes() const { return shape_numel(shape) * static_cast<int64_t>(dtype_size(dtype)); }
@@ -76,15 +76,16 @@ struct DatasetInfo {
 
 class CheckpointWriter {
  public:
-  // Creates (truncates) `path`. Collective over `comm` unless comm == MPI_COMM_NULL.
-  CheckpointWriter(const std::string& path, MPI_Comm comm);
+  // Creates (truncates) `path`. Collective over `group` unless it is null; the group must
+  // outlive the writer.
+  CheckpointWriter(const std::string& path, const CheckpointGroup* group);
   // Closes the file if close() was not called (errors are swallowed: a writer destroyed during
   // unwinding leaves an uncommitted .tmp file behind, which is never loaded).
   ~CheckpointWriter();
   CheckpointWriter(const CheckpointWriter&) = delete;
   CheckpointWriter& operator=(const CheckpointWriter&) = delete;
 
-  bool parallel() const { return comm_ != MPI_COMM_NULL; }
+  bool parallel() const { return group_ != nullptr; }
   const std::string& path() const { return path_; }
 
   // Attributes of the root group (collective metadata: same values on every rank).
@@ -113,7 +114,7 @@ class CheckpointWriter {
   struct Impl;
   std::unique_ptr<Impl> impl_;
   std::string path_;
-  MPI_Comm comm_ = MPI_COMM_NULL;
+  const CheckpointGroup* group_ = nullptr;
   std::vector<std::string> fallbacks_;
 };
 

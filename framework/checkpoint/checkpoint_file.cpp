@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <type_traits>
 
 #include "framework/checkpoint/checkpoint.h"
 #include "framework/core/crc32c.h"
@@ -29,10 +30,10 @@ void chunk_crcs(const char* data, int64_t first_row, int64_t rows, int64_t row_b
 #pragma omp parallel for schedule(dynamic)
   for (int64_t c = c0; c < c1; ++c) {
     const int64_t r0 = c * chunk_rows, r1 = std::min(rows, r0 + chunk_rows);
-    crc[c] = crc32c(data + (r0 - first_row) * row_bytes, static_cast<size_t>((r1 - r0) * row_bytes));
+    crc[c] =
+        crc32c(data + (r0 - first_row) * row_bytes, static_cast<size_t>((r1 - r0) * row_bytes));
   }
 }
-
 
 hid_t file_type(DType t) {
   switch (t) {
@@ -102,7 +103,6 @@ void fsync_file(const std::string& path) {
 
 }  // namespace
 
-
 int64_t checkpoint_chunk_rows(const Shape& global_shape, DType dtype) {
   HP_CHECK(!global_shape.empty() && global_shape[0] > 0, "chunking shape ",
            shape_str(global_shape));
@@ -132,11 +132,14 @@ struct CheckpointWriter::Impl {
   H5Handle lcpl;
 };
 
-CheckpointWriter::CheckpointWriter(const std::string& path, MPI_Comm comm)
-    : impl_(std::make_unique<Impl>()), path_(path), comm_(comm) {
+// CheckpointGroup passes property lists as int64_t.
+static_assert(std::is_same<hid_t, int64_t>::value, "HDF5 1.10 or later (64-bit hid_t)");
+
+CheckpointWriter::CheckpointWriter(const std::string& path, const CheckpointGroup* group)
+    : impl_(std::make_unique<Impl>()), path_(path), group_(group) {
   const std::string where = str_cat("checkpoint ", path_);
   H5Handle fapl(H5_CHECK(H5Pcreate(H5P_FILE_ACCESS), where), H5Pclose);
-  if (parallel()) H5_CHECK(H5Pset_fapl_mpio(fapl.get(), comm_, MPI_INFO_NULL), where);
+  if (parallel()) group_->use_mpio_driver(fapl.get());
   // The 1.10 format: checksummed superblock, object headers and B-trees.
   H5_CHECK(H5Pset_libver_bounds(fapl.get(), H5F_LIBVER_V110, H5F_LIBVER_V110), where);
   impl_->file = H5Handle(
@@ -223,9 +226,11 @@ void CheckpointWriter::write_rows(const std::string& name, const Shape& shape, D
                row_elems(shape) * static_cast<int64_t>(dtype_size(dtype)), cr, rows.begin / cr,
                ceil_div(end, cr), crc.data());
   if (parallel()) {
-    const int rc = MPI_Allreduce(MPI_IN_PLACE, crc.data(), static_cast<int>(n_chunks),
-                                 MPI_UINT32_T, MPI_BOR, comm_);
-    if (rc != MPI_SUCCESS) HP_FAIL(ErrorKind::kComm, where, ": MPI_Allreduce of checksums: ", rc);
+    try {
+      group_->bitwise_or(crc.data(), crc.size());
+    } catch (const Error& e) {
+      HP_FAIL(ErrorKind::kComm, where, ": reduction of the chunk checksums: ", e.what());
+    }
   }
   const hsize_t n = static_cast<hsize_t>(n_chunks);
   H5Handle aspace(H5_CHECK(H5Screate_simple(1, &n, nullptr), where), H5Sclose);
@@ -458,9 +463,9 @@ void verify_chunks(hid_t ds, const DatasetInfo& d, RowRange rows, DType dtype, c
   for (int64_t c = c0; c < c1; ++c)
     if (got[c] != stored[c])
       HP_USER_ERROR(ErrorKind::kData, where, ": chunk ", c, " (rows ", c * cr, "..",
-                    std::min(d.shape[0], (c + 1) * cr) - 1, ") fails its CRC-32C checksum (stored 0x",
-                    std::hex, stored[c], ", computed 0x", got[c], std::dec,
-                    "): the file is corrupt");
+                    std::min(d.shape[0], (c + 1) * cr) - 1,
+                    ") fails its CRC-32C checksum (stored 0x", std::hex, stored[c], ", computed 0x",
+                    got[c], std::dec, "): the file is corrupt");
 }
 }  // namespace
 
@@ -480,7 +485,6 @@ void CheckpointReader::read_rows(const std::string& name, RowRange rows, DType d
   H5_CHECK(H5Dread(ds.get(), memory_type(dtype), mem.get(), space.get(), H5P_DEFAULT, out), where);
   if (d.crc32c) verify_chunks(ds.get(), d, rows, dtype, out, where);
 }
-
 
 std::vector<int64_t> CheckpointReader::read_i64(const std::string& name) const {
   const DatasetInfo d = info(name);

@@ -4,8 +4,8 @@
 #include <limits>
 #include <vector>
 
+#include "framework/backend/copy_arbiter.h"
 #include "framework/core/log.h"
-#include "framework/model/copy_arbiter.h"
 
 namespace hp {
 

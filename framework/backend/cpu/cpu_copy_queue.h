@@ -22,8 +22,8 @@
 #include <mutex>
 #include <thread>
 
+#include "framework/backend/copy_arbiter.h"
 #include "framework/core/tensor.h"
-#include "framework/model/copy_arbiter.h"
 
 namespace hp {
 

@@ -25,6 +25,7 @@
 #include <chrono>
 #include <cstdint>
 #include <mutex>
+#include <vector>
 
 namespace hp {
 
@@ -49,6 +50,13 @@ struct CopyArbiterStats {
   double wait_s[2] = {0, 0};   // summed request->grant time
   double max_wait_s[2] = {0, 0};
   double active_s = 0;  // first request of the step to its last release
+  // An arbiter shared by several ranks also reports this rank's host link over the step: the
+  // link's ranks, the bytes each released (both directions, in link_ranks order) and Jain's
+  // fairness index over those bytes. Empty (and 1) for a rank's own arbiter.
+  std::vector<int> link_ranks;
+  std::vector<int64_t> link_bytes;
+  double link_jain = 1.0;
+  bool shared() const { return !link_ranks.empty(); }
   // Bytes of both directions over active_s: the rate the rank achieved, waits included.
   double achieved_gbps() const;
 };

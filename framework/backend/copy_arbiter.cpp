@@ -1,4 +1,4 @@
-#include "framework/model/copy_arbiter.h"
+#include "framework/backend/copy_arbiter.h"
 
 #include <algorithm>
 
