@@ -1,7 +1,8 @@
 // Communicator: collectives and point-to-point messages among the ranks of one group.
 //
-// One interface, several implementations: MpiCommunicator and TcpCommunicator move host tensors
-// (the CPU backend's multi-rank path, bootstrap and small control messages); a stream-ordered NCCL
+// One interface, several implementations: MpiCommunicator moves host tensors (the CPU backend's
+// multi-rank path, bootstrap and small control messages); StoreCommunicator carries the control
+// messages of launches without MPI through a Store (store_communicator.h); a stream-ordered NCCL
 // implementation moves device tensors. Groups (world, dp, ep, node) are Communicator objects made
 // by split() and passed around explicitly, never globals (see process_groups.h).
 //
@@ -33,7 +34,7 @@
 //
 // Thread safety: one host thread drives a communicator at a time. Whether different communicators
 // may be driven by different threads at once is the implementation's to say (MPI: no, only the
-// thread that initialised MPI calls it; TCP: yes).
+// thread that initialised MPI calls it; Store: yes).
 #pragma once
 
 #include <chrono>

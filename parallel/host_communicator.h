@@ -1,4 +1,4 @@
-// HostCommunicator: the part of every host-tensor communicator (MPI, TCP) that does not depend on
+// HostCommunicator: the part of every host-tensor communicator (MPI, Store) that does not depend on
 // the transport.
 //
 // It validates arguments, turns tensors into byte ranges, runs the deterministic reductions on top

@@ -1,6 +1,10 @@
 #include "parallel/launch_env.h"
 
+#include <arpa/inet.h>
 #include <mpi.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cctype>
@@ -8,9 +12,12 @@
 #include <climits>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <random>
+#include <thread>
 
 #include "parallel/mpi_communicator.h"
-#include "parallel/tcp_communicator.h"
+#include "parallel/store_communicator.h"
 
 namespace hp {
 namespace {
@@ -69,6 +76,139 @@ void validate(const LaunchInfo& info, const char* rank_var, const char* world_va
   if (info.local_world > 0 && info.local_rank >= info.local_world) {
     fail(str_cat(local_var, "=", info.local_rank, " must be less than ", local_world_var, "=",
                  info.local_world));
+  }
+}
+
+// ---- file bootstrap ---------------------------------------------------------------------------
+// PATH only publishes where rank 0 serves the job's TcpStore: the messages themselves go over TCP,
+// because shared file systems such as NFS may hide a new file from other hosts for many seconds
+// (cached lookups of missing names), which a rendezvous tolerates once but a step cannot.
+
+// The host rank 0 advertises: HOTPATH_RENDEZVOUS_HOST, else the first non-loopback IPv4 address
+// of this host's name.
+std::string advertised_host() {
+  if (const char* h = std::getenv("HOTPATH_RENDEZVOUS_HOST")) {
+    if (*h) return h;
+  }
+  addrinfo hints{};
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  std::string best = "127.0.0.1";
+  if (getaddrinfo(local_hostname().c_str(), nullptr, &hints, &res) == 0) {
+    for (addrinfo* a = res; a; a = a->ai_next) {
+      const auto* in = reinterpret_cast<const sockaddr_in*>(a->ai_addr);
+      if ((ntohl(in->sin_addr.s_addr) >> 24) == 127) continue;
+      char buf[INET_ADDRSTRLEN] = {};
+      inet_ntop(AF_INET, &in->sin_addr, buf, sizeof(buf));
+      best = buf;
+      break;
+    }
+    freeaddrinfo(res);
+  }
+  return best;
+}
+
+// PATH's first line, "HOST:PORT RUN"; "" while PATH is absent or not completely written.
+std::string read_address(const std::string& path) {
+  std::ifstream f(path);
+  std::string line;
+  if (!f || !std::getline(f, line) || f.eof()) return "";  // no newline yet: not ours to read
+  return line;
+}
+
+// RUN tells this job's store from another one that happens to serve at the same address later.
+bool split_address(const std::string& line, std::string* host, int* port, std::string* run) {
+  const size_t space = line.find(' ');
+  if (space == std::string::npos) return false;
+  *run = line.substr(space + 1);
+  const std::string addr = line.substr(0, space);
+  const size_t colon = addr.rfind(':');
+  if (colon == std::string::npos || colon == 0) return false;
+  char* end = nullptr;
+  const long p = std::strtol(addr.c_str() + colon + 1, &end, 10);
+  if (*end != '\0' || p <= 0 || p > 65535) return false;
+  *host = addr.substr(0, colon);
+  *port = static_cast<int>(p);
+  return true;
+}
+
+std::shared_ptr<Communicator> file_world(const LaunchInfo& info, const std::string& path,
+                                         const CommOptions& options) {
+  using Clock = std::chrono::steady_clock;
+  if (info.rank == 0) {
+    auto store = TcpStore::serve(0, options.timeout);
+    std::random_device rd;
+    const std::string run = str_cat(std::hex, rd(), rd(), "-", std::dec, ::getpid());
+    store->set("run", Store::Bytes(run.begin(), run.end()));
+    const std::string tmp = str_cat(path, ".tmp.", run);
+    {
+      std::ofstream f(tmp);
+      f << advertised_host() << ":" << store->port() << " " << run << "\n";
+      if (!f.flush()) {
+        HP_USER_ERROR(ErrorKind::kUser, "rank 0: bootstrap file:", path, ": cannot write ", tmp,
+                      ": give a path on a writable file system that every rank sees");
+      }
+    }
+    if (::rename(tmp.c_str(), path.c_str()) != 0) {
+      const int e = errno;
+      ::unlink(tmp.c_str());
+      HP_USER_ERROR(ErrorKind::kUser, "rank 0: bootstrap file:", path,
+                    ": cannot create it: ", std::strerror(e));
+    }
+    try {
+      auto world = StoreCommunicator::create_world(store, 0, info.world, options);
+      ::unlink(path.c_str());
+      return world;
+    } catch (...) {
+      ::unlink(path.c_str());
+      throw;
+    }
+  }
+  // The address may be stale (an earlier job's rank 0 died during its rendezvous): a failed
+  // connection, or a PATH that changes while this rank waits for rank 0, means read it again.
+  const auto deadline = Clock::now() + options.timeout;
+  PollBackoff backoff;
+  std::string addr;
+  for (;;) {
+    addr = read_address(path);
+    std::string host, run;
+    int port = 0;
+    if (split_address(addr, &host, &port, &run)) {
+      const auto left =
+          std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+      std::shared_ptr<TcpStore> store;
+      try {
+        store = TcpStore::connect(
+            host, port, info.rank,
+            std::clamp(left, std::chrono::milliseconds(1), std::chrono::milliseconds(1000)));
+        Store::Bytes theirs;
+        if (!store->try_get("run", &theirs) || std::string(theirs.begin(), theirs.end()) != run) {
+          store.reset();  // another job's store
+        }
+      } catch (const Error&) {
+        store.reset();  // nobody serves there (yet); read PATH again
+      }
+      if (store) {
+        CommOptions rest = options;
+        rest.timeout = std::max(left, std::chrono::milliseconds(1));
+        auto world = StoreCommunicator::create_world(store, info.rank, info.world, rest, [&] {
+          const std::string now = read_address(path);
+          return !now.empty() && now != addr;
+        });
+        if (world) return world;
+        continue;  // rank 0 of a newer run rewrote PATH
+      }
+    }
+    if (Clock::now() >= deadline) {
+      HP_FAIL(ErrorKind::kComm, "rank ", info.rank, ": rendezvous (file:", path,
+              ") timed out after ", options.timeout.count() / 1000.0, " s: ",
+              addr.empty() ? path + " never appeared (rank 0 writes it when it starts)"
+                           : str_cat("no store of this run at ", addr.substr(0, addr.find(' ')),
+                                     ", the address in ", path),
+              "; is rank 0 running with the same file: path?");
+    }
+    backoff.sleep();
   }
 }
 
@@ -252,6 +392,26 @@ Bootstrap default_bootstrap(const LaunchInfo& info) {
   return b;
 }
 
+Bootstrap choose_bootstrap(const LaunchInfo& info, const std::string& spec, bool cpu_backend) {
+  if (!cpu_backend || info.world == 1) {
+    return spec.empty() ? default_bootstrap(info) : parse_bootstrap(spec);
+  }
+  const Bootstrap b = spec.empty() && info.use_mpi ? default_bootstrap(info)
+                      : spec.empty()               ? Bootstrap{}
+                                                   : parse_bootstrap(spec);
+  if (b.kind != Bootstrap::Kind::kMpi) {
+    HP_USER_ERROR(ErrorKind::kUser, info.describe(),
+                  ": the cpu backend moves tensors between ranks over MPI",
+                  spec.empty() ? std::string(", and this launch has none")
+                               : str_cat(", which --bootstrap=", spec,
+                                         " does not give (file: and tcp: carry only the NCCL ids "
+                                         "of GPU runs)"),
+                  ": launch with mpirun (mpirun -np ", info.world,
+                  " hotpath ...) or srun --mpi=pmix, or train on GPUs (device=cuda)");
+  }
+  return b;
+}
+
 std::shared_ptr<Communicator> create_world(const LaunchInfo& info, const Bootstrap& bootstrap,
                                            const CommOptions& options) {
   switch (bootstrap.kind) {
@@ -260,7 +420,7 @@ std::shared_ptr<Communicator> create_world(const LaunchInfo& info, const Bootstr
         HP_USER_ERROR(ErrorKind::kUser, "bootstrap 'single' is for one process; this is ",
                       info.describe());
       }
-      return TcpCommunicator::single(options);
+      return StoreCommunicator::single(options);
     case Bootstrap::Kind::kMpi: {
       int init = 0, fin = 0;
       MPI_Initialized(&init);
@@ -290,8 +450,18 @@ std::shared_ptr<Communicator> create_world(const LaunchInfo& info, const Bootstr
       return world;
     }
     case Bootstrap::Kind::kFile:
-    case Bootstrap::Kind::kTcp:
-      return TcpCommunicator::connect_world(bootstrap, info.rank, info.world, options);
+      if (info.world == 1) return StoreCommunicator::single(options);
+      return file_world(info, bootstrap.path, options);
+    case Bootstrap::Kind::kTcp: {
+      if (info.world == 1) return StoreCommunicator::single(options);
+      std::shared_ptr<Store> store;
+      if (info.rank == 0) {
+        store = TcpStore::serve(bootstrap.port, options.timeout);
+      } else {
+        store = TcpStore::connect(bootstrap.host, bootstrap.port, info.rank, options.timeout);
+      }
+      return StoreCommunicator::create_world(store, info.rank, info.world, options);
+    }
   }
   HP_FAIL(ErrorKind::kInternal, "unknown bootstrap kind");
 }

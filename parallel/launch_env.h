@@ -16,9 +16,11 @@
 // with errors that name the variable. use_mpi is true for "mpirun" and "srun-pmix".
 //
 // The world communicator comes from create_world(): MPI when the bootstrap is "mpi" (MPI must be
-// initialised first, see MpiSession), TCP sockets after a rendezvous otherwise ("file:PATH" or
-// "tcp:HOST:PORT"), no transport at all for a single process. MPI is never needed by a non-MPI
-// launch.
+// initialised first, see MpiSession); otherwise a StoreCommunicator over a TcpStore served by
+// rank 0 ("tcp:HOST:PORT", or "file:PATH" to publish its address), which carries control messages
+// and NCCL unique ids only; no transport at all for a single process. MPI is never needed by a
+// non-MPI launch, but the CPU backend needs it for several ranks (choose_bootstrap refuses the
+// rest).
 //
 // Thread safety: the functions here are pure except create_world() (which blocks in the
 // rendezvous) and share_blob() (a collective).
@@ -62,8 +64,8 @@ int slurm_tasks_on_node(const std::string& tasks_per_node, int node_id);
 struct Bootstrap {
   enum class Kind {
     kMpi,     // "mpi": MPI_COMM_WORLD of an MPI launch
-    kFile,    // "file:PATH": rank 0 writes "host:port" to PATH (shared file system); others read
-    kTcp,     // "tcp:HOST:PORT": rank 0 listens on PORT; others connect to HOST:PORT
+    kFile,    // "file:PATH": PATH (shared file system) tells where rank 0 serves a TcpStore
+    kTcp,     // "tcp:HOST:PORT": rank 0 serves a TcpStore on PORT; others connect to HOST:PORT
     kSingle,  // one process, nothing to meet (from default_bootstrap only)
   };
   Kind kind = Kind::kSingle;
@@ -81,11 +83,29 @@ Bootstrap parse_bootstrap(const std::string& spec);
 // otherwise a UserError asking for --bootstrap=file:PATH or tcp:HOST:PORT.
 Bootstrap default_bootstrap(const LaunchInfo& info);
 
+// The bootstrap of a launch: `spec` (the --bootstrap flag) parsed, or default_bootstrap(info)
+// when it is empty. `cpu_backend` says whether this rank will run the CPU backend: with several
+// ranks that backend moves its tensors over MPI, so a launch without MPI is refused with a
+// UserError that says to launch with mpirun or srun --mpi=pmix (file: and tcp: bootstraps serve
+// GPU runs, whose tensors move over NCCL). Pure: decides before any rank does any work.
+Bootstrap choose_bootstrap(const LaunchInfo& info, const std::string& spec, bool cpu_backend);
+
 // Creates the world communicator (name "world") on every rank; collective over the job, bounded
-// by options.timeout. MPI: MPI must be initialised and must agree with `info` (rank and size);
-// the communicator is a duplicate of MPI_COMM_WORLD. file/tcp: rendezvous through rank 0, then
-// a full mesh of TCP connections. Throws UserError for a bootstrap that cannot work with this
-// launch (e.g. "mpi" without an MPI launcher).
+// by options.timeout. Throws UserError for a bootstrap that cannot work with this launch (e.g.
+// "mpi" without an MPI launcher, ranks started with different world sizes, a port in use).
+//  - mpi: MPI must be initialised and must agree with `info` (rank and size); the communicator
+//    is a duplicate of MPI_COMM_WORLD.
+//  - file:PATH: rank 0 serves a TcpStore on an ephemeral port and writes "HOST:PORT RUN" to PATH
+//    (temporary file + rename; HOST is HOTPATH_RENDEZVOUS_HOST, else the first non-loopback IPv4
+//    address of this host's name; RUN a random token that its store also holds). The others poll
+//    PATH and connect; an address where nobody serves, or a store whose token differs, is a PATH
+//    left by an earlier job, and they read PATH again until rank 0 rewrites it. Rank 0 removes
+//    PATH once every rank has joined. PATH must be on a file system every rank sees; the messages
+//    themselves go over TCP (shared file systems may hide a new file from other hosts for
+//    seconds, which one rendezvous tolerates but a training step cannot).
+//  - tcp:HOST:PORT: rank 0 serves a TcpStore on PORT (every interface); the others connect to
+//    HOST:PORT, retrying until rank 0 is up.
+// Both then meet through StoreCommunicator::create_world (every rank present, same world size).
 std::shared_ptr<Communicator> create_world(const LaunchInfo& info, const Bootstrap& bootstrap,
                                            const CommOptions& options = {});
 

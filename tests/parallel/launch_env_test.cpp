@@ -248,6 +248,63 @@ TEST(Bootstrap, Defaults) {
   }
 }
 
+// The message of the UserError that choose_bootstrap() throws ("" when it does not throw).
+std::string choose_error(const LaunchInfo& info, const std::string& spec, bool cpu) {
+  try {
+    choose_bootstrap(info, spec, cpu);
+  } catch (const UserError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+LaunchInfo launched(const char* method, bool mpi, int world) {
+  LaunchInfo info;
+  info.method = method;
+  info.use_mpi = mpi;
+  info.world = world;
+  info.rank = world - 1;
+  return info;
+}
+
+TEST(ChooseBootstrap, CpuRanksWithoutMpiAreRefusedBeforeAnyWork) {
+  for (const char* method : {"env", "slurm-env"}) {
+    const LaunchInfo info = launched(method, false, 2);
+    for (const std::string spec : {"", "file:/shared/rdv", "tcp:node0:29500"}) {
+      const std::string e = choose_error(info, spec, true);
+      EXPECT_NE(e.find(str_cat("rank 1 of 2 (local 0) via ", method,
+                               ": the cpu backend moves tensors between ranks over MPI")),
+                std::string::npos)
+          << e;
+      EXPECT_NE(e.find("mpirun -np 2 hotpath"), std::string::npos) << e;
+      EXPECT_NE(e.find("srun --mpi=pmix"), std::string::npos) << e;
+      if (!spec.empty()) {
+        EXPECT_NE(e.find("--bootstrap=" + spec), std::string::npos) << e;
+      }
+    }
+  }
+  // Under an MPI launcher, a store bootstrap would still leave the cpu backend without MPI.
+  EXPECT_NE(choose_error(launched("mpirun", true, 2), "tcp:h:1", true).find("mpirun -np 2"),
+            std::string::npos);
+}
+
+TEST(ChooseBootstrap, WhatIsAccepted) {
+  // CPU: MPI launches, and one process without any.
+  EXPECT_EQ(choose_bootstrap(launched("mpirun", true, 4), "", true).kind, Bootstrap::Kind::kMpi);
+  EXPECT_EQ(choose_bootstrap(launched("srun-pmix", true, 4), "mpi", true).kind,
+            Bootstrap::Kind::kMpi);
+  EXPECT_EQ(choose_bootstrap(launched("single", false, 1), "", true).kind,
+            Bootstrap::Kind::kSingle);
+  EXPECT_EQ(choose_bootstrap(launched("env", false, 1), "file:/x", true).kind,
+            Bootstrap::Kind::kFile);
+  // GPU: the store bootstraps, and the same demand for one as without a backend.
+  const LaunchInfo env = launched("env", false, 2);
+  EXPECT_EQ(choose_bootstrap(env, "file:/x", false).path, "/x");
+  EXPECT_EQ(choose_bootstrap(env, "tcp:h:29500", false).port, 29500);
+  EXPECT_NE(choose_error(env, "", false).find("file:PATH"), std::string::npos);
+  EXPECT_NE(choose_error(env, "udp:x", false).find("unknown bootstrap 'udp:x'"), std::string::npos);
+}
+
 TEST(CreateWorld, SingleProcess) {
   LaunchInfo one;
   auto world = create_world(one, default_bootstrap(one));
