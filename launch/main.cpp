@@ -1,3 +1,101 @@
-#include "launch/cli.h"
+// The hotpath executable: one subcommand per job, each run as one rank of the job.
+//
+//   hotpath train ...   -> run_train (launch/train/trainer.cpp) -> Trainer::step, the step
+//
+// Exit status: 0 done; 2 a user's mistake (bad option, config, input), with a message naming it;
+// 1 a failure at run time; 75 preempted after saving a checkpoint (requeue). A failure on any
+// rank aborts the job's communicators, so no peer waits forever.
+#include <cstdio>
+#include <iostream>
+#include <string>
+#include <vector>
 
-int main(int argc, char** argv) { return hp::run_cli(argc, argv); }
+#include "framework/core/error.h"
+#include "framework/core/log.h"
+#include "framework/model/config.h"
+#include "launch/bench/bench_step.h"
+#include "launch/options.h"
+#include "launch/tools/tools.h"
+#include "launch/train/rank_context.h"
+#include "launch/train/trainer.h"
+
+namespace hp {
+namespace {
+
+constexpr const char* kUsage =
+    "usage: hotpath <command> [options]\n"
+    "\n"
+    "commands:\n"
+    "  train --config FILE [--key=value ...]   train a model (--dry-run: validate and count)\n"
+    "  bench <scenario> --config FILE [...]    time hot-path variants side by side:\n"
+    "                                          step, metadata, routing, alltoall, offload\n"
+    "  eval --config FILE --checkpoint C [--data D] [--batches N]\n"
+    "                                          mean loss of a checkpoint: eval_loss=... "
+    "tokens=...\n"
+    "  inspect CHECKPOINT                      step, layout, tensors and checksums of a "
+    "checkpoint\n"
+    "  data synth --out FILE.{bin,h5} [...]     write synthetic documents as a token file\n"
+    "  --version                                print the version\n"
+    "\n"
+    "'hotpath <command> --help' lists every option with its default.\n";
+
+int run(std::vector<std::string> args, int* argc, char*** argv) {
+  if (args.empty() || args[0] == "--help" || args[0] == "-h" || args[0] == "help") {
+    std::cout << kUsage;
+    return args.empty() ? 2 : 0;
+  }
+  if (args[0] == "--version" || args[0] == "version") {
+    std::cout << "hotpath " << HOTPATH_VERSION << "\n";
+    return 0;
+  }
+  const std::string cmd = args[0];
+  args.erase(args.begin());
+  if (cmd == "data") return data_tool_main(args);
+  if (cmd == "inspect") return inspect_main(args);
+  if (cmd != "train" && cmd != "eval" && cmd != "bench") {
+    std::cerr << "hotpath: unknown command '" << cmd << "'\n\n" << kUsage;
+    return 2;
+  }
+  std::string scenario;  // bench: the first argument
+  if (cmd == "bench") {
+    if (args.empty() || args[0].rfind("--", 0) == 0)
+      HP_USER_ERROR(ErrorKind::kUser,
+                    "hotpath bench: name a scenario first (step, metadata, routing, alltoall, "
+                    "offload), e.g. 'hotpath bench step --config FILE'");
+    scenario = args[0];
+    args.erase(args.begin());
+  }
+  TrainOptions o;
+  if (!parse_train_options(args, scenario.empty() ? cmd : "bench " + scenario, o)) return 0;
+  if (cmd == "train" && o.dry_run) {
+    validate_train_options(o, 1);
+    const ParamCounts pc = count_params(o.model);
+    std::printf("params: total=%lld active=%lld\n", static_cast<long long>(pc.total),
+                static_cast<long long>(pc.active));
+    return 0;
+  }
+  Job job(o, argc, argv);  // this process as one rank: launch, rendezvous, process groups
+  try {
+    if (cmd == "train") return run_train(o, job.context());
+    if (cmd == "eval") return run_eval(o, job.context());
+    return run_bench(scenario, o, job.context());
+  } catch (const std::exception& e) {
+    job.abort(e.what());
+    throw;
+  }
+}
+
+}  // namespace
+}  // namespace hp
+
+int main(int argc, char** argv) {
+  try {
+    return hp::run(std::vector<std::string>(argv + 1, argv + argc), &argc, &argv);
+  } catch (const hp::UserError& e) {
+    hp::log_error(e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    hp::log_error(e.what());
+    return 1;
+  }
+}

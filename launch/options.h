@@ -1,5 +1,7 @@
-// Typed run configuration, filled from an INI file plus command-line overrides
-// (Boost.Program_options) and validated once, before any work, with messages that name the key.
+// Typed run configuration: one struct per concern, filled from an INI file plus command-line
+// overrides (Boost.Program_options; the same `key = value` names in both) and validated once,
+// before any work, with messages that name the key. Enumerated keys are parsed into enums when
+// they are read, so no code past this file compares option strings.
 #pragma once
 
 #include <cstdint>
@@ -7,32 +9,57 @@
 #include <vector>
 
 #include "framework/backend/backend.h"
+#include "framework/model/activation_store.h"
 #include "framework/model/config.h"
+#include "framework/model/expert_exchange.h"
+#include "framework/model/model.h"
 #include "parallel/lane_arbiter.h"
 
 namespace hp {
 
+// device=auto|cpu|cuda (auto: CUDA when a GPU is present).
+enum class DeviceKind { kAuto, kCpu, kCuda };
+
+// The run itself: length, seed, where its records go.
+struct RunOptions {
+  int64_t steps = 100;
+  uint64_t seed = 1234;      // init, data order and synthetic data
+  int64_t stop_at_step = 0;  // end this run after this step (0: at `steps`); LR still spans steps
+  int64_t log_every = 1;
+  std::string metrics_path;  // JSON Lines, one object per step (launch/train/metrics.h)
+};
+
+// Which backend, and its precision knobs.
+struct DeviceOptions {
+  DeviceKind kind = DeviceKind::kAuto;  // key `device`
+  DType cpu_dtype = DType::kF32;        // key `cpu_dtype`: f32 | f64 (reference checks)
+  std::string attention = "auto";       // CUDA: auto | cudnn | tiled (cuda_backend.h)
+  bool deterministic = false;           // CUDA: bitwise-reproducible attention backward
+};
+
+// How the model computes (its shape is ModelConfig).
+struct ComputeOptions {
+  bool checkpoint_activations = false;            // implied by offload != none
+  MetadataMode metadata = MetadataMode::kCached;  // cached | per-layer (baseline)
+  RoutingMode routing = RoutingMode::kBincount;   // bincount | per-expert (baseline)
+  int64_t ce_chunk_tokens = 4096;
+};
+
 struct DataOptions {
   std::string source = "synthetic";  // "synthetic", .bin shard(s) (path, list or glob), or .h5
+  int64_t batch_tokens = 8192;       // global tokens per step
+  int64_t seq_len = 256;             // row length T
   int32_t eot_token = -1;            // -1: vocab_size - 1
   bool shuffle = true;
   int64_t synthetic_vocab = 0;  // 0: every id below eot_token
   double synthetic_zipf = 1.0;
   double synthetic_mean_doc_len = 64;
+  std::string synthetic_doc_len = "geometric";  // or "uniform:MIN:MAX" (EOT included)
+
+  int64_t rows_per_batch() const { return batch_tokens / seq_len; }
 };
 
-struct TrainOptions {
-  std::string config_path;
-  std::string config_text;   // the INI file as read, for records
-  std::string command_line;  // the options after the subcommand, for records (overrides)
-  ModelConfig model;
-  DataOptions data;
-  int64_t steps = 100;
-  uint64_t seed = 1234;
-  std::string device = "auto";    // cpu | cuda | auto (cuda when a GPU is present)
-  std::string cpu_dtype = "f32";  // f32 | f64 (reference checks)
-  int64_t batch_tokens = 8192;    // global tokens per step
-  int64_t seq_len = 256;          // row length T
+struct OptimizerOptions {
   double lr = 3e-4;
   double min_lr = 3e-5;
   int64_t warmup_steps = 10;
@@ -41,46 +68,72 @@ struct TrainOptions {
   double beta2 = 0.95;
   double adam_eps = 1e-8;
   double grad_clip = 1.0;
-  std::string metrics_path;
-  int64_t log_every = 1;
-  bool checkpoint_activations = false;
-  std::string metadata = "cached";   // cached | per-layer
-  std::string routing = "bincount";  // bincount | per-expert
-  int64_t ce_chunk_tokens = 4096;
-  // activation offload (framework/model/activation_store.h); offload != none implies
-  // checkpoint_activations
-  std::string offload = "none";  // none | single | double
-  int offload_buffers = 2;       // double: device staging buffers (>= 2)
-  int offload_lookahead = 1;     // double: blocks reloaded ahead (1 .. offload_buffers - 1)
-  double sim_link_gbps = 0;      // cpu: simulated host link for offload copies, GB/s (0: off)
-  int64_t pinned_pool_mib = 0;   // host pool for offloaded inputs (0: sized from model and batch)
-  // node lane arbiter (parallel/lane_arbiter.h) for the offload copies, when offload != none
-  std::string lane_arbiter = "off";  // on | off (off: each rank copies unarbitrated, the baseline)
-  int64_t lane_chunk_mib = 8;        // copies move in granted chunks of this size
-  int lane_inflight = 1;             // chunks in flight per host link
+};
+
+// Activation offload (framework/model/activation_store.h) and the lane arbiter of its copies
+// (parallel/lane_arbiter.h).
+struct OffloadSettings {
+  OffloadMode mode = OffloadMode::kNone;  // key `offload`: none | single | double
+  int buffers = 2;                        // offload_buffers: device staging buffers (>= 2)
+  int lookahead = 1;                      // offload_lookahead: 1 .. buffers - 1
+  double sim_link_gbps = 0;     // cpu: simulated host link for offload copies, GB/s (0: off)
+  int64_t pinned_pool_mib = 0;  // host pool for offloaded inputs (0: sized from model and batch)
+  bool lane_arbiter = false;    // key `lane_arbiter`: on | off (off: the baseline)
+  int64_t lane_chunk_mib = 8;   // copies move in granted chunks of this size
+  int lane_inflight = 1;        // chunks in flight per host link
   // "auto": ranks grouped by their GPUs' PCIe root ports; "0,1;2,3": node ranks sharing a
   // link; "": the whole node on one link.
   std::string pcie_groups = "auto";
-  bool dry_run = false;
-  // parallel layout and launch
-  int ep_size = 1;                    // expert-parallel group size; world = dp x ep
-  std::string bootstrap;              // mpi | file:PATH | tcp:HOST:PORT ("" : from the launch)
-  double collective_timeout_s = 300;  // a collective stuck this long becomes an error
-  // checkpoints (docs/checkpoints.md)
-  std::string checkpoint_dir;    // "" : no checkpoints
-  int64_t checkpoint_every = 0;  // steps between saves (0: only at the end and on preemption)
-  int64_t keep_last = 0;         // committed checkpoints kept (0: all)
-  std::string resume = "none";   // none | auto | PATH
-  int64_t stop_at_step = 0;  // end this run after this step (0: at `steps`); LR still spans steps
-  // eval
-  std::string eval_checkpoint;  // --checkpoint: a file or a checkpoint directory
-  int64_t eval_batches = 10;    // --batches: global batches from the start of the data
-  // bench
-  int64_t bench_warmup = 2;
-  int64_t bench_steps = 5;
-  std::string bench_json;
+};
 
-  int64_t rows_per_batch() const { return batch_tokens / seq_len; }
+struct ParallelOptions {
+  int ep_size = 1;                    // expert-parallel group size; world = dp x ep
+  std::string bootstrap;              // mpi | file:PATH | tcp:HOST:PORT ("": from the launch)
+  double collective_timeout_s = 300;  // a collective stuck this long becomes an error
+};
+
+// resume=none|auto|PATH.
+struct ResumeSpec {
+  enum class Kind { kNone, kAuto, kPath };
+  Kind kind = Kind::kNone;
+  std::string path;  // kPath
+};
+
+// docs/checkpoints.md
+struct CheckpointOptions {
+  std::string dir;        // key `checkpoint_dir`; "": no checkpoints
+  int64_t every = 0;      // checkpoint_every: steps between saves (0: at the end, on preemption)
+  int64_t keep_last = 0;  // committed checkpoints kept (0: all)
+  ResumeSpec resume;
+};
+
+struct EvalOptions {
+  std::string checkpoint;  // --checkpoint: a file or a checkpoint directory
+  int64_t batches = 10;    // --batches: global batches from the start of the data
+};
+
+struct BenchOptions {
+  int64_t warmup = 2;  // bench_warmup
+  int64_t steps = 5;   // bench_steps
+  std::string json;    // bench_json
+};
+
+struct TrainOptions {
+  std::string config_path;
+  std::string config_text;   // the INI file as read, for records
+  std::string command_line;  // the options after the subcommand, for records (overrides)
+  bool dry_run = false;
+  RunOptions run;
+  ModelConfig model;
+  ComputeOptions compute;
+  DeviceOptions device;
+  DataOptions data;
+  OptimizerOptions optimizer;
+  OffloadSettings offload;
+  ParallelOptions parallel;
+  CheckpointOptions checkpoint;
+  EvalOptions eval;
+  BenchOptions bench;
 };
 
 // Parses `args` (everything after the subcommand). Returns false when --help was printed.
@@ -88,8 +141,12 @@ struct TrainOptions {
 bool parse_train_options(const std::vector<std::string>& args, const std::string& subcommand,
                          TrainOptions& out);
 
-// Checks cross-key rules (divisibility, enums) for a given world size.
+// Checks the value and cross-key rules (ranges, divisibility) for a given world size.
 void validate_train_options(const TrainOptions& o, int world_size);
+
+// The names the keys take, for logs and records.
+const char* device_kind_name(DeviceKind d);
+std::string resume_spec_text(const ResumeSpec& r);
 
 // The lane arbiter's options from lane_arbiter, lane_chunk_mib, lane_inflight, pcie_groups; with
 // a backend, also this rank's host link (its device's PCIe root port, for pcie_groups=auto).

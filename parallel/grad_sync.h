@@ -4,7 +4,8 @@
 // Expert parameters are split over ep: their gradients are summed over dp (the ranks holding the
 // same experts). The loss gradient is already divided by the global count of valid targets, so
 // sums (not means) give exactly the single-rank gradient. Reductions are launched per layer as
-// backward completes it (Model's grad-ready hook), in buckets of the layer's tensors.
+// backward completes it (Model::backward calls layer_ready: framework/model/grad_ready.h), in
+// buckets of the layer's tensors.
 //
 // Streams: the device communicators of `groups` enqueue on one backend stream. On the compute
 // stream (the default) stream order alone puts each reduction after the layer's backward and
@@ -22,25 +23,26 @@
 #include <vector>
 
 #include "framework/backend/backend.h"
+#include "framework/model/grad_ready.h"
 #include "framework/model/params.h"
 #include "parallel/process_groups.h"
 
 namespace hp {
 
-class GradSync {
+class GradSync final : public GradReadyHook {
  public:
   // `stream`: the backend stream that the device communicators of `groups` enqueue on.
   GradSync(Backend& be, ParamRegistry& params, const ProcessGroups& groups,
            Backend::StreamKind stream = Backend::StreamKind::kCompute);
   // Orders compute after reductions still in flight (a step that ended in an exception), so
   // memory freed afterwards is not reused under them. Never throws.
-  ~GradSync();
+  ~GradSync() override;
   GradSync(const GradSync&) = delete;
   GradSync& operator=(const GradSync&) = delete;
 
   // Reduces the gradients of layer `layer` (-1: embedding, final norm, unembedding). Call it
   // once the layer's gradients are complete in the compute stream's order.
-  void layer_ready(int layer);
+  void layer_ready(int layer) override;
   // Reduces whatever has not been reduced yet this step and resets for the next step. Work
   // issued on the compute stream afterwards sees the reduced gradients.
   void finish();

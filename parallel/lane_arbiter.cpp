@@ -309,6 +309,24 @@ void NodeLaneArbiter::release(CopyTicket& t) {
   recorder_.on_release(t);
 }
 
+void NodeLaneArbiter::begin_step() {
+  recorder_.reset();
+  link_bytes_at_step_ = link_bytes();
+}
+
+CopyArbiterStats NodeLaneArbiter::stats() const {
+  CopyArbiterStats s = recorder_.get();
+  s.link_ranks = link_ranks_;
+  s.link_bytes = link_bytes();
+  std::vector<double> share;
+  for (size_t i = 0; i < s.link_bytes.size(); ++i) {
+    s.link_bytes[i] -= i < link_bytes_at_step_.size() ? link_bytes_at_step_[i] : 0;
+    share.push_back(static_cast<double>(s.link_bytes[i]));
+  }
+  s.link_jain = jain_fairness(share);
+  return s;
+}
+
 std::vector<int64_t> NodeLaneArbiter::link_bytes() const {
   std::vector<int64_t> out;
   for (int r : link_ranks_) out.push_back(shared_->ranks[r].bytes.load());

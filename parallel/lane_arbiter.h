@@ -1,4 +1,4 @@
-// NodeLaneArbiter: the CopyArbiter (framework/model/copy_arbiter.h) of the ranks of one node.
+// NodeLaneArbiter: the CopyArbiter (framework/backend/copy_arbiter.h) of the ranks of one node.
 //
 // The ranks of the node group share one block of POSIX shared memory (named by node rank 0 and
 // broadcast over the node communicator, unlinked once every rank has mapped it). It holds, per
@@ -26,7 +26,7 @@
 #include <string>
 #include <vector>
 
-#include "framework/model/copy_arbiter.h"
+#include "framework/backend/copy_arbiter.h"
 #include "parallel/communicator.h"
 
 namespace hp {
@@ -80,8 +80,9 @@ class NodeLaneArbiter final : public CopyArbiter {
   bool granted(CopyTicket& t) override;
   void wait(CopyTicket& t) override;
   void release(CopyTicket& t) override;
-  void begin_step() override { recorder_.reset(); }
-  CopyArbiterStats stats() const override { return recorder_.get(); }
+  void begin_step() override;
+  // With link_ranks, link_bytes (since begin_step) and link_jain filled in.
+  CopyArbiterStats stats() const override;
 
   // This rank's link: its node ranks, and the bytes each has released since construction (both
   // directions), in the same order. jain_fairness over differences of these gives a window's
@@ -102,12 +103,14 @@ class NodeLaneArbiter final : public CopyArbiter {
   int64_t chunk_bytes_ = 0;
   std::chrono::milliseconds timeout_;
   std::vector<int> link_ranks_;
+  std::vector<int64_t> link_bytes_at_step_;  // link_bytes() at begin_step()
   CopyStatsRecorder recorder_;
 };
 
 // lane_arbiter=off (or a node of one rank): LocalCopyArbiter; otherwise NodeLaneArbiter over
-// `node` (collective over it; pcie_groups=auto is resolved there from every rank's link_id). Options are validated first, and with lane_arbiter=on
-// pcie_groups against the node's size, also for a node of one rank.
+// `node` (collective over it; pcie_groups=auto is resolved there from every rank's link_id).
+// Options are validated first, and with lane_arbiter=on pcie_groups against the node's size, also
+// for a node of one rank.
 std::unique_ptr<CopyArbiter> make_copy_arbiter(Communicator& node, const LaneOptions& options);
 
 }  // namespace hp

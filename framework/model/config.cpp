@@ -43,8 +43,6 @@ void ModelConfig::validate() const {
   require(sliding_window >= 0, "sliding_window", str_cat("must be >= 0, got ", sliding_window));
   require(window_layers == WindowLayers::kNone || sliding_window > 0, "sliding_window",
           "must be > 0 when window_layers is 'even' or 'all'");
-  require(activation == "swiglu" || activation == "gptoss", "activation",
-          str_cat("must be 'swiglu' or 'gptoss', got '", activation, "'"));
   require(swiglu_limit > 0, "swiglu_limit", "must be > 0");
   require(rope_theta > 0, "rope_theta", "must be > 0");
   require(rope_scaling_factor >= 1.0, "rope_scaling_factor", "must be >= 1 (1 disables YaRN)");

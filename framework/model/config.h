@@ -10,6 +10,9 @@ namespace hp {
 
 enum class WindowLayers { kNone, kEven, kAll };
 
+// The FFN activation: SwiGLU (Llama, Qwen) or GPT-OSS's clamped SwiGLU (swiglu_alpha, _limit).
+enum class Activation { kSwiGLU, kGptOss };
+
 struct ModelConfig {
   int64_t vocab_size = 0;
   int d_model = 0;
@@ -27,7 +30,7 @@ struct ModelConfig {
   bool attn_bias = false;
   bool qk_norm = false;
   bool tie_embeddings = false;
-  std::string activation = "swiglu";  // "swiglu" | "gptoss"
+  Activation activation = Activation::kSwiGLU;  // key `activation`: swiglu | gptoss
   double swiglu_alpha = 1.702;
   double swiglu_limit = 7.0;
   double rope_theta = 10000.0;

@@ -54,16 +54,24 @@ TEST(LaneOptions, ParsedFromTheCommandLine) {
 
 TEST(LaneOptions, ValidationNamesTheKey) {
   TrainOptions o = small_model();
-  o.lane_arbiter = "yes";
-  EXPECT_NE(validation_message(o).find("'lane_arbiter'"), std::string::npos);
-  o = small_model();
-  o.lane_chunk_mib = 0;
+  // Enumerated keys are checked as they are parsed.
+  std::string parse_error;
+  try {
+    TrainOptions p;
+    parse_train_options({"--lane_arbiter=yes"}, "train", p);
+  } catch (const UserError& e) {
+    parse_error = e.what();
+  }
+  EXPECT_NE(parse_error.find("config key 'lane_arbiter': must be on or off, got 'yes'"),
+            std::string::npos)
+      << parse_error;
+  o.offload.lane_chunk_mib = 0;
   EXPECT_NE(validation_message(o).find("'lane_chunk_mib'"), std::string::npos);
   o = small_model();
-  o.lane_inflight = 0;
+  o.offload.lane_inflight = 0;
   EXPECT_NE(validation_message(o).find("'lane_inflight'"), std::string::npos);
   o = small_model();
-  o.pcie_groups = "0-1";
+  o.offload.pcie_groups = "0-1";
   EXPECT_NE(validation_message(o).find("'pcie_groups'"), std::string::npos);
 }
 

@@ -3,7 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "launch/options.h"
-#include "launch/trainer.h"
+#include "launch/train/trainer.h"
 
 namespace hp {
 namespace {
@@ -37,7 +37,7 @@ TEST(OffloadOptions, ParsedFromTheCommandLine) {
        "--pinned_pool_mib=64", "--vocab_size=16", "--d_model=32", "--n_layers=2", "--n_heads=2",
        "--n_kv_heads=1", "--head_dim=16", "--ffn_dim=64"},
       "train", o));
-  EXPECT_EQ(o.offload, "double");
+  EXPECT_EQ(o.offload.mode, OffloadMode::kDouble);
   EXPECT_EQ(validation_message(o), "");
   const ModelOptions m = make_model_options(o);
   EXPECT_TRUE(m.checkpoint_activations);
@@ -60,20 +60,30 @@ TEST(OffloadOptions, DefaultsKeepTodaysBehaviour) {
 TEST(OffloadOptions, ValidationNamesTheKey) {
   TrainOptions o = valid_options();
   EXPECT_EQ(validation_message(o), "");
-  o.offload = "triple";
-  EXPECT_NE(validation_message(o).find("'offload'"), std::string::npos);
-  o = valid_options();
-  o.offload_buffers = 1;
+  o.offload.buffers = 1;
   EXPECT_NE(validation_message(o).find("'offload_buffers'"), std::string::npos);
   o = valid_options();
-  o.offload_lookahead = 2;  // needs offload_buffers >= 3
+  o.offload.lookahead = 2;  // needs offload_buffers >= 3
   EXPECT_NE(validation_message(o).find("'offload_lookahead'"), std::string::npos);
   o = valid_options();
-  o.sim_link_gbps = -1;
+  o.offload.sim_link_gbps = -1;
   EXPECT_NE(validation_message(o).find("'sim_link_gbps'"), std::string::npos);
   o = valid_options();
-  o.pinned_pool_mib = -1;
+  o.offload.pinned_pool_mib = -1;
   EXPECT_NE(validation_message(o).find("'pinned_pool_mib'"), std::string::npos);
+}
+
+TEST(OffloadOptions, AnUnknownModeIsRejectedNamingTheKeyAndTheChoices) {
+  TrainOptions o;
+  try {
+    parse_train_options({"--offload=triple"}, "train", o);
+    ADD_FAILURE() << "offload=triple was accepted";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find(
+                  "config key 'offload': must be none, single or double, got 'triple'"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 }  // namespace

@@ -1,4 +1,4 @@
-#include "launch/bench_comm.h"
+#include "launch/bench/bench_comm.h"
 
 #include <algorithm>
 #include <chrono>
@@ -10,6 +10,8 @@
 #include <vector>
 
 #include "framework/model/expert_exchange.h"
+#include "launch/bench/bench_util.h"
+#include "launch/json.h"
 #include "parallel/launch_env.h"
 #include "parallel/moe_exchange.h"
 #if HOTPATH_HAVE_CUDA
@@ -26,12 +28,6 @@ constexpr int kTopK = 4;
 constexpr int64_t kDModel = 2880;
 constexpr int kMinIters = 20;
 
-double median_of(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 uint64_t next_random(uint64_t& s) {
   s += 0x9E3779B97F4A7C15ull;
@@ -134,8 +130,8 @@ int run_bench_routing(const TrainOptions& o, const RankContext& ctx) {
   if (ctx.rank() != 0) return 0;  // one rank's routing: the others have nothing to do
   auto be_ptr = make_backend(o, ctx.launch.local_rank);
   Backend& be = *be_ptr;
-  const int warmup = static_cast<int>(std::max<int64_t>(3, o.bench_warmup));
-  const int iters = static_cast<int>(std::max<int64_t>(kMinIters, o.bench_steps));
+  const int warmup = static_cast<int>(std::max<int64_t>(3, o.bench.warmup));
+  const int iters = static_cast<int>(std::max<int64_t>(kMinIters, o.bench.steps));
   const int64_t n = kTokens, d = kDModel, k = kTopK;
   Tensor x = random_rows(be, n, d, be.act_dtype(), 101);
   RegionTimer timer(be);
@@ -192,8 +188,8 @@ int run_bench_routing(const TrainOptions& o, const RankContext& ctx) {
         core();
         core_ms.push_back(timer.stop_ms());
       }
-      rows.push_back({e, mode == RoutingMode::kBincount ? "bincount" : "per-expert", median_of(ms),
-                      median_of(core_ms), static_cast<double>(syncs) / iters});
+      rows.push_back({e, mode == RoutingMode::kBincount ? "bincount" : "per-expert", median(ms),
+                      median(core_ms), static_cast<double>(syncs) / iters});
     }
   }
   std::printf(
@@ -203,20 +199,21 @@ int run_bench_routing(const TrainOptions& o, const RankContext& ctx) {
       static_cast<long long>(d), iters, warmup);
   std::printf("%-8s %-11s %10s %14s %12s %12s\n", "experts", "variant", "layer ms", "vs bincount",
               "routing ms", "syncs/layer");
-  std::ostringstream js;
-  js << "{\"scenario\":\"routing\",\"backend\":\"" << be.name() << "\",\"tokens\":" << n
-     << ",\"top_k\":" << k << ",\"d_model\":" << d << ",\"rows\":[";
+  Json js = {{"scenario", "routing"}, {"backend", be.name()}, {"tokens", n}, {"top_k", k},
+             {"d_model", d},          {"rows", Json::array()}};
   for (size_t i = 0; i < rows.size(); ++i) {
     const RoutingRow& r = rows[i];
     const double base = rows[i - i % 2].ms;
     std::printf("%-8d %-11s %10.3f %13.2fx %12.3f %12.0f\n", r.experts, r.variant.c_str(), r.ms,
                 r.ms / base, r.core_ms, r.syncs_per_layer);
-    js << (i ? "," : "") << "{\"experts\":" << r.experts << ",\"variant\":\"" << r.variant
-       << "\",\"ms\":" << r.ms << ",\"routing_ms\":" << r.core_ms << ",\"ratio\":" << r.ms / base
-       << ",\"syncs_per_layer\":" << r.syncs_per_layer << "}";
+    js["rows"].push_back({{"experts", r.experts},
+                          {"variant", r.variant},
+                          {"ms", json_number(r.ms)},
+                          {"routing_ms", json_number(r.core_ms)},
+                          {"ratio", json_number(r.ms / base)},
+                          {"syncs_per_layer", json_number(r.syncs_per_layer)}});
   }
-  js << "]}\n";
-  if (!o.bench_json.empty()) std::ofstream(o.bench_json) << js.str();
+  if (!o.bench.json.empty()) write_json_file(o.bench.json, js, "bench_json");
   return 0;
 }
 
@@ -299,8 +296,8 @@ int run_bench_alltoall(const TrainOptions& o, const RankContext& ctx) {
   const int world = comm->size();
   const int experts = 32;
   HP_CHECK(experts % world == 0, "bench alltoall: ", experts, " experts over ", world, " ranks");
-  const int warmup = static_cast<int>(std::max<int64_t>(3, o.bench_warmup));
-  const int iters = static_cast<int>(std::max<int64_t>(kMinIters, o.bench_steps));
+  const int warmup = static_cast<int>(std::max<int64_t>(3, o.bench.warmup));
+  const int iters = static_cast<int>(std::max<int64_t>(kMinIters, o.bench.steps));
   const double bus_factor = world > 1 ? static_cast<double>(world - 1) / world : 1.0;
   RegionTimer timer(be);
 
@@ -314,7 +311,7 @@ int run_bench_alltoall(const TrainOptions& o, const RankContext& ctx) {
       op();
       ms.push_back(timer.stop_ms());
     }
-    Tensor t = Tensor::host_from(std::vector<double>{median_of(ms)}, DType::kF64);
+    Tensor t = Tensor::host_from(std::vector<double>{median(ms)}, DType::kF64);
     host.all_reduce(t, ReduceOp::kMax);
     return t.data<double>()[0];
   };
@@ -389,9 +386,8 @@ int run_bench_alltoall(const TrainOptions& o, const RankContext& ctx) {
   // bytes; vs_nccl: a row's bus bandwidth over plain NCCL's (nccl_ref) of the same bytes.
   std::printf("%-13s %7s %10s %9s %11s %11s %8s %8s\n", "variant", "tokens", "MiB/rank", "ms",
               "algbw GB/s", "busbw GB/s", "ratio", "vs_nccl");
-  std::ostringstream js;
-  js << "{\"scenario\":\"alltoall\",\"world\":" << world << ",\"experts\":" << experts
-     << ",\"top_k\":" << kTopK << ",\"d_model\":" << kDModel << ",\"rows\":[";
+  Json js = {{"scenario", "alltoall"}, {"world", world},     {"experts", experts},
+             {"top_k", kTopK},         {"d_model", kDModel}, {"rows", Json::array()}};
   for (size_t i = 0; i < rows.size(); ++i) {
     const A2aRow& r = rows[i];
     auto busbw_of = [&](const char* variant) {
@@ -409,15 +405,17 @@ int run_bench_alltoall(const TrainOptions& o, const RankContext& ctx) {
     std::printf("%-13s %7lld %10.1f %9.3f %11.1f %11.1f %8s %8s\n", r.variant.c_str(),
                 static_cast<long long>(r.tokens), r.mib, r.ms, r.algbw, r.busbw, ratio.c_str(),
                 vs_nccl.c_str());
-    js << (i ? "," : "") << "{\"variant\":\"" << r.variant << "\",\"tokens\":" << r.tokens
-       << ",\"mib_per_rank\":" << r.mib << ",\"ms\":" << r.ms << ",\"algbw_gbs\":" << r.algbw
-       << ",\"busbw_gbs\":" << r.busbw;
-    if (r.variant == "moe_exchange" && plain > 0) js << ",\"vs_all_to_all_v\":" << r.busbw / plain;
-    if (!is_ref && nccl > 0) js << ",\"vs_nccl\":" << r.busbw / nccl;
-    js << "}";
+    Json row = {{"variant", r.variant},
+                {"tokens", r.tokens},
+                {"mib_per_rank", json_number(r.mib)},
+                {"ms", json_number(r.ms)},
+                {"algbw_gbs", json_number(r.algbw)},
+                {"busbw_gbs", json_number(r.busbw)}};
+    if (r.variant == "moe_exchange" && plain > 0) row["vs_all_to_all_v"] = r.busbw / plain;
+    if (!is_ref && nccl > 0) row["vs_nccl"] = r.busbw / nccl;
+    js["rows"].push_back(row);
   }
-  js << "]}\n";
-  if (!o.bench_json.empty()) std::ofstream(o.bench_json) << js.str();
+  if (!o.bench.json.empty()) write_json_file(o.bench.json, js, "bench_json");
   return 0;
 }
 #else

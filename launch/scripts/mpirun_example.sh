@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # Trains the tiny MoE demo on N ranks of this machine under mpirun.
 #
-# Usage: launch/mpirun_example.sh [ranks] [more `hotpath train` flags...]
+# Usage: launch/scripts/mpirun_example.sh [ranks] [more `hotpath train` flags...]
 #   HOTPATH  the hotpath executable   (default: <repo>/build/cpu/bin/hotpath)
 #   CONFIG   the training config      (default: <repo>/examples/configs/tiny-moe.ini)
 # Each rank learns its rank and the world size from mpirun's environment (OMPI_COMM_WORLD_*), so
 # no --bootstrap flag is needed.
 set -euo pipefail
 
-root=$(cd "$(dirname "$0")/.." && pwd)
+root=$(cd "$(dirname "$0")/../.." && pwd)
 ranks=${1:-2}
 if [[ $# -gt 0 ]]; then shift; fi
 if ! [[ $ranks =~ ^[1-9][0-9]*$ ]]; then

@@ -1,4 +1,4 @@
-#include "launch/bench_model.h"
+#include "launch/bench/bench_model.h"
 
 #include <algorithm>
 #include <chrono>
@@ -7,25 +7,12 @@
 #include <vector>
 
 #include "framework/core/log.h"
+#include "launch/bench/bench_util.h"
+#include "launch/json.h"
 
 namespace hp {
 namespace {
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n == 0 ? 0 : n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
-// Milliseconds of fn(), measured from a drained queue to a drained queue.
-template <typename Fn>
-double time_ms(Backend& be, Fn fn) {
-  be.synchronize(SyncCause::kOther);
-  const auto t0 = std::chrono::steady_clock::now();
-  fn();
-  be.synchronize(SyncCause::kOther);
-  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-}
 
 }  // namespace
 
@@ -34,11 +21,11 @@ int run_bench_metadata(const TrainOptions& o, const RankContext& ctx) {
   std::unique_ptr<Backend> be = make_backend(o, ctx.launch.local_rank);
   auto loader = DataLoader::open(make_data_config(o, ctx.rank(), ctx.world()));
   Model model(o.model, make_model_options(o), *be);
-  model.init_params(o.seed);
+  model.init_params(o.run.seed);
   PackedBatch batch = loader->next();
   BatchMeta meta = be->upload_batch(batch);
   const double scale = 1.0 / std::max<int64_t>(1, batch.num_valid_targets);
-  const int64_t reps = std::max<int64_t>(3, o.bench_steps);
+  const int64_t reps = std::max<int64_t>(3, o.bench.steps);
 
   struct Row {
     const char* name;
@@ -48,12 +35,12 @@ int run_bench_metadata(const TrainOptions& o, const RankContext& ctx) {
   std::vector<Row> rows;
   for (MetadataMode mode : {MetadataMode::kCached, MetadataMode::kPerLayer}) {
     model.set_metadata_mode(mode);
-    for (int64_t i = 0; i < o.bench_warmup; ++i) {
+    for (int64_t i = 0; i < o.bench.warmup; ++i) {
       model.zero_grads();
       model.forward_backward(meta, scale);
     }
     std::vector<double> f, fb;
-    for (int64_t i = 0; i < reps; ++i) f.push_back(time_ms(*be, [&] { model.forward(meta); }));
+    for (int64_t i = 0; i < reps; ++i) f.push_back(time_ms(*be, [&] { model.evaluate(meta); }));
     int64_t syncs = 0;
     for (int64_t i = 0; i < reps; ++i) {
       model.zero_grads();
@@ -87,12 +74,17 @@ int run_bench_metadata(const TrainOptions& o, const RankContext& ctx) {
       "L*m=%.3f ms, (L-1)*m=%.3f ms; forward speed-up %.3fx\n",
       mm, saved, 100.0 * saved / rows[1].fwdbwd, layers * mm, (layers - 1) * mm,
       rows[1].fwd / rows[0].fwd);
-  if (!o.bench_json.empty()) {
-    std::ofstream f(o.bench_json);
-    f << "{\"scenario\":\"metadata\",\"layers\":" << layers << ",\"cached_fwd_ms\":" << rows[0].fwd
-      << ",\"cached_step_ms\":" << rows[0].fwdbwd << ",\"per_layer_fwd_ms\":" << rows[1].fwd
-      << ",\"per_layer_step_ms\":" << rows[1].fwdbwd << ",\"m_ms\":" << mm
-      << ",\"cached_syncs\":" << rows[0].syncs << ",\"per_layer_syncs\":" << rows[1].syncs << "}\n";
+  if (!o.bench.json.empty()) {
+    const Json j = {{"scenario", "metadata"},
+                    {"layers", layers},
+                    {"cached_fwd_ms", json_number(rows[0].fwd)},
+                    {"cached_step_ms", json_number(rows[0].fwdbwd)},
+                    {"per_layer_fwd_ms", json_number(rows[1].fwd)},
+                    {"per_layer_step_ms", json_number(rows[1].fwdbwd)},
+                    {"m_ms", json_number(mm)},
+                    {"cached_syncs", rows[0].syncs},
+                    {"per_layer_syncs", rows[1].syncs}};
+    write_json_file(o.bench.json, j, "bench_json");
   }
   return 0;
 }

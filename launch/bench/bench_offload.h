@@ -2,7 +2,7 @@
 #pragma once
 
 #include "launch/options.h"
-#include "launch/trainer.h"
+#include "launch/train/trainer.h"
 
 namespace hp {
 

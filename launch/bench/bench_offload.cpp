@@ -1,4 +1,4 @@
-#include "launch/bench_offload.h"
+#include "launch/bench/bench_offload.h"
 
 #include <algorithm>
 #include <chrono>
@@ -7,28 +7,15 @@
 #include <string>
 #include <vector>
 
+#include "framework/backend/copy_arbiter.h"
 #include "framework/model/activation_store.h"
-#include "framework/model/copy_arbiter.h"
+#include "launch/bench/bench_util.h"
+#include "launch/json.h"
 #include "parallel/lane_arbiter.h"
 
 namespace hp {
 namespace {
 
-double median_ms(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n == 0 ? 0 : n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
-// Milliseconds of fn(), from a drained backend to a drained backend.
-template <typename Fn>
-double time_ms(Backend& be, Fn fn) {
-  be.synchronize(SyncCause::kOther);
-  const auto t0 = std::chrono::steady_clock::now();
-  fn();
-  be.synchronize(SyncCause::kOther);
-  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-}
 
 struct Variant {
   std::string name;
@@ -68,13 +55,13 @@ std::pair<double, double> time_copies(Backend& be, const Shape& shape, int block
     d2h.push_back(run(true));
     h2d.push_back(run(false));
   }
-  return {median_ms(d2h), median_ms(h2d)};
+  return {median(d2h), median(h2d)};
 }
 
 // One rank's side of the arbiter comparison: its median step and copy rate.
 struct LaneRun {
-  std::string name;  // "off" | "on"
-  std::string arbiter;  // what make_copy_arbiter gave: "local" | "node"
+  std::string name;                       // "off" | "on"
+  std::string arbiter;                    // what make_copy_arbiter gave: "local" | "node"
   std::vector<double> ms, gbps, wait_ms;  // per world rank (medians over the timed steps)
   std::vector<double> bytes;              // per world rank, of the last timed step
 };
@@ -92,7 +79,7 @@ LaneRun run_lane_variant(Backend& be, Model& model, const BatchMeta& meta, doubl
   LaneRun r;
   r.name = on ? "on" : "off";
   r.arbiter = dynamic_cast<NodeLaneArbiter*>(arb.get()) ? "node" : "local";
-  for (int64_t i = 0; i < std::max<int64_t>(1, o.bench_warmup); ++i) {
+  for (int64_t i = 0; i < std::max<int64_t>(1, o.bench.warmup); ++i) {
     model.zero_grads();
     model.forward_backward(meta, scale);
   }
@@ -114,9 +101,9 @@ LaneRun run_lane_variant(Backend& be, Model& model, const BatchMeta& meta, doubl
   Tensor all = Tensor::host({4 * w}, DType::kF64);
   double* a = all.data<double>();
   std::fill(a, a + 4 * w, 0.0);
-  a[me] = median_ms(ms);
-  a[w + me] = median_ms(gbps);
-  a[2 * w + me] = median_ms(wait);
+  a[me] = median(ms);
+  a[w + me] = median(gbps);
+  a[2 * w + me] = median(wait);
   a[3 * w + me] = bytes;
   ctx.groups.world->all_reduce(all, ReduceOp::kSum);
   r.ms.assign(a, a + w);
@@ -143,11 +130,11 @@ int run_bench_offload(const TrainOptions& o, const RankContext& ctx) {
   base.mode = OffloadMode::kNone;
   mo.offload = base;
   Model model(o.model, mo, *be);
-  model.init_params(o.seed);
+  model.init_params(o.run.seed);
   PackedBatch batch = loader->next();
   BatchMeta meta = be->upload_batch(batch);
   const double scale = 1.0 / std::max<int64_t>(1, batch.num_valid_targets);
-  const int64_t reps = std::max<int64_t>(3, o.bench_steps);
+  const int64_t reps = std::max<int64_t>(3, o.bench.steps);
 
   std::vector<Variant> vs;
   auto add = [&](const char* name, OffloadMode m, int buffers, int lookahead) {
@@ -165,7 +152,7 @@ int run_bench_offload(const TrainOptions& o, const RankContext& ctx) {
   add("double L=2", OffloadMode::kDouble, std::max(3, base.buffers), 2);
   for (Variant& v : vs) {
     model.set_offload(v.opts);
-    for (int64_t i = 0; i < std::max<int64_t>(1, o.bench_warmup); ++i) {
+    for (int64_t i = 0; i < std::max<int64_t>(1, o.bench.warmup); ++i) {
       model.zero_grads();
       model.forward_backward(meta, scale);
     }
@@ -176,7 +163,7 @@ int run_bench_offload(const TrainOptions& o, const RankContext& ctx) {
       t.push_back(time_ms(*be, [&] { model.forward_backward(meta, scale); }));
       v.offload_syncs = be->syncs().get(SyncCause::kOffload);
     }
-    v.ms = median_ms(t);
+    v.ms = median(t);
     v.stats = model.activation_store().stats();
   }
   const int layers = o.model.n_layers;
@@ -201,7 +188,7 @@ int run_bench_offload(const TrainOptions& o, const RankContext& ctx) {
       "bench offload: backend=%s layers=%d tokens=%lld block input=%.2f MiB reps=%lld "
       "sim_link_gbps=%g\n",
       be->name().c_str(), layers, static_cast<long long>(batch.num_tokens()),
-      block_bytes / (1 << 20), static_cast<long long>(reps), o.sim_link_gbps);
+      block_bytes / (1 << 20), static_cast<long long>(reps), o.offload.sim_link_gbps);
   std::printf(
       "copies alone (%d blocks): D2H %.3f ms = %.2f GB/s, H2D %.3f ms = %.2f GB/s, "
       "T_copy %.3f ms; T_compute (none) %.3f ms\n",
@@ -210,15 +197,16 @@ int run_bench_offload(const TrainOptions& o, const RankContext& ctx) {
   std::printf("%-11s %10s %8s %10s %10s %9s %8s %14s %14s\n", "variant", "step ms", "vs none",
               "D2H MiB", "H2D MiB", "overlap", "syncs", "device MiB", "extra MiB");
   const double dev_none = static_cast<double>(vs[0].stats.resident_bytes);
-  std::string json = "{\"scenario\":\"offload\",\"backend\":\"" + be->name() +
-                     "\",\"layers\":" + std::to_string(layers) +
-                     ",\"tokens\":" + std::to_string(batch.num_tokens()) +
-                     ",\"block_bytes\":" + std::to_string(block_bytes) +
-                     ",\"d2h_ms\":" + std::to_string(copy_ms.first) +
-                     ",\"h2d_ms\":" + std::to_string(copy_ms.second) +
-                     ",\"d2h_gbps\":" + std::to_string(moved / (copy_ms.first * 1e6)) +
-                     ",\"h2d_gbps\":" + std::to_string(moved / (copy_ms.second * 1e6)) +
-                     ",\"variants\":[";
+  Json json = {{"scenario", "offload"},
+               {"backend", be->name()},
+               {"layers", layers},
+               {"tokens", batch.num_tokens()},
+               {"block_bytes", block_bytes},
+               {"d2h_ms", json_number(copy_ms.first)},
+               {"h2d_ms", json_number(copy_ms.second)},
+               {"d2h_gbps", json_number(moved / (copy_ms.first * 1e6))},
+               {"h2d_gbps", json_number(moved / (copy_ms.second * 1e6))},
+               {"variants", Json::array()}};
   for (size_t i = 0; i < vs.size(); ++i) {
     const Variant& v = vs[i];
     const bool offloads = v.opts.mode != OffloadMode::kNone;
@@ -232,21 +220,21 @@ int run_bench_offload(const TrainOptions& o, const RankContext& ctx) {
                 v.ms, v.ms / t_none, v.stats.d2h_bytes / 1048576.0, v.stats.h2d_bytes / 1048576.0,
                 100.0 * overlap, static_cast<long long>(v.offload_syncs), dev / 1048576.0,
                 (dev - dev_none) / 1048576.0);
-    json += std::string(i ? "," : "") + "{\"name\":\"" + v.name +
-            "\",\"step_ms\":" + std::to_string(v.ms) + ",\"overlap\":" + std::to_string(overlap) +
-            ",\"offload_syncs\":" + std::to_string(v.offload_syncs) +
-            ",\"d2h_bytes\":" + std::to_string(v.stats.d2h_bytes) +
-            ",\"h2d_bytes\":" + std::to_string(v.stats.h2d_bytes) +
-            ",\"device_bytes\":" + std::to_string(dev) + "}";
+    json["variants"].push_back({{"name", v.name},
+                                {"step_ms", json_number(v.ms)},
+                                {"overlap", json_number(overlap)},
+                                {"offload_syncs", v.offload_syncs},
+                                {"d2h_bytes", v.stats.d2h_bytes},
+                                {"h2d_bytes", v.stats.h2d_bytes},
+                                {"device_bytes", json_number(dev)}});
   }
-  json += "]";
   std::printf("double L=1 vs single: %.2f%% faster step\n", 100.0 * (vs[1].ms / vs[2].ms - 1.0));
   if (!lanes.empty()) {
     std::printf(
         "lane arbiter off vs on: %d ranks offloading at once (double L=1), chunk %lld MiB, "
         "inflight %d, pcie_groups='%s'%s\n",
-        ctx.world(), static_cast<long long>(o.lane_chunk_mib), o.lane_inflight,
-        o.pcie_groups.c_str(),
+        ctx.world(), static_cast<long long>(o.offload.lane_chunk_mib), o.offload.lane_inflight,
+        o.offload.pcie_groups.c_str(),
         be->device() == Device::kCPU ? " (cpu: each rank simulates its own link)" : "");
     std::printf("%-5s %-6s %5s %10s %10s %10s %10s\n", "lane", "grants", "rank", "step ms",
                 "copy GB/s", "wait ms", "MiB");
@@ -259,28 +247,24 @@ int run_bench_offload(const TrainOptions& o, const RankContext& ctx) {
       }
     }
     std::printf("%-5s %14s %16s %12s\n", "lane", "GB/s max/min", "step max/min", "jain(GB/s)");
-    json += ",\"lane\":[";
+    json["lane"] = Json::array();
     for (size_t i = 0; i < lanes.size(); ++i) {
       const LaneRun& l = lanes[i];
       const double bw = max_over_min(l.gbps), spread = max_over_min(l.ms);
       const double jain = jain_fairness(l.gbps);
       std::printf("%-5s %14.3f %16.3f %12.4f\n", l.name.c_str(), bw, spread, jain);
-      auto list = [](const std::vector<double>& v) {
-        std::string out = "[";
-        for (size_t k = 0; k < v.size(); ++k) out += (k ? "," : "") + std::to_string(v[k]);
-        return out + "]";
-      };
-      json += std::string(i ? "," : "") + "{\"lane_arbiter\":\"" + l.name +
-              "\",\"grants\":\"" + l.arbiter + "\",\"step_ms\":" + list(l.ms) +
-              ",\"gbps\":" + list(l.gbps) + ",\"wait_ms\":" + list(l.wait_ms) +
-              ",\"bytes\":" + list(l.bytes) + ",\"gbps_max_over_min\":" + std::to_string(bw) +
-              ",\"step_max_over_min\":" + std::to_string(spread) +
-              ",\"jain\":" + std::to_string(jain) + "}";
+      json["lane"].push_back({{"lane_arbiter", l.name},
+                              {"grants", l.arbiter},
+                              {"step_ms", json_numbers(l.ms)},
+                              {"gbps", json_numbers(l.gbps)},
+                              {"wait_ms", json_numbers(l.wait_ms)},
+                              {"bytes", json_numbers(l.bytes)},
+                              {"gbps_max_over_min", json_number(bw)},
+                              {"step_max_over_min", json_number(spread)},
+                              {"jain", json_number(jain)}});
     }
-    json += "]";
   }
-  json += "}\n";
-  if (!o.bench_json.empty()) std::ofstream(o.bench_json) << json;
+  if (!o.bench.json.empty()) write_json_file(o.bench.json, json, "bench_json");
   return 0;
 }
 

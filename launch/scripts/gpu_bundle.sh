@@ -2,7 +2,7 @@
 # Packs programs built here so they run on a GPU host that has CUDA, NCCL and Open MPI of its own
 # but not the rest of the build's libraries (Boost.Program_options, parallel HDF5, OpenBLAS):
 #
-#   launch/gpu_bundle.sh OUT_DIR PROGRAM...      e.g. launch/gpu_bundle.sh .gpu build/cuda/bin/*
+#   launch/scripts/gpu_bundle.sh OUT_DIR PROGRAM...      e.g. launch/scripts/gpu_bundle.sh .gpu build/cuda/bin/*
 #
 # Copies each program to OUT_DIR/bin and each library it needs to OUT_DIR/lib, except the C/C++
 # runtimes, CUDA, NCCL, MPI and the base system's crypto/network libraries (the host's own,

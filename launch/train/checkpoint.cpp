@@ -1,14 +1,12 @@
-#include "launch/checkpointing.h"
+#include "launch/train/checkpoint.h"
 
 #include <hdf5.h>
 #include <sys/stat.h>
 
 #include <algorithm>
 #include <chrono>
-#include <csignal>
+#include <cmath>
 #include <cstdio>
-#include <cstdlib>
-#include <cstring>
 #include <filesystem>
 #include <iomanip>
 #include <iostream>
@@ -16,57 +14,18 @@
 
 #include "framework/checkpoint/checkpoint.h"
 #include "framework/core/log.h"
-#include "parallel/mpi_communicator.h"
+#include "launch/train/fault_injection.h"
+#include "parallel/mpi_checkpoint_group.h"
 
 namespace fs = std::filesystem;
 
 namespace hp {
 namespace {
 
-volatile std::sig_atomic_t g_preempt = 0;
-
-extern "C" void on_preemption_signal(int) { g_preempt = 1; }
-
-constexpr const char* kSaveFaultPrefix = "kill-save-";
-constexpr const char* kSavePoints[] = {"begin", "data", "close", "rename"};
-
 using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
-}
-
-// HOTPATH_FAULT=kill-save-<point>:RANK:STEP, parsed once.
-struct SaveFault {
-  std::string point;
-  int rank = -1;
-  int64_t step = -1;
-};
-
-const SaveFault& save_fault() {
-  static const SaveFault fault = [] {
-    SaveFault f;
-    const char* env = std::getenv("HOTPATH_FAULT");
-    char kind[32] = {0};
-    int rank = -1;
-    long long step = -1;
-    if (env != nullptr && std::sscanf(env, "%31[a-z-]:%d:%lld", kind, &rank, &step) == 3 &&
-        is_save_fault_kind(kind)) {
-      f.point = std::string(kind).substr(std::strlen(kSaveFaultPrefix));
-      f.rank = rank;
-      f.step = step;
-    }
-    return f;
-  }();
-  return fault;
-}
-
-void maybe_kill_in_save(const char* point, int rank, int64_t step) {
-  const SaveFault& f = save_fault();
-  if (f.point != point || f.rank != rank || f.step != step) return;
-  log_warn("injecting fault 'kill-save-", point, "' in the save of step ", step,
-           " (HOTPATH_FAULT)");
-  std::raise(SIGKILL);
 }
 
 // One dataset of the checkpoint: a parameter's master weights or one of its AdamW moments.
@@ -119,26 +78,6 @@ int64_t file_size(const std::string& path) {
   std::error_code ec;
   const auto n = fs::file_size(path, ec);
   return ec ? 0 : static_cast<int64_t>(n);
-}
-
-// Loads on every rank, then agrees: true when every rank loaded `path`. A rank that failed has
-// logged why and returns its message in *error.
-bool load_agreed(Trainer& t, const std::string& path, bool params_only, std::string* error) {
-  const RankContext& ctx = t.context();
-  int32_t failed = 0;
-  try {
-    load_checkpoint(t, path, params_only);
-  } catch (const std::exception& e) {
-    failed = 1;
-    *error = e.what();
-    log_error("cannot load checkpoint ", path, ": ", e.what());
-  }
-  if (ctx.world() > 1) {
-    Tensor f = Tensor::host_from(std::vector<int32_t>{failed}, DType::kI32);
-    ctx.groups.world->all_reduce(f, ReduceOp::kMax);
-    failed = f.data<int32_t>()[0];
-  }
-  return failed == 0;
 }
 
 // Rank 0's list of checkpoints to try under resume=auto, newest first, shared with every rank.
@@ -234,55 +173,50 @@ class Staging {
   Slot slots_[2];
 };
 
-}  // namespace
-
-bool is_save_fault_kind(const std::string& kind) {
-  if (kind.rfind(kSaveFaultPrefix, 0) != 0) return false;
-  const std::string point = kind.substr(std::strlen(kSaveFaultPrefix));
-  for (const char* p : kSavePoints)
-    if (point == p) return true;
-  return false;
-}
-
-// ---- preemption ---------------------------------------------------------------------------------
-
-void install_preemption_handlers() {
-  struct sigaction sa {};
-  sa.sa_handler = on_preemption_signal;
-  sigemptyset(&sa.sa_mask);
-  sa.sa_flags = SA_RESTART;  // blocking calls resume; the flag is read at the step boundary
-  sigaction(SIGUSR1, &sa, nullptr);
-  sigaction(SIGTERM, &sa, nullptr);
-}
-
-bool preemption_requested() { return g_preempt != 0; }
-
-bool preemption_agreed(const RankContext& ctx) {
-  int32_t flag = preemption_requested() ? 1 : 0;
-  if (ctx.world() > 1) {
-    Tensor f = Tensor::host_from(std::vector<int32_t>{flag}, DType::kI32);
-    ctx.groups.world->all_reduce(f, ReduceOp::kMax);
-    flag = f.data<int32_t>()[0];
+// A checkpoint with non-finite values is never written: one sum of squares per tensor (inf and
+// NaN survive it), one read, and every rank agrees before anything is created.
+void require_finite(const RunState& run, const std::vector<Item>& items, int64_t step) {
+  Backend& be = run.backend;
+  const auto n = static_cast<int64_t>(items.size());
+  std::string bad;
+  if (n > 0) {
+    Tensor acc = be.zeros({n}, be.master_dtype());
+    for (int64_t i = 0; i < n; ++i) {
+      Tensor slot = acc.slice(i, i + 1);
+      be.sum_squares(items[static_cast<size_t>(i)].local, slot);
+    }
+    Tensor host = Tensor::host({n}, be.master_dtype());
+    be.read_to_host(acc, host, SyncCause::kOther);
+    const std::vector<double> sums = to_double_vector(host);
+    for (int64_t i = 0; i < n && bad.empty(); ++i)
+      if (!std::isfinite(sums[static_cast<size_t>(i)])) bad = items[static_cast<size_t>(i)].name;
   }
-  return flag != 0;
+  if (!any_rank(run.ctx, !bad.empty())) return;
+  HP_USER_ERROR(ErrorKind::kData, "checkpoint of step ", step, " not saved: ",
+                bad.empty() ? "another rank holds non-finite values (see its message)"
+                            : "tensor " + bad + " holds non-finite values",
+                " (training diverged; no file was written)");
 }
+
+}  // namespace
 
 // ---- save ---------------------------------------------------------------------------------------
 
-SaveStats save_checkpoint(Trainer& t, const std::string& dir, int64_t keep_last) {
+SaveStats save_checkpoint(const RunState& run, const std::string& dir, int64_t keep_last) {
   const auto t0 = Clock::now();
-  const RankContext& ctx = t.context();
-  const TrainOptions& o = t.options();
-  Backend& be = t.backend();
+  const RankContext& ctx = run.ctx;
+  const TrainOptions& o = run.options;
+  Backend& be = run.backend;
   const int rank = ctx.rank();
-  const int64_t step = t.steps_done();
+  const int64_t step = run.position.step;
   make_checkpoint_dir(dir);
   const std::string tmp = checkpoint_tmp_path(dir, step);
   const std::string final_path = checkpoint_path(dir, step);
 
   // Tensors go to the file one at a time through two host staging buffers: the device->host
   // copy of tensor i+1 is issued before tensor i is written.
-  std::vector<Item> items = checkpoint_items(t.model().params(), false);
+  std::vector<Item> items = checkpoint_items(run.model.params(), false);
+  require_finite(run, items, step);
   Staging staging(be, items);
   const auto stage = [&](size_t i) {
     const Tensor& src = items[i].local;
@@ -293,12 +227,12 @@ SaveStats save_checkpoint(Trainer& t, const std::string& dir, int64_t keep_last)
   };
 
   // An MPI world writes in parallel; otherwise rank 0 writes alone what the ep groups gather.
-  auto* mpi = dynamic_cast<MpiCommunicator*>(ctx.groups.world.get());
-  const bool parallel = mpi != nullptr;
+  const std::unique_ptr<CheckpointGroup> group = make_checkpoint_group(*ctx.groups.world);
+  const bool parallel = group != nullptr;
   const bool writes = parallel || rank == 0;
   std::unique_ptr<CheckpointWriter> w;
-  if (writes) w = std::make_unique<CheckpointWriter>(tmp, parallel ? mpi->comm() : MPI_COMM_NULL);
-  maybe_kill_in_save("begin", rank, step);
+  if (writes) w = std::make_unique<CheckpointWriter>(tmp, group.get());
+  maybe_inject_save_fault("begin", rank, step);
 
   const DType md = be.master_dtype();
   Tensor next = items.empty() ? Tensor() : stage(0);
@@ -331,17 +265,17 @@ SaveStats save_checkpoint(Trainer& t, const std::string& dir, int64_t keep_last)
         w->write_rows(items[i].name, p.global_shape, md, chunk, RowRange{0, p.global_shape[0]},
                       full.raw());
     }
-    if (i == items.size() / 2) maybe_kill_in_save("data", rank, step);
+    if (i == items.size() / 2) maybe_inject_save_fault("data", rank, step);
   }
   staging.finish();
 
   if (writes) {
     const bool root = rank == 0;
-    const LrSchedule& sched = t.schedule();
+    const LrSchedule& sched = run.schedule;
     w->write_i64("/state/step", {step}, root);
-    w->write_i64("/state/tokens_seen", {t.tokens_seen()}, root);
-    w->write_i64("/state/loader", t.loader().state().to_vector(), root);
-    w->write_i64("/state/seed", {static_cast<int64_t>(o.seed)}, root);
+    w->write_i64("/state/tokens_seen", {run.position.tokens_seen}, root);
+    w->write_i64("/state/loader", run.loader.state().to_vector(), root);
+    w->write_i64("/state/seed", {static_cast<int64_t>(o.run.seed)}, root);
     const std::vector<double> lr{static_cast<double>(step),
                                  step > 0 ? sched.at(step) : 0.0,
                                  sched.lr,
@@ -368,7 +302,7 @@ SaveStats save_checkpoint(Trainer& t, const std::string& dir, int64_t keep_last)
                " dataset writes fell back from collective to independent I/O, e.g. ",
                w->independent_fallbacks().front());
   }
-  maybe_kill_in_save("close", rank, step);
+  maybe_inject_save_fault("close", rank, step);
 
   // Every writer has closed and fsynced its part: commit.
   if (ctx.world() > 1) ctx.groups.world->barrier();
@@ -376,7 +310,7 @@ SaveStats save_checkpoint(Trainer& t, const std::string& dir, int64_t keep_last)
   stats.path = final_path;
   if (rank == 0) {
     commit_checkpoint(dir, step);
-    maybe_kill_in_save("rename", rank, step);
+    maybe_inject_save_fault("rename", rank, step);
     update_latest(dir, step);
     stats.bytes = file_size(final_path);
     for (const std::string& name : apply_retention(dir, keep_last, step))
@@ -394,11 +328,11 @@ SaveStats save_checkpoint(Trainer& t, const std::string& dir, int64_t keep_last)
 
 // ---- load ---------------------------------------------------------------------------------------
 
-void load_checkpoint(Trainer& t, const std::string& path, bool params_only) {
+RunPosition load_checkpoint(const RunState& run, const std::string& path, bool params_only) {
   const auto t0 = Clock::now();
-  Backend& be = t.backend();
+  Backend& be = run.backend;
   CheckpointReader r(path);
-  std::vector<Item> items = checkpoint_items(t.model().params(), params_only);
+  std::vector<Item> items = checkpoint_items(run.model.params(), params_only);
   for (const Item& it : items) {
     const DatasetInfo d = r.info(it.name);
     if (d.shape != it.param->global_shape)
@@ -424,8 +358,8 @@ void load_checkpoint(Trainer& t, const std::string& path, bool params_only) {
     bytes += static_cast<int64_t>(it.local.nbytes());
   }
   staging.finish();
-  t.model().refresh_working_copies();
-  if (params_only) return;
+  run.model.refresh_working_copies();
+  if (params_only) return RunPosition{};
 
   const auto one = [&](const char* name) {
     const std::vector<int64_t> v = r.read_i64(name);
@@ -438,24 +372,37 @@ void load_checkpoint(Trainer& t, const std::string& path, bool params_only) {
   const int64_t tokens = one("/state/tokens_seen");
   const int64_t seed = one("/state/seed");
   const LoaderState loader = LoaderState::from_vector(r.read_i64("/state/loader"));
-  if (static_cast<uint64_t>(seed) != t.options().seed)
+  if (static_cast<uint64_t>(seed) != run.options.run.seed)
     log_warn("checkpoint ", path, " was saved with seed=", static_cast<uint64_t>(seed),
-             "; this run has seed=", t.options().seed);
+             "; this run has seed=", run.options.run.seed);
   double lr[6] = {};
   if (r.info("/state/lr_schedule").shape == Shape{6})
     r.read_rows("/state/lr_schedule", RowRange{0, 6}, DType::kF64, lr);
   const auto saved_total = static_cast<int64_t>(lr[5]);
-  if (saved_total != t.schedule().total_steps)
+  if (saved_total != run.schedule.total_steps)
     log_warn("checkpoint ", path, " was saved with an LR schedule over ", saved_total,
-             " steps; this run's spans ", t.schedule().total_steps,
+             " steps; this run's spans ", run.schedule.total_steps,
              " (the learning rate continues on this run's schedule)");
-  t.loader().restore(loader);
-  t.set_position(step, tokens);
+  run.loader.restore(loader);
   const double secs = seconds_since(t0);
   log_info("checkpoint: loaded ", path, " at step ", step, " (saved by world=", r.int_attr("world"),
            " dp=", r.int_attr("dp"), " ep=", r.int_attr("ep"), "; this rank read ", mib(bytes),
            " in ", fmt_double(secs, 3), " s, ",
            fmt_double(bytes / double(1 << 20) / std::max(secs, 1e-9), 4), " MiB/s)");
+  return RunPosition{step, tokens};
+}
+
+bool load_checkpoint_agreed(const RunState& run, const std::string& path, bool params_only,
+                            RunPosition* loaded, std::string* error) {
+  bool failed = false;
+  try {
+    *loaded = load_checkpoint(run, path, params_only);
+  } catch (const std::exception& e) {
+    failed = true;
+    *error = e.what();
+    log_error("cannot load checkpoint ", path, ": ", e.what());
+  }
+  return !any_rank(run.ctx, failed);
 }
 
 std::string resolve_checkpoint_arg(const std::string& path) {
@@ -469,34 +416,36 @@ std::string resolve_checkpoint_arg(const std::string& path) {
   return checkpoint_path(path, steps.front());
 }
 
-int64_t resume_from_options(Trainer& t) {
-  const TrainOptions& o = t.options();
-  if (o.resume == "none") return 0;
+RunPosition resume_from_options(const RunState& run) {
+  const TrainOptions& o = run.options;
+  const ResumeSpec& resume = o.checkpoint.resume;
+  if (resume.kind == ResumeSpec::Kind::kNone) return RunPosition{};
   std::string error;
-  if (o.resume != "auto") {
+  RunPosition pos;
+  if (resume.kind == ResumeSpec::Kind::kPath) {
     std::error_code ec;
-    if (!fs::exists(o.resume, ec))
-      HP_USER_ERROR(ErrorKind::kConfig, "config key 'resume': checkpoint '", o.resume,
+    if (!fs::exists(resume.path, ec))
+      HP_USER_ERROR(ErrorKind::kConfig, "config key 'resume': checkpoint '", resume.path,
                     "' does not exist (use resume=auto to start fresh when there is none)");
-    const std::string path = resolve_checkpoint_arg(o.resume);
-    if (!load_agreed(t, path, false, &error))
+    const std::string path = resolve_checkpoint_arg(resume.path);
+    if (!load_checkpoint_agreed(run, path, false, &pos, &error))
       HP_USER_ERROR(ErrorKind::kData, "resume: checkpoint ", path, " cannot be loaded: ",
                     error.empty() ? "it failed on another rank (see its message)" : error);
-    log_info("resumed from ", path, " at step ", t.steps_done());
-    return t.steps_done();
+    log_info("resumed from ", path, " at step ", pos.step);
+    return pos;
   }
-  const std::vector<int64_t> steps = auto_candidates(t.context(), o.checkpoint_dir);
+  const std::vector<int64_t> steps = auto_candidates(run.ctx, o.checkpoint.dir);
   if (steps.empty()) {
-    log_info("resume=auto: no committed checkpoint in ", o.checkpoint_dir,
+    log_info("resume=auto: no committed checkpoint in ", o.checkpoint.dir,
              "; starting from step 0");
-    return 0;
+    return RunPosition{};
   }
   std::vector<std::string> tried;
   for (int64_t s : steps) {
-    const std::string path = checkpoint_path(o.checkpoint_dir, s);
-    if (load_agreed(t, path, false, &error)) {
-      log_info("resume=auto: resumed from ", path, " at step ", t.steps_done());
-      return t.steps_done();
+    const std::string path = checkpoint_path(o.checkpoint.dir, s);
+    if (load_checkpoint_agreed(run, path, false, &pos, &error)) {
+      log_info("resume=auto: resumed from ", path, " at step ", pos.step);
+      return pos;
     }
     tried.push_back(path);
     log_warn("resume=auto: ", path,
@@ -504,109 +453,8 @@ int64_t resume_from_options(Trainer& t) {
   }
   std::string list;
   for (const std::string& p : tried) list += (list.empty() ? "" : ", ") + p;
-  HP_USER_ERROR(ErrorKind::kData, "resume=auto: no checkpoint in ", o.checkpoint_dir,
+  HP_USER_ERROR(ErrorKind::kData, "resume=auto: no checkpoint in ", o.checkpoint.dir,
                 " could be loaded (tried ", list, "); see the errors above");
-}
-
-// ---- tools --------------------------------------------------------------------------------------
-
-int inspect_main(const std::vector<std::string>& args) {
-  if (args.size() != 1 || args[0] == "--help" || args[0] == "-h") {
-    std::cerr << "usage: hotpath inspect CHECKPOINT  (a step_<N>.h5 file, or a checkpoint "
-                 "directory: its newest)\n";
-    return args.size() == 1 ? 0 : 2;
-  }
-  const std::string path = resolve_checkpoint_arg(args[0]);
-  std::unique_ptr<CheckpointReader> r;
-  try {
-    r = std::make_unique<CheckpointReader>(path);
-  } catch (const std::exception& e) {
-    std::cout << "checkpoint: " << path << "\nchecksums: FAILED: " << e.what() << "\n";
-    return 1;
-  }
-  int failures = 0;
-  std::cout << "checkpoint: " << path << "\n";
-  try {
-    std::cout << "format: " << r->string_attr("format") << " v" << r->int_attr("format_version")
-              << " (hotpath " << r->string_attr("hotpath_version") << ", HDF5 "
-              << r->string_attr("hdf5_version") << ")\n";
-    std::cout << "step: " << r->int_attr("step") << "\n";
-    std::cout << "layout: world=" << r->int_attr("world") << " dp=" << r->int_attr("dp")
-              << " ep=" << r->int_attr("ep") << "\n";
-  } catch (const std::exception& e) {
-    ++failures;
-    std::cout << "attributes: FAILED: " << e.what() << "\n";
-  }
-  std::vector<DatasetInfo> sets;
-  try {
-    sets = r->datasets();
-  } catch (const std::exception& e) {
-    std::cout << "datasets: FAILED: " << e.what() << "\n";
-    return 1;
-  }
-  int64_t total = 0;
-  for (const DatasetInfo& d : sets) total += d.bytes();
-  std::cout << "tensors: " << sets.size() << " datasets, " << total << " bytes\n";
-  for (const DatasetInfo& d : sets) {
-    std::cout << "  " << d.name << " " << dtype_name(d.dtype) << " " << shape_str(d.shape) << " "
-              << d.bytes() << " bytes";
-    try {
-      const uint64_t h = r->verify(d.name);
-      std::cout << " fnv64=" << std::hex << std::setw(16) << std::setfill('0') << h << std::dec
-                << std::setfill(' ') << (d.crc32c || d.fletcher32 ? " ok" : " ok (no checksum)");
-      if (d.dtype == DType::kI64 && d.shape[0] <= 8) {
-        std::vector<int64_t> v = r->read_i64(d.name);
-        std::cout << " =";
-        for (int64_t x : v) std::cout << " " << x;
-      }
-      std::cout << "\n";
-    } catch (const std::exception& e) {
-      ++failures;
-      std::cout << " CORRUPT: " << e.what() << "\n";
-    }
-  }
-  if (failures == 0)
-    std::cout << "checksums: ok (" << sets.size() << " datasets verified)\n";
-  else
-    std::cout << "checksums: FAILED (" << failures << " problems in " << path << ")\n";
-  return failures == 0 ? 0 : 1;
-}
-
-int run_eval(const TrainOptions& o, const RankContext& ctx) {
-  if (o.eval_checkpoint.empty())
-    HP_USER_ERROR(ErrorKind::kUser, "hotpath eval: --checkpoint FILE (or directory) is required");
-  Trainer t(o, ctx);
-  const std::string path = resolve_checkpoint_arg(o.eval_checkpoint);
-  std::string error;
-  if (!load_agreed(t, path, true, &error))
-    HP_USER_ERROR(ErrorKind::kData, "hotpath eval: checkpoint ", path, " cannot be loaded: ",
-                  error.empty() ? "it failed on another rank (see its message)" : error);
-  Backend& be = t.backend();
-  Tensor acc = be.zeros({2}, be.master_dtype());
-  Tensor host = Tensor::host({2}, be.master_dtype());
-  double lm = 0;
-  int64_t valid = 0;
-  for (int64_t b = 0; b < o.eval_batches; ++b) {
-    PackedBatch batch = t.loader().next();
-    BatchMeta meta = be.upload_batch(batch);
-    be.fill(acc, 0.0);
-    t.model().forward(meta, LossSums{acc.slice(0, 1), acc.slice(1, 2)});
-    be.read_to_host(acc, host, SyncCause::kLoss);
-    lm += to_double_vector(host)[0];
-    valid += batch.num_valid_targets;
-  }
-  if (ctx.world() > 1) {
-    Tensor s = Tensor::host_from(std::vector<double>{lm}, DType::kF64);
-    ctx.groups.world->all_reduce(s, ReduceOp::kSum);
-    lm = s.data<double>()[0];
-    Tensor n = Tensor::host_from(std::vector<int64_t>{valid}, DType::kI64);
-    ctx.groups.world->all_reduce(n, ReduceOp::kSum);
-    valid = n.data<int64_t>()[0];
-  }
-  if (ctx.rank() == 0)
-    std::printf("eval_loss=%.6f tokens=%lld\n", valid > 0 ? lm / static_cast<double>(valid) : 0.0,
-                static_cast<long long>(valid));
-  return 0;
 }
 
 }  // namespace hp

@@ -1,5 +1,3 @@
-#include "launch/tools.h"
-
 #include <boost/program_options.hpp>
 #include <iostream>
 
@@ -7,6 +5,7 @@
 #include "framework/core/log.h"
 #include "framework/data/loader.h"
 #include "framework/data/token_files.h"
+#include "launch/tools/tools.h"
 
 namespace po = boost::program_options;
 

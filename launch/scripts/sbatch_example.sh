@@ -3,7 +3,7 @@
 # with save-and-requeue before the time limit, and a requeue after node failures.
 #
 # Submit from the repository root (the log directory must exist):
-#   mkdir -p logs && sbatch launch/sbatch_example.sh [config]
+#   mkdir -p logs && sbatch launch/scripts/sbatch_example.sh [config]
 #   HOTPATH=<hotpath executable> (default: build/cuda/bin/hotpath)
 #
 #SBATCH --job-name=hotpath-train

@@ -1,0 +1,33 @@
+// The JSON hotpath writes (metrics, benchmark results), through one library (nlohmann-json).
+// JSON has no NaN or infinity: json_number() writes them as null.
+#pragma once
+
+#include <cmath>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "framework/core/error.h"
+
+namespace hp {
+
+// Objects keep their keys in insertion order, as the documented layouts list them.
+using Json = nlohmann::ordered_json;
+
+inline Json json_number(double v) { return std::isfinite(v) ? Json(v) : Json(nullptr); }
+
+inline Json json_numbers(const std::vector<double>& v) {
+  Json a = Json::array();
+  for (double x : v) a.push_back(json_number(x));
+  return a;
+}
+
+// Writes `j` and a newline to `path` (truncating it); `key` names the option that gave the path.
+inline void write_json_file(const std::string& path, const Json& j, const char* key) {
+  std::ofstream f(path, std::ios::trunc);
+  if (!f) HP_USER_ERROR(ErrorKind::kConfig, "config key '", key, "': cannot write '", path, "'");
+  f << j.dump() << "\n";
+}
+
+}  // namespace hp

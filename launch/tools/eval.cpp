@@ -1,0 +1,49 @@
+#include <cstdio>
+#include <vector>
+
+#include "framework/core/error.h"
+#include "launch/tools/tools.h"
+#include "launch/train/checkpoint.h"
+#include "launch/train/trainer.h"
+
+namespace hp {
+
+int run_eval(const TrainOptions& o, const RankContext& ctx) {
+  if (o.eval.checkpoint.empty())
+    HP_USER_ERROR(ErrorKind::kUser, "hotpath eval: --checkpoint FILE (or directory) is required");
+  Trainer t(o, ctx);
+  const std::string path = resolve_checkpoint_arg(o.eval.checkpoint);
+  std::string error;
+  RunPosition loaded;
+  if (!load_checkpoint_agreed(t.run_state(), path, true, &loaded, &error))
+    HP_USER_ERROR(ErrorKind::kData, "hotpath eval: checkpoint ", path, " cannot be loaded: ",
+                  error.empty() ? "it failed on another rank (see its message)" : error);
+  Backend& be = t.backend();
+  Tensor acc = be.zeros({2}, be.master_dtype());
+  Tensor host = Tensor::host({2}, be.master_dtype());
+  double lm = 0;
+  int64_t valid = 0;
+  for (int64_t b = 0; b < o.eval.batches; ++b) {
+    PackedBatch batch = t.loader().next();
+    BatchMeta meta = be.upload_batch(batch);
+    be.fill(acc, 0.0);
+    t.model().evaluate(meta, LossSums{acc.slice(0, 1), acc.slice(1, 2)});
+    be.read_to_host(acc, host, SyncCause::kLoss);
+    lm += to_double_vector(host)[0];
+    valid += batch.num_valid_targets;
+  }
+  if (ctx.world() > 1) {
+    Tensor s = Tensor::host_from(std::vector<double>{lm}, DType::kF64);
+    ctx.groups.world->all_reduce(s, ReduceOp::kSum);
+    lm = s.data<double>()[0];
+    Tensor n = Tensor::host_from(std::vector<int64_t>{valid}, DType::kI64);
+    ctx.groups.world->all_reduce(n, ReduceOp::kSum);
+    valid = n.data<int64_t>()[0];
+  }
+  if (ctx.rank() == 0)
+    std::printf("eval_loss=%.6f tokens=%lld\n", valid > 0 ? lm / static_cast<double>(valid) : 0.0,
+                static_cast<long long>(valid));
+  return 0;
+}
+
+}  // namespace hp

@@ -1,0 +1,73 @@
+#include <iomanip>
+#include <iostream>
+#include <memory>
+
+#include "framework/checkpoint/checkpoint.h"
+#include "launch/tools/tools.h"
+#include "launch/train/checkpoint.h"
+
+namespace hp {
+
+int inspect_main(const std::vector<std::string>& args) {
+  if (args.size() != 1 || args[0] == "--help" || args[0] == "-h") {
+    std::cerr << "usage: hotpath inspect CHECKPOINT  (a step_<N>.h5 file, or a checkpoint "
+                 "directory: its newest)\n";
+    return args.size() == 1 ? 0 : 2;
+  }
+  const std::string path = resolve_checkpoint_arg(args[0]);
+  std::unique_ptr<CheckpointReader> r;
+  try {
+    r = std::make_unique<CheckpointReader>(path);
+  } catch (const std::exception& e) {
+    std::cout << "checkpoint: " << path << "\nchecksums: FAILED: " << e.what() << "\n";
+    return 1;
+  }
+  int failures = 0;
+  std::cout << "checkpoint: " << path << "\n";
+  try {
+    std::cout << "format: " << r->string_attr("format") << " v" << r->int_attr("format_version")
+              << " (hotpath " << r->string_attr("hotpath_version") << ", HDF5 "
+              << r->string_attr("hdf5_version") << ")\n";
+    std::cout << "step: " << r->int_attr("step") << "\n";
+    std::cout << "layout: world=" << r->int_attr("world") << " dp=" << r->int_attr("dp")
+              << " ep=" << r->int_attr("ep") << "\n";
+  } catch (const std::exception& e) {
+    ++failures;
+    std::cout << "attributes: FAILED: " << e.what() << "\n";
+  }
+  std::vector<DatasetInfo> sets;
+  try {
+    sets = r->datasets();
+  } catch (const std::exception& e) {
+    std::cout << "datasets: FAILED: " << e.what() << "\n";
+    return 1;
+  }
+  int64_t total = 0;
+  for (const DatasetInfo& d : sets) total += d.bytes();
+  std::cout << "tensors: " << sets.size() << " datasets, " << total << " bytes\n";
+  for (const DatasetInfo& d : sets) {
+    std::cout << "  " << d.name << " " << dtype_name(d.dtype) << " " << shape_str(d.shape) << " "
+              << d.bytes() << " bytes";
+    try {
+      const uint64_t h = r->verify(d.name);
+      std::cout << " fnv64=" << std::hex << std::setw(16) << std::setfill('0') << h << std::dec
+                << std::setfill(' ') << (d.crc32c || d.fletcher32 ? " ok" : " ok (no checksum)");
+      if (d.dtype == DType::kI64 && d.shape[0] <= 8) {
+        std::vector<int64_t> v = r->read_i64(d.name);
+        std::cout << " =";
+        for (int64_t x : v) std::cout << " " << x;
+      }
+      std::cout << "\n";
+    } catch (const std::exception& e) {
+      ++failures;
+      std::cout << " CORRUPT: " << e.what() << "\n";
+    }
+  }
+  if (failures == 0)
+    std::cout << "checksums: ok (" << sets.size() << " datasets verified)\n";
+  else
+    std::cout << "checksums: FAILED (" << failures << " problems in " << path << ")\n";
+  return failures == 0 ? 0 : 1;
+}
+
+}  // namespace hp

@@ -1,0 +1,98 @@
+// Checkpoints of a run: save, load and the resume policy, through framework/checkpoint (one HDF5
+// file per checkpoint, layout in docs/checkpoints.md).
+//
+// What a checkpoint holds: every parameter's fp32 master, AdamW m and v (global shapes), the
+// step, tokens seen, the data loader's position (world-size independent), the seed (the key of
+// every counter-based random stream) and the LR-schedule position, plus the config text and the
+// saving layout. That is the whole state of a run: a resumed run computes bitwise what the
+// uninterrupted run computes (CPU; same layout), and a checkpoint loads under any dp x ep layout.
+//
+// Collectives: save_checkpoint and resume_from_options are collective over the world of the
+// run's RankContext: every rank calls them at the same step boundary.
+//
+// Writing: with an MPI world, every rank writes its own rows with collective parallel HDF5
+// (dense tensors: their chunks split among the world ranks; expert tensors: each expert block
+// written by one rank of the dp group that holds it). Without MPI (store launches, one process
+// without mpirun), the expert shards are gathered over the ep group and rank 0 writes the file
+// alone. On CUDA the tensors are copied to host memory first (one synchronization); on load the
+// bf16 working copies are regenerated from the fp32 masters.
+//
+// Reading: every rank opens the file on its own and reads the rows it holds; the ranks then
+// agree (all-reduce MAX of a failure flag) so that they all load the same checkpoint or all
+// fail.
+//
+// A checkpoint with non-finite values is never written: save_checkpoint first checks every
+// tensor it would write (all ranks agree) and fails, naming the first such tensor, before it
+// creates any file.
+//
+// Commit protocol: step_<N>.h5.tmp is written, closed and fsynced by every writer; barrier; rank
+// 0 renames it to step_<N>.h5, fsyncs the directory, points `latest` at it (temp + rename),
+// applies keep_last retention; barrier. A rank killed anywhere before the rename leaves only a
+// .tmp file, which is never loaded.
+//
+// Fault injection for tests: HOTPATH_FAULT=kill-save-<point>:RANK:STEP (launch/train/
+// fault_injection.h) makes RANK SIGKILL itself inside the save of step STEP.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "framework/backend/backend.h"
+#include "framework/data/loader.h"
+#include "framework/model/model.h"
+#include "launch/options.h"
+#include "launch/train/rank_context.h"
+#include "optim/lr_schedule.h"
+
+namespace hp {
+
+// Where a run stands: optimizer steps done and global tokens seen.
+struct RunPosition {
+  int64_t step = 0;
+  int64_t tokens_seen = 0;
+};
+
+// The parts of a run that a checkpoint holds or needs (the Trainer hands them out).
+struct RunState {
+  const TrainOptions& options;
+  const RankContext& ctx;
+  Backend& backend;
+  Model& model;
+  DataLoader& loader;
+  const LrSchedule& schedule;
+  RunPosition position;
+};
+
+struct SaveStats {
+  std::string path;
+  int64_t bytes = 0;  // file size
+  double seconds = 0;
+};
+
+// Collective: saves the run's state after step run.position.step as dir/step_<N>.h5 with the
+// commit protocol above, then applies keep_last retention (<= 0: keep all). Throws UserError
+// (kData) without writing anything when any tensor holds a non-finite value.
+SaveStats save_checkpoint(const RunState& run, const std::string& dir, int64_t keep_last);
+
+// Loads a checkpoint into the run's model (any saving layout) and, unless params_only
+// (evaluation), its optimizer state and data position; returns the position it was saved at.
+// Throws on any damage, naming the file and the dataset. Not collective; see
+// resume_from_options for the agreement.
+RunPosition load_checkpoint(const RunState& run, const std::string& path, bool params_only = false);
+
+// Loads on every rank, then agrees: true when every rank loaded `path`. A rank that failed has
+// logged why and returns its message in *error. Collective.
+bool load_checkpoint_agreed(const RunState& run, const std::string& path, bool params_only,
+                            RunPosition* loaded, std::string* error);
+
+// Collective: applies options.resume: "none" (nothing), "auto" (the newest committed checkpoint
+// of checkpoint_dir via `latest`, falling back to the committed files, newest first, when
+// `latest` is missing or damaged or its checkpoint fails to load; nothing there: a log line and
+// a fresh start) or a path (that checkpoint or an error). Returns the position resumed at (step
+// 0: a fresh start).
+RunPosition resume_from_options(const RunState& run);
+
+// A checkpoint argument: a file, or a directory meaning its newest committed checkpoint.
+std::string resolve_checkpoint_arg(const std::string& path);
+
+}  // namespace hp

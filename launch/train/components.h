@@ -1,0 +1,26 @@
+// The pieces a run is built from, made from its options: the backend, the data loader's and the
+// model's configs; and the FLOP count MFU is quoted from.
+#pragma once
+
+#include <memory>
+
+#include "framework/backend/backend.h"
+#include "framework/data/loader.h"
+#include "framework/model/model.h"
+#include "launch/options.h"
+
+namespace hp {
+
+// Picks the backend for options.device ("auto": CUDA when a GPU is present).
+std::unique_ptr<Backend> make_backend(const TrainOptions& o, int local_rank);
+
+DataConfig make_data_config(const TrainOptions& o, int rank, int world);
+ModelOptions make_model_options(const TrainOptions& o);
+
+// Training FLOPs of one step on this batch (ARCHITECTURE §8): 6 * N_active * tokens plus the
+// attention score and value products of the packed documents, forward and backward (3x).
+double step_model_flops(const ModelConfig& c, const PackedBatch& batch);
+// Dense bf16 peak of the H100/H200 that MFU is quoted against.
+constexpr double kPeakBf16Flops = 989e12;
+
+}  // namespace hp

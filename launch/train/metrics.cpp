@@ -1,0 +1,99 @@
+#include "launch/train/metrics.h"
+
+#include <algorithm>
+#include <cmath>
+#include <iomanip>
+#include <sstream>
+
+#include "framework/core/error.h"
+#include "launch/json.h"
+
+namespace hp {
+namespace {
+
+Json number(double v) { return json_number(v); }
+
+Json syncs_json(const SyncCounter& c) {
+  Json j = Json::object();
+  for (int i = 0; i < kNumSyncCauses; ++i) {
+    const auto cause = static_cast<SyncCause>(i);
+    j[sync_cause_name(cause)] = c.get(cause);
+  }
+  return j;
+}
+
+Json copies_json(const CopyArbiterStats& c) {
+  Json j = Json::object();
+  j["arbiter"] = c.shared() ? "node" : "local";
+  for (int d = 0; d < 2; ++d) {
+    const std::string n = copy_direction_name(static_cast<CopyDirection>(d));
+    j[n + "_bytes"] = c.bytes[d];
+    j[n + "_chunks"] = c.chunks[d];
+    j[n + "_wait_s"] = number(c.wait_s[d]);
+    j[n + "_max_wait_s"] = number(c.max_wait_s[d]);
+  }
+  j["active_s"] = number(c.active_s);
+  j["gbps"] = number(c.achieved_gbps());
+  if (c.shared()) {
+    j["link_ranks"] = c.link_ranks;
+    j["link_bytes"] = c.link_bytes;
+    j["jain"] = number(c.link_jain);
+  }
+  return j;
+}
+
+std::string copies_log_fields(const CopyArbiterStats& c) {
+  std::string out = str_cat(" lane_mib=r", fmt_sig(c.bytes[0] / 1048576.0, 4), "/o",
+                            fmt_sig(c.bytes[1] / 1048576.0, 4),
+                            " lane_wait_ms=", fmt_sig(1e3 * (c.wait_s[0] + c.wait_s[1]), 3), "/max",
+                            fmt_sig(1e3 * std::max(c.max_wait_s[0], c.max_wait_s[1]), 3),
+                            " lane_gbps=", fmt_sig(c.achieved_gbps(), 3));
+  if (c.shared()) out += " jain=" + fmt_sig(c.link_jain, 4);
+  return out;
+}
+
+}  // namespace
+
+std::string fmt_sig(double v, int prec) {
+  std::ostringstream os;
+  os << std::setprecision(prec) << v;
+  return os.str();
+}
+
+std::string step_log_line(const StepStats& s, bool moe) {
+  return str_cat("step=", s.step, " loss=", fmt_sig(s.loss),
+                 moe ? " aux_loss=" + fmt_sig(s.aux_loss) : "", " lr=", fmt_sig(s.lr, 3),
+                 " grad_norm=", fmt_sig(s.grad_norm, 3), " tok/s=", fmt_sig(s.tokens_per_s, 5),
+                 " ms=", fmt_sig(s.ms, 4), " syncs=", s.syncs.total(),
+                 s.copies ? copies_log_fields(*s.copies) : "");
+}
+
+std::string step_json(const StepStats& s, bool moe) {
+  Json j = Json::object();
+  j["step"] = s.step;
+  j["loss"] = number(s.loss);
+  if (moe) j["aux_loss"] = number(s.aux_loss);
+  j["lr"] = number(s.lr);
+  j["grad_norm"] = number(s.grad_norm);
+  if (!s.finite) j["finite"] = false;
+  j["tokens_per_s"] = number(s.tokens_per_s);
+  j["ms"] = number(s.ms);
+  j["tokens"] = s.tokens;
+  j["syncs"] = syncs_json(s.syncs);
+  if (s.copies) j["lane"] = copies_json(*s.copies);
+  return j.dump();
+}
+
+MetricsWriter::MetricsWriter(const std::string& path) {
+  if (path.empty()) return;
+  out_.open(path, std::ios::trunc);
+  if (!out_)
+    HP_USER_ERROR(ErrorKind::kConfig, "config key 'metrics_path': cannot write '", path, "'");
+}
+
+void MetricsWriter::write(const StepStats& s, bool moe) {
+  if (!out_.is_open()) return;
+  out_ << step_json(s, moe) << "\n" << std::flush;
+}
+
+}  // namespace hp

@@ -1,0 +1,286 @@
+// Training, top to bottom: the Trainer's parts (constructor), one training step (Trainer::step)
+// and the run around it (run_train).
+#include "launch/train/trainer.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <vector>
+
+#include "framework/backend/profile.h"
+#include "framework/core/log.h"
+#include "launch/train/fault_injection.h"
+#include "launch/train/preemption.h"
+#include "parallel/lane_arbiter.h"
+#include "parallel/moe_exchange.h"
+#if HOTPATH_HAVE_CUDA
+#include "framework/backend/cuda/cuda_backend.h"
+#include "parallel/cuda/nccl_communicator.h"
+#endif
+
+namespace hp {
+
+using Clock = std::chrono::steady_clock;
+
+Trainer::Trainer(const TrainOptions& o, const RankContext& ctx)
+    : o_(o),
+      ctx_(ctx),
+      opt_(AdamWConfig{o.optimizer.beta1, o.optimizer.beta2, o.optimizer.adam_eps,
+                       o.optimizer.weight_decay, o.optimizer.grad_clip}) {
+  validate_train_options(o_, ctx_.world());
+  HP_CHECK(ctx_.groups.ep_size == o_.parallel.ep_size, "process groups built for ep_size ",
+           ctx_.groups.ep_size, " but options say ", o_.parallel.ep_size);
+  injected_fault();  // a malformed HOTPATH_FAULT fails here, before any work
+  be_ = make_backend(o_, ctx_.launch.local_rank);
+  loader_ = DataLoader::open(make_data_config(o_, ctx_.rank(), ctx_.world()));
+  // Device tensors move over NCCL groups that mirror the host groups; scalars (valid-target
+  // counts, loss sums) stay on the host communicators of ctx_.groups.
+  ProcessGroups tensor_groups = ctx_.groups;
+  // Gradient reductions get their own NCCL communicators on the comm stream, so they overlap
+  // backward, where NCCL can order concurrent communicators; else they share tensor_groups.
+  ProcessGroups grad_groups;
+  Backend::StreamKind grad_stream = Backend::StreamKind::kCompute;
+#if HOTPATH_HAVE_CUDA
+  if (be_->device() == Device::kCUDA && ctx_.world() > 1) {
+    tensor_groups = make_nccl_groups(ctx_.groups, *be_);
+    grad_groups = make_nccl_grad_groups(ctx_.groups, *be_);
+    if (grad_groups.world) grad_stream = Backend::StreamKind::kComm;
+  }
+#endif
+  if (!grad_groups.world) grad_groups = tensor_groups;
+  std::shared_ptr<ExpertExchange> exchange;
+  if (ctx_.world() > 1)
+    exchange = std::make_shared<CommExpertExchange>(tensor_groups.ep, tensor_groups.world);
+  model_ = std::make_unique<Model>(o_.model, make_model_options(o_), *be_, exchange);
+  if (o_.offload.mode != OffloadMode::kNone) {
+    // Over the ranks of this host (collective over the node group); lane_arbiter=off gives a
+    // local arbiter that grants at once but still counts the copies for the step stats.
+    copy_arbiter_ = make_copy_arbiter(*ctx_.groups.node, make_lane_options(o_, be_.get()));
+    be_->set_copy_arbiter(copy_arbiter_.get());
+  }
+  model_->init_params(o_.run.seed);
+  if (ctx_.world() > 1)
+    grad_sync_ = std::make_unique<GradSync>(*be_, model_->params(), grad_groups, grad_stream);
+  sched_.lr = o_.optimizer.lr;
+  sched_.min_lr = o_.optimizer.min_lr;
+  sched_.warmup_steps = o_.optimizer.warmup_steps;
+  sched_.total_steps = std::max<int64_t>(1, o_.run.steps);
+  scalars_ = be_->zeros({4}, be_->master_dtype());
+}
+
+RunState Trainer::run_state() {
+  return RunState{o_, ctx_, *be_, *model_, *loader_, sched_, RunPosition{step_, tokens_seen_}};
+}
+
+void Trainer::set_position(const RunPosition& p) {
+  step_ = p.step;
+  tokens_seen_ = p.tokens_seen;
+}
+
+// ================================ one training step ============================================
+StepStats Trainer::step() {
+  const auto t0 = Clock::now();
+  Backend& be = *be_;
+  PhaseScope other(be, StepPhase::kOther);  // batch, host scalars and stats
+  be.syncs().reset();
+  StepStats st;
+  st.step = step_ + 1;
+  maybe_inject_step_fault(ctx_.rank(), st.step, o_.parallel.collective_timeout_s);
+  if (copy_arbiter_) copy_arbiter_->begin_step();
+
+  // ---- batch: this rank's rows of global batch `step`, metadata uploaded once ----
+  PackedBatch batch = loader_->next();
+  BatchMeta meta = be.upload_batch(batch);
+  // The loss is a mean over the global batch: the count of valid targets is summed over ranks
+  // on the host (known from the packed metadata, no device sync).
+  Tensor counts = Tensor::host_from(std::vector<int64_t>{batch.num_valid_targets}, DType::kI64);
+  if (ctx_.world() > 1) ctx_.groups.world->all_reduce(counts, ReduceOp::kSum);
+  st.valid_targets = counts.data<int64_t>()[0];
+  const double grad_scale =
+      st.valid_targets > 0 ? 1.0 / static_cast<double>(st.valid_targets) : 0.0;
+
+  // Scalars of the step, on the device until one read: lm loss sum, aux loss sum, then the
+  // dense and expert gradient sums of squares.
+  be.fill(scalars_, 0.0);
+  const LossSums sums{scalars_.slice(0, 1), scalars_.slice(1, 2)};
+  Tensor grad_sumsq = scalars_.slice(2, 4);
+  model_->zero_grads();
+
+  // ---- forward: embedding, layers, final norm ----
+  {
+    PhaseScope phase(be, StepPhase::kForward);
+    model_->forward(meta, sums.aux);
+  }
+  // ---- loss: chunked unembedding + cross-entropy, and its gradient ----
+  {
+    PhaseScope phase(be, StepPhase::kLoss);
+    model_->loss(grad_scale, sums.lm);
+  }
+  // ---- backward; each layer's gradient all-reduce starts as backward finishes the layer ----
+  GradSync* grad_sync = grad_sync_.get();  // null on one rank: nothing to reduce
+  {
+    PhaseScope phase(be, StepPhase::kBackward);
+    model_->backward(grad_sync);
+  }
+  {
+    PhaseScope phase(be, StepPhase::kGradSync);
+    if (grad_sync) grad_sync->finish();  // compute now waits for the last reductions
+  }
+
+  {
+    PhaseScope phase(be, StepPhase::kOptimizer);
+    // ---- gradient norm and the step's one blocking read (losses and norm together) ----
+    grad_sum_squares(be, model_->params(), grad_sumsq);
+    Tensor host = Tensor::host({4}, be.master_dtype());
+    be.read_to_host(scalars_, host, SyncCause::kLoss);
+    std::vector<double> s = to_double_vector(host);
+    // Loss sums add over all ranks, and so does a count of ranks that saw a non-finite value,
+    // so that every rank takes the same decision below. Dense gradients are identical
+    // everywhere after their all-reduce; expert gradients differ across the ep group only.
+    double nonfinite_ranks =
+        std::all_of(s.begin(), s.end(), [](double v) { return std::isfinite(v); }) ? 0.0 : 1.0;
+    if (ctx_.world() > 1) {
+      Tensor world_sums =
+          Tensor::host_from(std::vector<double>{s[0], s[1], nonfinite_ranks}, DType::kF64);
+      ctx_.groups.world->all_reduce(world_sums, ReduceOp::kSum);
+      Tensor expert = Tensor::host_from(std::vector<double>{s[3]}, DType::kF64);
+      ctx_.groups.ep->all_reduce(expert, ReduceOp::kSum);
+      s[0] = world_sums.data<double>()[0];
+      s[1] = world_sums.data<double>()[1];
+      nonfinite_ranks = world_sums.data<double>()[2];
+      s[3] = expert.data<double>()[0];
+    }
+    st.loss = st.valid_targets > 0 ? s[0] / static_cast<double>(st.valid_targets) : 0.0;
+    st.aux_loss = s[1];
+    st.grad_norm = std::sqrt(s[2] + s[3]);
+    st.lr = sched_.at(st.step);
+    // ---- finite check, agreed by all ranks, before anything changes ----
+    st.finite = nonfinite_ranks == 0 && std::isfinite(st.loss) && std::isfinite(st.grad_norm);
+    // ---- clip and update ----
+    if (st.finite)
+      opt_.step(be, model_->params(), st.step, st.lr,
+                clip_coefficient(st.grad_norm, o_.optimizer.grad_clip));
+  }
+
+  // ---- stats of the step ----
+  st.tokens = batch.num_tokens() * ctx_.world();
+  st.model_flops = step_model_flops(o_.model, batch) * ctx_.world();
+  if (st.finite) {
+    step_ = st.step;
+    tokens_seen_ += st.tokens;
+  }
+  st.syncs = be.syncs();
+  // Every copy of the step has completed (backward waited for the last reload, which follows
+  // the step's offloads on the copy stream) and released its grants.
+  if (copy_arbiter_) st.copies = copy_arbiter_->stats();
+  st.ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+  st.tokens_per_s = st.tokens / (st.ms / 1000.0);
+  return st;
+}
+// ===============================================================================================
+
+namespace {
+
+// nan and inf as the words, whatever their sign bit.
+std::string number_text(double v) {
+  if (std::isnan(v)) return "nan";
+  if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
+  return fmt_sig(v, 6);
+}
+
+void log_run_header(const TrainOptions& o, const RankContext& ctx, Trainer& trainer) {
+  const ParamCounts pc = count_params(o.model);
+  log_info(
+      "hotpath ", HOTPATH_VERSION, ": backend=", trainer.backend().name(),
+      " params: total=", pc.total, " active=", pc.active, " layers=", o.model.n_layers,
+      o.model.is_moe() ? str_cat(" experts=", o.model.n_experts, " top_k=", o.model.top_k) : "");
+#if HOTPATH_HAVE_CUDA
+  if (trainer.backend().device() == Device::kCUDA)
+    log_info("attention: ", cuda_attention_description(trainer.backend()));
+#endif
+  log_info("launch: ", ctx.launch.describe(), " world=", ctx.world(), " dp=", ctx.groups.dp_size,
+           " ep=", ctx.groups.ep_size);
+  if (CopyArbiter* a = trainer.copy_arbiter()) {
+    const CopyArbiterStats s = a->stats();
+    std::string link;
+    for (int r : s.link_ranks) link += (link.empty() ? "" : ",") + std::to_string(r);
+    log_info(
+        "offload copies: lane_arbiter=", s.shared() || o.offload.lane_arbiter ? "on" : "off",
+        s.shared() ? "" : " (local grants)", " chunk=", a->chunk_bytes() >> 20, " MiB",
+        s.shared() ? str_cat(" inflight=", o.offload.lane_inflight, " link ranks=", link) : "");
+  }
+  log_info(trainer.loader().describe(), " seq_len=", o.data.seq_len,
+           " batch_tokens=", o.data.batch_tokens, " steps=", o.run.steps);
+  const double floor = trainer.loader().entropy_floor();
+  if (!std::isnan(floor))
+    log_info("entropy_floor=", fmt_sig(floor, 6), " nats (lowest achievable mean loss)");
+}
+
+}  // namespace
+
+int run_train(const TrainOptions& o, const RankContext& ctx) {
+  const auto t_start = Clock::now();
+  // SIGUSR1/SIGTERM only set a flag from here on; the step loop acts on it.
+  install_preemption_handlers();
+  Trainer trainer(o, ctx);
+  log_run_header(o, ctx, trainer);
+  // ---- resume: --resume=none|auto|PATH ----
+  trainer.set_position(resume_from_options(trainer.run_state()));
+  int64_t saved_step = trainer.steps_done();
+  const int64_t last_step =
+      o.run.stop_at_step > 0 ? std::min(o.run.steps, o.run.stop_at_step) : o.run.steps;
+  const auto save = [&] {
+    save_checkpoint(trainer.run_state(), o.checkpoint.dir, o.checkpoint.keep_last);
+    saved_step = trainer.steps_done();
+  };
+  MetricsWriter metrics(ctx.rank() == 0 ? o.run.metrics_path : "");
+  const bool moe = o.model.is_moe();
+
+  // Recent losses for a smoothed figure: single steps are noisy.
+  std::vector<double> recent;
+  double last_loss = 0;
+  int64_t tokens = 0;
+  while (trainer.steps_done() < last_step) {
+    // ---- one training step ----
+    const StepStats s = trainer.step();
+    // ---------------------------
+    metrics.write(s, moe);
+    if (s.step % o.run.log_every == 0 || s.step == o.run.steps || s.step == 1 || !s.finite)
+      log_info(step_log_line(s, moe));
+    if (!s.finite)
+      HP_USER_ERROR(ErrorKind::kUser, "training diverged at step ", s.step,
+                    ": loss=", number_text(s.loss), " grad_norm=", number_text(s.grad_norm),
+                    "; the step was not applied and no checkpoint of it is written (try a lower "
+                    "lr or grad_clip, or resume from the last checkpoint)");
+    tokens += s.tokens;
+    last_loss = s.loss;
+    recent.push_back(s.loss);
+    if (recent.size() > 20) recent.erase(recent.begin());
+    // ---- checkpoint cadence and preemption (all ranks agree on the signal) ----
+    const bool preempted = preemption_agreed(ctx);
+    const bool periodic = o.checkpoint.every > 0 && s.step % o.checkpoint.every == 0;
+    if (!o.checkpoint.dir.empty() && (periodic || preempted)) save();
+    if (preempted) {
+      log_warn("preemption signal: stopping after step ", s.step,
+               o.checkpoint.dir.empty() ? " without a checkpoint (no checkpoint_dir)" : "",
+               "; exit status ", kRequeueExitCode, " (requeue and resume with --resume=auto)");
+      return kRequeueExitCode;
+    }
+  }
+  if (!o.checkpoint.dir.empty() && saved_step != trainer.steps_done()) save();
+  const double secs = std::chrono::duration<double>(Clock::now() - t_start).count();
+  double avg = 0;
+  for (double v : recent) avg += v;
+  avg = recent.empty() ? 0 : avg / recent.size();
+  const double floor = trainer.loader().entropy_floor();
+  std::string vs_floor;
+  if (!std::isnan(floor) && floor > 0)
+    vs_floor = str_cat(" entropy_floor=", fmt_sig(floor, 6),
+                       " gap=", fmt_sig(100.0 * (avg / floor - 1.0), 3), "%");
+  log_info("done: steps=", trainer.steps_done(), " final_loss=", fmt_sig(last_loss),
+           " mean_loss_last_", recent.size(), "=", fmt_sig(avg), vs_floor, " tokens=", tokens,
+           " time_s=", fmt_sig(secs, 4));
+  return 0;
+}
+
+}  // namespace hp

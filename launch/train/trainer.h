@@ -1,0 +1,65 @@
+// Training: a Trainer owns the backend, model, data loader, optimizer and gradient sync of one
+// rank, and step() runs one optimizer step; run_train() is the loop around it (resume,
+// logging, checkpoint cadence, preemption). Both are in trainer.cpp, to be read top to bottom.
+#pragma once
+
+#include <memory>
+
+#include "framework/backend/backend.h"
+#include "framework/backend/copy_arbiter.h"
+#include "framework/data/loader.h"
+#include "framework/model/model.h"
+#include "launch/options.h"
+#include "launch/train/checkpoint.h"
+#include "launch/train/components.h"
+#include "launch/train/metrics.h"
+#include "launch/train/rank_context.h"
+#include "optim/adamw.h"
+#include "optim/lr_schedule.h"
+#include "parallel/grad_sync.h"
+
+namespace hp {
+
+class Trainer {
+ public:
+  Trainer(const TrainOptions& o, const RankContext& ctx);
+  // One optimizer step on the next global batch. When the loss or the gradient norm is not
+  // finite on any rank, no parameter, moment or position changes (every rank agrees), the stats
+  // say finite=false, and the data loader has still moved past the batch: the run should stop.
+  StepStats step();
+
+  Model& model() { return *model_; }
+  Backend& backend() { return *be_; }
+  DataLoader& loader() { return *loader_; }
+  // The arbiter of the offload copies (null with offload=none).
+  CopyArbiter* copy_arbiter() { return copy_arbiter_.get(); }
+  int64_t steps_done() const { return step_; }
+  const TrainOptions& options() const { return o_; }
+  const RankContext& context() const { return ctx_; }
+  // What a checkpoint saves and restores (launch/train/checkpoint.h).
+  RunState run_state();
+  void set_position(const RunPosition& p);
+
+ private:
+  TrainOptions o_;
+  RankContext ctx_;
+  // Declared before be_: the backend keeps a pointer to it until the backend is gone.
+  std::unique_ptr<CopyArbiter> copy_arbiter_;
+  std::unique_ptr<Backend> be_;
+  std::unique_ptr<Model> model_;
+  std::unique_ptr<DataLoader> loader_;
+  // Multi-rank only: reduces each layer's gradients as backward finishes it.
+  std::unique_ptr<GradSync> grad_sync_;
+  AdamW opt_;
+  LrSchedule sched_;
+  int64_t step_ = 0;
+  int64_t tokens_seen_ = 0;  // global tokens of all steps so far
+  // [4] on the device: lm loss sum, aux loss sum, dense grad sumsq, expert grad sumsq.
+  Tensor scalars_;
+};
+
+// `hotpath train`: the whole run. Collective over the world. Returns the exit status (0, or
+// kRequeueExitCode after a preemption).
+int run_train(const TrainOptions& o, const RankContext& ctx);
+
+}  // namespace hp

@@ -1,0 +1,183 @@
+// A diverged run fails safely: it stops with an error naming the step, applies no update of a
+// non-finite step, commits no checkpoint with non-finite values, and its metrics file stays
+// valid JSON Lines.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "framework/core/error.h"
+#include "launch/options.h"
+#include "launch/train/trainer.h"
+
+namespace fs = std::filesystem;
+
+namespace hp {
+namespace {
+
+TrainOptions tiny_run() {
+  TrainOptions o;
+  o.model.vocab_size = 16;
+  o.model.d_model = 16;
+  o.model.n_layers = 2;
+  o.model.n_heads = 2;
+  o.model.n_kv_heads = 1;
+  o.model.head_dim = 8;
+  o.model.ffn_dim = 32;
+  o.device.kind = DeviceKind::kCpu;
+  o.data.seq_len = 16;
+  o.data.batch_tokens = 64;
+  o.run.steps = 4;
+  o.optimizer.warmup_steps = 0;
+  o.run.log_every = 100;
+  return o;
+}
+
+fs::path fresh_dir(const std::string& name) {
+  const fs::path d = fs::temp_directory_path() / ("hotpath_divergence_" + name);
+  fs::remove_all(d);
+  fs::create_directories(d);
+  return d;
+}
+
+std::vector<std::string> lines_of(const fs::path& p) {
+  std::ifstream f(p);
+  std::vector<std::string> lines;
+  for (std::string l; std::getline(f, l);) lines.push_back(l);
+  return lines;
+}
+
+std::vector<std::vector<char>> master_bytes(Model& m) {
+  std::vector<std::vector<char>> out;
+  for (auto& p : m.params().all()) {
+    const char* b = p->master.data<char>();
+    out.emplace_back(b, b + p->master.nbytes());
+  }
+  return out;
+}
+
+TEST(Divergence, InfiniteLrStopsTheRunWithoutANonFiniteCheckpoint) {
+  const fs::path dir = fresh_dir("run");
+  TrainOptions o = tiny_run();
+  o.optimizer.lr = std::numeric_limits<double>::infinity();
+  o.checkpoint.every = 1;
+  o.checkpoint.dir = (dir / "ckpt").string();
+  o.run.metrics_path = (dir / "metrics.jsonl").string();
+  const RankContext ctx = single_rank_context();
+  std::string message;
+  try {
+    run_train(o, ctx);
+  } catch (const UserError& e) {
+    message = e.what();
+  }
+  // Step 1 is finite but its update (lr=inf) is not: its save is refused before any file
+  // exists. (A run without checkpoints stops at step 2, whose loss is not finite.)
+  EXPECT_NE(message.find("non-finite"), std::string::npos) << message;
+  EXPECT_NE(message.find("step 1"), std::string::npos) << message;
+  int files = 0;
+  if (fs::exists(o.checkpoint.dir))
+    for (const auto& e : fs::directory_iterator(o.checkpoint.dir)) {
+      ADD_FAILURE() << "unexpected file " << e.path();
+      ++files;
+    }
+  EXPECT_EQ(files, 0);
+  const std::vector<std::string> lines = lines_of(o.run.metrics_path);
+  ASSERT_EQ(lines.size(), 1u);
+  for (const std::string& l : lines) {
+    const nlohmann::json j = nlohmann::json::parse(l);  // throws on invalid JSON
+    EXPECT_EQ(j["step"], 1);
+    EXPECT_TRUE(j["lr"].is_null());  // inf has no JSON number
+    EXPECT_TRUE(j["loss"].is_number());
+  }
+}
+
+TEST(Divergence, NonFiniteLossFailsAtThatStepAndEveryMetricsLineParses) {
+  const fs::path dir = fresh_dir("loss");
+  TrainOptions o = tiny_run();
+  o.optimizer.lr = std::numeric_limits<double>::infinity();
+  o.run.metrics_path = (dir / "metrics.jsonl").string();
+  const RankContext ctx = single_rank_context();
+  std::string message;
+  try {
+    run_train(o, ctx);
+  } catch (const UserError& e) {
+    message = e.what();
+  }
+  EXPECT_NE(message.find("training diverged at step 2"), std::string::npos) << message;
+  const std::vector<std::string> lines = lines_of(o.run.metrics_path);
+  ASSERT_EQ(lines.size(), 2u);
+  const nlohmann::json first = nlohmann::json::parse(lines[0]);
+  const nlohmann::json second = nlohmann::json::parse(lines[1]);
+  EXPECT_FALSE(first.contains("finite"));
+  EXPECT_EQ(second["step"], 2);
+  EXPECT_EQ(second["finite"], false);
+  EXPECT_TRUE(second["loss"].is_null());
+  EXPECT_TRUE(second["grad_norm"].is_null());
+  EXPECT_EQ(second["syncs"]["loss"], 1);
+}
+
+TEST(Divergence, ANonFiniteStepChangesNothing) {
+  TrainOptions o = tiny_run();
+  o.optimizer.lr = std::numeric_limits<double>::infinity();
+  const RankContext ctx = single_rank_context();
+  Trainer t(o, ctx);
+  EXPECT_TRUE(t.step().finite);  // finite loss and gradients; the update makes the weights inf
+  EXPECT_EQ(t.steps_done(), 1);
+  const std::vector<std::vector<char>> before = master_bytes(t.model());
+  const StepStats s = t.step();
+  EXPECT_FALSE(s.finite);
+  EXPECT_FALSE(std::isfinite(s.loss));
+  EXPECT_EQ(t.steps_done(), 1);  // not counted
+  EXPECT_EQ(master_bytes(t.model()), before);
+  EXPECT_EQ(s.syncs.get(SyncCause::kLoss), 1);  // the finite check adds no host sync
+}
+
+TEST(Divergence, ASaveOfNonFiniteWeightsWritesNothing) {
+  const fs::path dir = fresh_dir("save");
+  TrainOptions o = tiny_run();
+  const RankContext ctx = single_rank_context();
+  Trainer t(o, ctx);
+  t.step();
+  Param& p = *t.model().params().all().front();
+  p.master.data<float>()[0] = std::numeric_limits<float>::quiet_NaN();
+  try {
+    save_checkpoint(t.run_state(), (dir / "ckpt").string(), 0);
+    ADD_FAILURE() << "save_checkpoint accepted a NaN";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("/params/" + p.name), std::string::npos) << e.what();
+  }
+  EXPECT_TRUE(!fs::exists(dir / "ckpt") || fs::is_empty(dir / "ckpt"));
+}
+
+TEST(Divergence, AFiniteRunSavesAndCountsItsSteps) {
+  const fs::path dir = fresh_dir("finite");
+  TrainOptions o = tiny_run();
+  o.run.steps = 2;
+  o.checkpoint.every = 1;
+  o.checkpoint.dir = (dir / "ckpt").string();
+  o.run.metrics_path = (dir / "metrics.jsonl").string();
+  EXPECT_EQ(run_train(o, single_rank_context()), 0);
+  int committed = 0;
+  for (const auto& e : fs::directory_iterator(dir / "ckpt")) {
+    const std::string name = e.path().filename().string();
+    committed += name.rfind("step_", 0) == 0 && e.path().extension() == ".h5";
+  }
+  EXPECT_EQ(committed, 2);
+  const std::vector<std::string> lines = lines_of(o.run.metrics_path);
+  ASSERT_EQ(lines.size(), 2u);
+  for (size_t i = 0; i < lines.size(); ++i) {
+    const nlohmann::json j = nlohmann::json::parse(lines[i]);
+    EXPECT_EQ(j["step"], static_cast<int>(i + 1));
+    EXPECT_TRUE(j["loss"].is_number());
+    EXPECT_FALSE(j.contains("aux_loss"));  // dense model
+  }
+}
+
+}  // namespace
+}  // namespace hp

@@ -1,0 +1,78 @@
+// The metrics file's JSON objects: the documented keys, and non-finite numbers as null.
+#include "launch/train/metrics.h"
+
+#include <gtest/gtest.h>
+
+#include <limits>
+#include <nlohmann/json.hpp>
+
+namespace hp {
+namespace {
+
+TEST(StepJson, HasTheDocumentedKeysInOrder) {
+  StepStats s;
+  s.step = 7;
+  s.loss = 1.5;
+  s.aux_loss = 0.25;
+  s.lr = 1e-3;
+  s.grad_norm = 0.5;
+  s.tokens = 4096;
+  s.syncs.add(SyncCause::kRouting, 4);
+  s.syncs.add(SyncCause::kLoss, 1);
+  const nlohmann::ordered_json j = nlohmann::ordered_json::parse(step_json(s, true));
+  std::vector<std::string> keys;
+  for (auto it = j.begin(); it != j.end(); ++it) keys.push_back(it.key());
+  EXPECT_EQ(keys, (std::vector<std::string>{"step", "loss", "aux_loss", "lr", "grad_norm",
+                                            "tokens_per_s", "ms", "tokens", "syncs"}));
+  EXPECT_EQ(j["step"], 7);
+  EXPECT_DOUBLE_EQ(j["loss"].get<double>(), 1.5);
+  EXPECT_EQ(j["syncs"]["routing"], 4);
+  EXPECT_EQ(j["syncs"]["loss"], 1);
+  EXPECT_EQ(j["syncs"].size(), 5u);
+  EXPECT_FALSE(nlohmann::json::parse(step_json(s, false)).contains("aux_loss"));
+}
+
+TEST(StepJson, NonFiniteNumbersAreNull) {
+  StepStats s;
+  s.loss = std::numeric_limits<double>::quiet_NaN();
+  s.grad_norm = std::numeric_limits<double>::infinity();
+  s.lr = -std::numeric_limits<double>::infinity();
+  s.finite = false;
+  const std::string text = step_json(s, true);
+  EXPECT_EQ(text.find("nan"), std::string::npos) << text;
+  EXPECT_EQ(text.find("inf"), std::string::npos) << text;
+  const nlohmann::json j = nlohmann::json::parse(text);
+  EXPECT_TRUE(j["loss"].is_null());
+  EXPECT_TRUE(j["grad_norm"].is_null());
+  EXPECT_TRUE(j["lr"].is_null());
+  EXPECT_EQ(j["finite"], false);
+}
+
+TEST(StepJson, CopyArbiterStatsOfASharedLink) {
+  StepStats s;
+  CopyArbiterStats c;
+  c.bytes[0] = 3 << 20;
+  c.bytes[1] = 1 << 20;
+  c.chunks[0] = 3;
+  c.chunks[1] = 1;
+  c.link_ranks = {0, 1};
+  c.link_bytes = {4 << 20, 4 << 20};
+  c.link_jain = 1.0;
+  s.copies = c;
+  const nlohmann::json j = nlohmann::json::parse(step_json(s, false));
+  ASSERT_TRUE(j.contains("lane"));
+  EXPECT_EQ(j["lane"]["arbiter"], "node");
+  EXPECT_EQ(j["lane"]["reload_bytes"], 3 << 20);
+  EXPECT_EQ(j["lane"]["offload_chunks"], 1);
+  EXPECT_EQ(j["lane"]["link_ranks"], nlohmann::json({0, 1}));
+  EXPECT_EQ(j["lane"]["jain"], 1.0);
+  s.copies->link_ranks.clear();
+  const nlohmann::json local = nlohmann::json::parse(step_json(s, false));
+  EXPECT_EQ(local["lane"]["arbiter"], "local");
+  EXPECT_FALSE(local["lane"].contains("jain"));
+  EXPECT_NE(step_log_line(s, false).find(" lane_mib=r3/o1"), std::string::npos)
+      << step_log_line(s, false);
+}
+
+}  // namespace
+}  // namespace hp
