@@ -1,11 +1,11 @@
-// Checkpoint files and directories: chunking and row splits, write/read round trips (serial and
-// MPI-IO writers), attributes, damage detection (flipped byte, truncation, missing dataset,
-// foreign file), the commit protocol's file names, `latest`, and retention.
+// Checkpoint files and directories: chunking and row splits, write/read round trips (serial; the
+// MPI-IO writer with its group in tests/parallel/mpi_checkpoint_group_test.cpp), attributes, damage
+// detection (flipped byte, truncation, missing dataset, foreign file), the commit protocol's file
+// names, `latest`, and retention.
 #include "framework/checkpoint/checkpoint.h"
 
 #include <gtest/gtest.h>
 #include <hdf5.h>
-#include <mpi.h>
 #include <stdlib.h>
 
 #include <cstring>
@@ -48,8 +48,8 @@ std::vector<float> iota_floats(size_t n, float start) {
 }
 
 // A small checkpoint: /params/w [6, 4] f32, /params/b [4] f64, /state/step, attributes.
-void write_small(const std::string& path, MPI_Comm comm) {
-  CheckpointWriter w(path, comm);
+void write_small(const std::string& path, const CheckpointGroup* group) {
+  CheckpointWriter w(path, group);
   const std::vector<float> wv = iota_floats(24, 1000.0f);
   w.write_rows("/params/w", {6, 4}, DType::kF32, 2, RowRange{0, 6}, wv.data());
   const std::vector<double> bv{0.5, -1.5, 2.5, 3.25};
@@ -60,6 +60,16 @@ void write_small(const std::string& path, MPI_Comm comm) {
   w.set_attr("config", std::string("d_model = 8\n"));
   w.set_attr("layout", std::vector<int64_t>{4, 2, 2});
   w.close();
+}
+
+// 64-bit FNV-1a of n bytes (what CheckpointReader::verify digests), computed here on its own.
+uint64_t fnv1a64(const void* p, size_t n) {
+  uint64_t h = 1469598103934665603ull;
+  for (size_t i = 0; i < n; ++i) {
+    h ^= static_cast<const unsigned char*>(p)[i];
+    h *= 1099511628211ull;
+  }
+  return h;
 }
 
 void expect_throws_with(const std::function<void()>& f, const std::vector<std::string>& parts) {
@@ -90,10 +100,10 @@ TEST(CheckpointFormat, ChunkRowsAndChunkAlignedSplits) {
   }
 }
 
-void round_trip(MPI_Comm comm) {
+void round_trip(const CheckpointGroup* group) {
   TempDir dir;
   const std::string path = dir.file("c.h5");
-  write_small(path, comm);
+  write_small(path, group);
   CheckpointReader r(path);
   EXPECT_EQ(r.string_attr("config"), "d_model = 8\n");
   EXPECT_EQ(r.int_attr("format_version"), kCheckpointVersion);
@@ -120,12 +130,15 @@ void round_trip(MPI_Comm comm) {
   EXPECT_TRUE(r.has_dataset("/params/w"));
   EXPECT_FALSE(r.has_dataset("/params/missing"));
   EXPECT_FALSE(r.has_dataset("/nogroup/x"));
-  EXPECT_EQ(r.verify("/params/w"), r.verify("/params/w"));
+  // verify() reads every chunk (checksums checked) and digests the stored bytes: the FNV-1a of
+  // exactly what was written, and different for different data. (A damaged chunk: below.)
+  EXPECT_EQ(r.verify("/params/w"), fnv1a64(all.data(), all.size() * sizeof(float)));
+  const std::vector<double> bv{0.5, -1.5, 2.5, 3.25};
+  EXPECT_EQ(r.verify("/params/b"), fnv1a64(bv.data(), bv.size() * sizeof(double)));
+  EXPECT_NE(r.verify("/params/w"), r.verify("/params/b"));
 }
 
-TEST(CheckpointFormat, SerialRoundTrip) { round_trip(MPI_COMM_NULL); }
-
-TEST(CheckpointFormat, ParallelRoundTrip) { round_trip(MPI_COMM_WORLD); }
+TEST(CheckpointFormat, SerialRoundTrip) { round_trip(nullptr); }
 
 // A dataset that is one chunk larger than HDF5's chunk cache (1 MiB), written whole, keeps its
 // data (HDF5 1.10 dropped it under incremental chunk allocation).
@@ -136,7 +149,7 @@ TEST(CheckpointFormat, LargeSingleChunkDatasetRoundTrips) {
   std::vector<float> v(static_cast<size_t>(rows * cols));
   for (size_t i = 0; i < v.size(); ++i) v[i] = 0.5f + static_cast<float>((i * 2654435761u) % 9973);
   {
-    CheckpointWriter w(path, MPI_COMM_NULL);
+    CheckpointWriter w(path, nullptr);
     w.write_rows("/params/big", {rows, cols}, DType::kF32, rows, RowRange{0, rows}, v.data());
     w.set_attr("format", std::string(kCheckpointFormat));
     w.set_attr("format_version", kCheckpointVersion);
@@ -152,7 +165,9 @@ TEST(CheckpointFormat, LargeSingleChunkDatasetRoundTrips) {
 TEST(CheckpointFormat, FlippedByteIsNamed) {
   TempDir dir;
   const std::string path = dir.file("c.h5");
-  write_small(path, MPI_COMM_NULL);
+  write_small(path, nullptr);
+  uint64_t pristine = 0;
+  EXPECT_NO_THROW(pristine = CheckpointReader(path).verify("/params/w"));
   // Find the stored bytes of element 13 of /params/w (chunk rows 2-3) and flip one.
   std::vector<char> bytes;
   {
@@ -178,13 +193,19 @@ TEST(CheckpointFormat, FlippedByteIsNamed) {
       },
       {path, "'/params/w'", "chunk 1", "CRC-32C"});
   expect_throws_with([&] { r.verify("/params/w"); }, {path, "'/params/w'"});
+  EXPECT_NE(pristine, 0u);
+  EXPECT_NO_THROW(r.verify("/params/b"));  // the other dataset is intact
   // A read of part of the damaged chunk, or with a conversion, checks the whole chunk.
   expect_throws_with(
-      [&] { r.read_rows("/params/w", RowRange{3, 1}, DType::kF32, rows.data()); },
+      [&] {
+        r.read_rows("/params/w", RowRange{3, 1}, DType::kF32, rows.data());
+      },
       {path, "'/params/w'", "chunk 1"});
   std::vector<double> wide(8);
   expect_throws_with(
-      [&] { r.read_rows("/params/w", RowRange{2, 2}, DType::kF64, wide.data()); },
+      [&] {
+        r.read_rows("/params/w", RowRange{2, 2}, DType::kF64, wide.data());
+      },
       {path, "'/params/w'", "chunk 1"});
   r.read_rows("/params/w", RowRange{0, 1}, DType::kF64, wide.data());  // chunk 0 is intact
   EXPECT_DOUBLE_EQ(wide[0], 1000.0);
@@ -193,7 +214,7 @@ TEST(CheckpointFormat, FlippedByteIsNamed) {
 TEST(CheckpointFormat, TruncatedMissingAndForeignFiles) {
   TempDir dir;
   const std::string path = dir.file("c.h5");
-  write_small(path, MPI_COMM_NULL);
+  write_small(path, nullptr);
   {
     CheckpointReader r(path);
     expect_throws_with([&] { r.info("/optim/w/m"); }, {path, "'/optim/w/m'", "missing"});
@@ -209,7 +230,7 @@ TEST(CheckpointFormat, TruncatedMissingAndForeignFiles) {
   // An HDF5 file that is not a checkpoint.
   const std::string other = dir.file("other.h5");
   {
-    CheckpointWriter w(other, MPI_COMM_NULL);
+    CheckpointWriter w(other, nullptr);
     w.write_i64("/x", {1}, true);
     w.close();
   }
@@ -235,11 +256,11 @@ TEST(CheckpointDir, NamesCommitLatestAndRetention) {
   EXPECT_EQ(read_latest(d), "");
   EXPECT_TRUE(committed_steps(d).empty());
   for (int64_t s : {2, 4, 6}) {
-    write_small(checkpoint_tmp_path(d, s), MPI_COMM_NULL);
+    write_small(checkpoint_tmp_path(d, s), nullptr);
     commit_checkpoint(d, s);
     update_latest(d, s);
   }
-  write_small(checkpoint_tmp_path(d, 8), MPI_COMM_NULL);  // an interrupted save
+  write_small(checkpoint_tmp_path(d, 8), nullptr);  // an interrupted save
   EXPECT_EQ(committed_steps(d), (std::vector<int64_t>{6, 4, 2}));
   EXPECT_EQ(read_latest(d), checkpoint_path(d, 6));
   EXPECT_FALSE(fs::exists(d + "/latest.tmp"));
@@ -249,7 +270,7 @@ TEST(CheckpointDir, NamesCommitLatestAndRetention) {
   EXPECT_EQ(committed_steps(d), (std::vector<int64_t>{6, 4}));
   EXPECT_TRUE(fs::exists(checkpoint_tmp_path(d, 8)));
   // Committing 10 removes the stale .tmp of 8 and, with keep_last=1, step 6 and 4.
-  write_small(checkpoint_tmp_path(d, 10), MPI_COMM_NULL);
+  write_small(checkpoint_tmp_path(d, 10), nullptr);
   commit_checkpoint(d, 10);
   update_latest(d, 10);
   apply_retention(d, 1, 10);

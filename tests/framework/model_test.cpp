@@ -54,7 +54,7 @@ ModelConfig tiny_moe_config() {
   c.window_layers = WindowLayers::kEven;
   c.attn_sinks = true;
   c.attn_bias = true;
-  c.activation = "gptoss";
+  c.activation = Activation::kGptOss;
   c.swiglu_limit = 1.0;  // small enough that the clamps are active at this init scale
   c.moe_aux_coef = 0.05;
   c.init_std = 0.5;
@@ -77,7 +77,7 @@ ModelConfig tiny_dense_config() {
 
 // The scalar the trainer minimizes: mean cross-entropy plus the aux loss.
 double objective(Model& model, const BatchMeta& meta, int64_t valid) {
-  LossSums s = model.forward(meta);
+  LossSums s = model.evaluate(meta);
   Tensor h = Tensor::host({1}, DType::kF64);
   Backend& be = model.backend();
   be.copy(s.lm, h);

@@ -70,7 +70,7 @@ TEST(Overfit, TinyMoeMemorizesOneBatch) {
   c.window_layers = WindowLayers::kEven;
   c.attn_sinks = true;
   c.attn_bias = true;
-  c.activation = "gptoss";
+  c.activation = Activation::kGptOss;
   ModelOptions opts;
   opts.max_positions = 32;
   Model model(c, opts, *be);

@@ -18,7 +18,7 @@
 #include "framework/backend/backend.h"
 #include "parallel/launch_env.h"
 #include "parallel/process_groups.h"
-#include "parallel/tcp_communicator.h"
+#include "parallel/store_communicator.h"
 #include "tests/parallel/tcp_threads.h"
 
 namespace hp {

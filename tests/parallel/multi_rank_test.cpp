@@ -1,14 +1,16 @@
 // Collectives, groups and failure handling across ranks.
 //
 // The same checks run in two settings:
-//  - MultiRank.* / MultiGroups.*: one rank per process. The world comes from the launch:
-//    mpirun (MPI), or RANK/WORLD_SIZE or SLURM_* with HP_TEST_BOOTSTRAP=file:PATH|tcp:HOST:PORT
-//    (TCP). Skipped in a world of one; tests/cli/mpi_parallel.sh launches them on 2 and 4 ranks.
-//  - TcpThreads.*: ranks as threads of this process over TCP loopback, so a plain test run
-//    covers the multi-rank paths too.
+//  - MultiRank.* / MultiGroups.*: one rank per process, the world from the MPI launch. Each case
+//    is registered with CTest once per rank count on its HP_MPI_TEST line, run under
+//    ${MPIEXEC_EXECUTABLE} (label mpi: `ctest -L mpi`, or `ctest -R MultiRank.Broadcast`);
+//    started alone, it skips.
+//  - TcpThreads.*: ranks as threads of this process, their communicators over a TcpStore on
+//    loopback (tcp_threads.h), so the single-process run covers the multi-rank paths too.
 // FaultInjection.* run only when HP_TEST_FAULT names a fault (timeout, throw, exit); they end the
-// process like the top level of the program would (log, abort the communicator, exit non-zero),
-// and the script checks the output and that the whole job ends promptly.
+// process like the top level of the program would (log, abort the communicator, exit non-zero).
+// CTest sets HP_TEST_FAULT for each and checks the output (or the failing exit status) and, with
+// the test's timeout, that the whole job ends instead of hanging.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -25,7 +27,8 @@
 #include "framework/core/error.h"
 #include "parallel/launch_env.h"
 #include "parallel/process_groups.h"
-#include "parallel/tcp_communicator.h"
+#include "parallel/store_communicator.h"
+#include "tests/common/mpi_case.h"
 #include "tests/parallel/tcp_threads.h"
 
 namespace hp {
@@ -348,13 +351,28 @@ void check_send_recv(Communicator& c) {
   c.barrier();
 }
 
+// Rank 0 leaves a file behind before it enters the barrier, late; every rank must find it after.
 void check_barrier(Communicator& c) {
+  static std::atomic<int> counter{0};
+  std::string path;
+  if (c.rank() == 0) {
+    path = str_cat(::testing::TempDir(), "hp_barrier_", ::getpid(), "_", counter++);
+  }
+  const std::vector<uint8_t> name =
+      share_blob(c, std::vector<uint8_t>(path.begin(), path.end()), 0);
+  path.assign(name.begin(), name.end());
   c.barrier();
-  auto start = std::chrono::steady_clock::now();
-  if (c.rank() == 0) std::this_thread::sleep_for(300ms);
+  if (c.rank() == 0) {
+    std::this_thread::sleep_for(100ms);  // a barrier that does not wait lets the others see none
+    std::FILE* f = std::fopen(path.c_str(), "w");
+    EXPECT_NE(f, nullptr) << path;
+    if (f) std::fclose(f);
+  }
   c.barrier();
-  auto waited = std::chrono::steady_clock::now() - start;
-  EXPECT_GE(waited, 250ms) << where(c) << " left the barrier before rank 0 arrived";
+  EXPECT_EQ(::access(path.c_str(), F_OK), 0)
+      << where(c) << " left the barrier before rank 0 arrived (no " << path << ")";
+  c.barrier();
+  if (c.rank() == 0) std::remove(path.c_str());
 }
 
 void check_share_blob(Communicator& c) {
@@ -455,9 +473,8 @@ CommPtr process_world() {
     CommOptions options;
     options.timeout = 60s;
     LaunchInfo info = detect_launch();
-    const char* spec = std::getenv("HP_TEST_BOOTSTRAP");
-    if (!spec && !info.use_mpi) return nullptr;
-    CommPtr w = create_world(info, spec ? parse_bootstrap(spec) : parse_bootstrap("mpi"), options);
+    if (!info.use_mpi) return nullptr;
+    CommPtr w = create_world(info, parse_bootstrap("mpi"), options);
     set_error_rank(w->rank());
     std::fprintf(stderr, "[parallel_tests] %s, world communicator of %d ranks\n",
                  info.describe().c_str(), w->size());
@@ -471,54 +488,54 @@ CommPtr process_world() {
   if (!var || var->size() < 2) GTEST_SKIP() << "needs a launch of 2 or more ranks"; \
   var->set_timeout(60s)
 
-TEST(MultiRank, WorldMatchesTheLaunch) {
+HP_MPI_TEST(MultiRank, WorldMatchesTheLaunch, 2, 4) {
   HP_MULTI_WORLD(world);
   LaunchInfo info = detect_launch();
   EXPECT_EQ(world->size(), info.world);
   EXPECT_EQ(world->rank(), info.rank);
   EXPECT_EQ(world->world_rank(), info.rank);
 }
-TEST(MultiRank, AllReduceMatchesRankOrderFold) {
+HP_MPI_TEST(MultiRank, AllReduceMatchesRankOrderFold, 2, 4) {
   HP_MULTI_WORLD(world);
   check_all_reduce(*world);
 }
-TEST(MultiRank, AllReduceBitwiseEqualAcrossRanks) {
+HP_MPI_TEST(MultiRank, AllReduceBitwiseEqualAcrossRanks, 2, 4) {
   HP_MULTI_WORLD(world);
   check_bitwise_equal_across_ranks(*world);
 }
-TEST(MultiRank, Broadcast) {
+HP_MPI_TEST(MultiRank, Broadcast, 2, 4) {
   HP_MULTI_WORLD(world);
   check_broadcast(*world);
 }
-TEST(MultiRank, AllGather) {
+HP_MPI_TEST(MultiRank, AllGather, 2, 4) {
   HP_MULTI_WORLD(world);
   check_all_gather(*world);
 }
-TEST(MultiRank, ReduceScatter) {
+HP_MPI_TEST(MultiRank, ReduceScatter, 2, 4) {
   HP_MULTI_WORLD(world);
   check_reduce_scatter(*world);
 }
-TEST(MultiRank, AllToAllVUnevenCounts) {
+HP_MPI_TEST(MultiRank, AllToAllVUnevenCounts, 2, 4) {
   HP_MULTI_WORLD(world);
   check_all_to_all_v(*world);
 }
-TEST(MultiRank, SendRecv) {
+HP_MPI_TEST(MultiRank, SendRecv, 2, 4) {
   HP_MULTI_WORLD(world);
   check_send_recv(*world);
 }
-TEST(MultiRank, Barrier) {
+HP_MPI_TEST(MultiRank, Barrier, 2, 4) {
   HP_MULTI_WORLD(world);
   check_barrier(*world);
 }
-TEST(MultiRank, ShareBlob) {
+HP_MPI_TEST(MultiRank, ShareBlob, 2, 4) {
   HP_MULTI_WORLD(world);
   check_share_blob(*world);
 }
-TEST(MultiRank, Split) {
+HP_MPI_TEST(MultiRank, Split, 2, 4) {
   HP_MULTI_WORLD(world);
   check_split(*world);
 }
-TEST(MultiGroups, WorldDpEpNode) {
+HP_MPI_TEST(MultiGroups, WorldDpEpNode, 2, 4) {
   HP_MULTI_WORLD(world);
   check_groups(world);
 }
@@ -544,7 +561,7 @@ bool fault_is(const char* name) {
   if (!var || var->size() < 2) GTEST_SKIP() << "needs a launch of 2 or more ranks"
 
 // The last rank arrives late; the others' all_reduce times out after 2 s naming the collective.
-TEST(FaultInjection, Timeout) {
+HP_MPI_TEST(FaultInjection, Timeout, 4) {
   HP_FAULT_WORLD(world, "timeout");
   world->set_timeout(2s);
   const int late = world->size() - 1;
@@ -560,7 +577,7 @@ TEST(FaultInjection, Timeout) {
 
 // One rank throws while the others wait in a barrier with the default 60 s timeout: the job must
 // end well before that.
-TEST(FaultInjection, Throw) {
+HP_MPI_TEST(FaultInjection, Throw, 4) {
   HP_FAULT_WORLD(world, "throw");
   try {
     if (world->rank() == 1) throw Error(ErrorKind::kData, "injected failure on rank 1");
@@ -573,7 +590,7 @@ TEST(FaultInjection, Throw) {
 }
 
 // One rank dies without a word (no abort, no MPI_Finalize).
-TEST(FaultInjection, Exit) {
+HP_MPI_TEST(FaultInjection, Exit, 4) {
   HP_FAULT_WORLD(world, "exit");
   try {
     if (world->rank() == 1) std::_Exit(3);

@@ -6,7 +6,7 @@
 
 #include <algorithm>
 
-#include "parallel/tcp_communicator.h"
+#include "parallel/store_communicator.h"
 
 namespace hp {
 namespace {
@@ -68,7 +68,7 @@ TEST(GroupLayout, EpSizeMustDivideWorld) {
 }
 
 TEST(ProcessGroups, SingleRank) {
-  ProcessGroups g = make_process_groups(TcpCommunicator::single(), 1);
+  ProcessGroups g = make_process_groups(StoreCommunicator::single(), 1);
   EXPECT_EQ(g.world->size(), 1);
   EXPECT_EQ(g.dp->size(), 1);
   EXPECT_EQ(g.ep->size(), 1);
@@ -76,7 +76,7 @@ TEST(ProcessGroups, SingleRank) {
   EXPECT_EQ(g.dp->name(), "dp");
   EXPECT_EQ(g.ep->name(), "ep");
   EXPECT_EQ(g.node->name(), "node");
-  EXPECT_THROW(make_process_groups(TcpCommunicator::single(), 2), UserError);
+  EXPECT_THROW(make_process_groups(StoreCommunicator::single(), 2), UserError);
 }
 
 }  // namespace
