@@ -5,6 +5,7 @@
 namespace hp {
 
 void grad_sum_squares(Backend& be, ParamRegistry& params, Tensor& acc) {
+  FamilyScope scope(be, OpFamily::kOptimizer);
   HP_CHECK(acc.numel() == 2, "grad_sum_squares needs acc[2], got ", acc.desc());
   be.fill(acc, 0.0);
   Tensor dense = acc.slice(0, 1), expert = acc.slice(1, 2);
@@ -18,6 +19,7 @@ double clip_coefficient(double grad_norm, double clip) {
 }
 
 void AdamW::step(Backend& be, ParamRegistry& params, int64_t step, double lr, double grad_scale) {
+  FamilyScope scope(be, OpFamily::kOptimizer);
   AdamWParams p;
   p.lr = lr;
   p.beta1 = cfg_.beta1;

@@ -20,14 +20,15 @@
 #include <memory>
 #include <string>
 
+#include "framework/backend/profile.h"
 #include "framework/core/sync_counter.h"
 #include "framework/core/tensor.h"
 #include "framework/data/packed_batch.h"
 
 namespace hp {
 
-class CopyArbiter;          // framework/model/copy_arbiter.h
-enum class CopyDirection;   // framework/model/copy_arbiter.h
+class CopyArbiter;         // framework/backend/copy_arbiter.h
+enum class CopyDirection;  // framework/backend/copy_arbiter.h
 
 // The device-resident view of a PackedBatch, uploaded once per batch (no sync) and read by every
 // layer. `host` points at the batch it came from, which must outlive this object.
@@ -83,6 +84,23 @@ class Backend {
   virtual DType act_dtype() const = 0;
   virtual DType master_dtype() const = 0;
   SyncCounter& syncs() { return syncs_; }
+
+  // ---- step profiling (framework/backend/profile.h) ----------------------------------------
+  // The phase and op family that work issued from now on belongs to; set through PhaseScope and
+  // FamilyScope. Cheap when no profile is being collected.
+  void mark(StepPhase phase, OpFamily family) {
+    if (profiling_) on_mark(phase_, family_);
+    phase_ = phase;
+    family_ = family;
+    if (profiling_) after_mark();
+  }
+  StepPhase phase() const { return phase_; }
+  OpFamily op_family() const { return family_; }
+  // Collects a StepProfile of the work issued between the two calls. profile_end waits for that
+  // work to finish (one sync of cause other) and returns where its time went. The default
+  // measures host time between marks, exact for a backend that computes on the calling thread.
+  virtual void profile_begin();
+  virtual StepProfile profile_end();
 
   // ---- memory -----------------------------------------------------------------------------
   virtual Allocator& allocator() = 0;
@@ -145,9 +163,7 @@ class Backend {
   // the label an arbiter grants its chunks under. A plain copy() on the copy stream counts as a
   // reload when its destination is device memory, else as an offload (on the cpu backend, whose
   // device memory is host memory, always an offload).
-  virtual void copy_over_link(const Tensor& src, Tensor& dst, CopyDirection dir) {
-    copy(src, dst);
-  }
+  virtual void copy_over_link(const Tensor& src, Tensor& dst, CopyDirection dir) { copy(src, dst); }
 
   // ---- packed batch metadata (rule 1) --------------------------------------------------------
   virtual BatchMeta upload_batch(const PackedBatch& batch) = 0;
@@ -261,8 +277,20 @@ class Backend {
                      Tensor& working) = 0;
 
  protected:
+  // Called on a mark while profiling: before the change with the marks being left, and after it.
+  virtual void on_mark(StepPhase phase, OpFamily family);
+  virtual void after_mark() {}
+
   SyncCounter syncs_;
   StreamKind stream_ = StreamKind::kCompute;
+  bool profiling_ = false;
+  StepPhase phase_ = StepPhase::kOther;
+  OpFamily family_ = OpFamily::kOther;
+
+ private:
+  // Host-time profile (the default implementation).
+  double host_t0_ = 0, host_last_ = 0;
+  StepProfile host_profile_;
 };
 
 // The CPU reference backend; dtype is kF32 (training) or kF64 (gradient checks).

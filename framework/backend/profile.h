@@ -47,7 +47,15 @@ struct StepProfile {
   double idle_ms = 0;
   std::array<double, kNumStepPhases> by_phase{};
   std::array<double, kNumOpFamilies> by_family{};
-  int64_t kernels = 0;  // device work items seen (0 on the host backend)
+  // Idle time split by what ended it: each gap goes to the phase and family of the work that
+  // started next (the gap after the last piece of work to kOther). A gap before the expert GEMMs
+  // is the host catching up after the routing sync, one before the optimizer the loss read.
+  // Each sums to idle_ms; zero on the host backend.
+  std::array<double, kNumStepPhases> idle_by_phase{};
+  std::array<double, kNumOpFamilies> idle_by_family{};
+  int64_t kernels = 0;         // device work items seen (0 on the host backend)
+  int64_t device_mallocs = 0;  // device allocations that missed the backend's cache
+  int64_t plans_built = 0;     // kernel plans built on the way (cuDNN graphs)
   double busy_fraction() const { return wall_ms > 0 ? busy_ms / wall_ms : 0; }
 };
 

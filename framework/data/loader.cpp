@@ -1,6 +1,7 @@
 #include "framework/data/loader.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <numeric>
 
 #include "framework/core/error.h"
@@ -34,6 +35,20 @@ void validate(const DataConfig& c) {
                   ": every rank takes rows_per_batch/world rows; choose a multiple of ", c.world);
 }
 
+// "geometric" -> 0, 0; "uniform:MIN:MAX" -> MIN, MAX.
+void parse_doc_len(const std::string& s, int64_t* min, int64_t* max) {
+  *min = *max = 0;
+  if (s == "geometric") return;
+  long long a = 0, b = 0;
+  char tail = 0;
+  if (std::sscanf(s.c_str(), "uniform:%lld:%lld%c", &a, &b, &tail) != 2 || a < 2 || b <= a)
+    HP_USER_ERROR(ErrorKind::kConfig, "config key 'synthetic_doc_len': '", s,
+                  "' is not 'geometric' or 'uniform:MIN:MAX' with 2 <= MIN < MAX (lengths count "
+                  "the EOT), e.g. uniform:64:4096");
+  *min = a;
+  *max = b;
+}
+
 SyntheticParams synthetic_params(const DataConfig& c) {
   SyntheticParams p;
   p.vocab_size = c.vocab_size;
@@ -41,6 +56,7 @@ SyntheticParams synthetic_params(const DataConfig& c) {
   p.content_vocab = c.synthetic_vocab != 0 ? c.synthetic_vocab : c.eot_token;
   p.zipf = c.synthetic_zipf;
   p.mean_doc_len = c.synthetic_mean_doc_len;
+  parse_doc_len(c.synthetic_doc_len, &p.doc_len_min, &p.doc_len_max);
   p.seed = c.seed;
   return p;
 }

@@ -46,6 +46,9 @@ struct DataConfig {
   int64_t synthetic_vocab = 0;
   double synthetic_zipf = 1.0;
   double synthetic_mean_doc_len = 64;
+  // "geometric" (mean synthetic_mean_doc_len) or "uniform:MIN:MAX" (lengths, EOT included, in
+  // [MIN, MAX)); see parse_doc_len().
+  std::string synthetic_doc_len = "geometric";
 };
 
 // Where the loader stands between two batches: enough to resume the exact row stream.

@@ -54,6 +54,9 @@ SyntheticSource::SyntheticSource(const SyntheticParams& params)
     HP_USER_ERROR(ErrorKind::kConfig, "synthetic_mean_doc_len must be in [1, 1e12] (got ",
                   p.mean_doc_len, ")");
 
+  if (p.doc_len_max > 0 && !(p.doc_len_min >= 2 && p.doc_len_min < p.doc_len_max))
+    HP_USER_ERROR(ErrorKind::kConfig, "synthetic_doc_len=uniform:", p.doc_len_min, ":",
+                  p.doc_len_max, " needs 2 <= MIN < MAX (lengths count the EOT)");
   p_ = 1.0 / p.mean_doc_len;
   log_continue_ = std::log1p(-p_);
   const int64_t vc = p.content_vocab;
@@ -106,6 +109,7 @@ SyntheticSource::SyntheticSource(const SyntheticParams& params)
 }
 
 double SyntheticSource::entropy_floor() const {
+  if (params_.doc_len_max > 0) return std::numeric_limits<double>::quiet_NaN();
   const double p = p_;
   const double hb = (p > 0 && p < 1) ? -p * std::log(p) - (1 - p) * std::log1p(-p) : 0.0;
   return hb + (1 - p) * h_zipf_;
@@ -115,6 +119,10 @@ int64_t SyntheticSource::document_length(int64_t i) const {
   HP_CHECK(i >= 0, "document ", i);
   if (p_ >= 1) return 2;
   const Philox rng(doc_rng_.u64(static_cast<uint64_t>(i)), doc_purpose_);
+  if (params_.doc_len_max > 0)
+    return params_.doc_len_min +
+           static_cast<int64_t>(
+               rng.below(0, static_cast<uint64_t>(params_.doc_len_max - params_.doc_len_min)));
   const double u = 1.0 - rng.uniform(0);  // (0, 1]
   // Content tokens after the first: the number of "continue" outcomes before the first stop.
   const double extra = std::floor(std::log(u) / log_continue_);
@@ -235,9 +243,11 @@ double SyntheticSource::log_prob(int32_t a, int32_t b, int32_t next) const {
 
 std::string SyntheticSource::describe() const {
   return str_cat("synthetic order-2 Markov chain: ", params_.content_vocab, " content tokens, EOT ",
-                 params_.eot_token, ", zipf ", params_.zipf, ", mean_doc_len ",
-                 params_.mean_doc_len, ", seed ", params_.seed, ", entropy floor ", entropy_floor(),
-                 " nats/target");
+                 params_.eot_token, ", zipf ", params_.zipf,
+                 params_.doc_len_max > 0 ? str_cat(", doc lengths uniform ", params_.doc_len_min,
+                                                   "..", params_.doc_len_max - 1)
+                                         : str_cat(", mean_doc_len ", params_.mean_doc_len),
+                 ", seed ", params_.seed, ", entropy floor ", entropy_floor(), " nats/target");
 }
 
 uint64_t SyntheticSource::fingerprint() const {
@@ -247,6 +257,8 @@ uint64_t SyntheticSource::fingerprint() const {
         bits_of(params_.zipf), bits_of(params_.mean_doc_len), params_.seed}) {
     h = hash64(std::to_string(v), h ^ 0x2F);
   }
+  if (params_.doc_len_max > 0)  // geometric sources keep the fingerprints they always had
+    h = hash64(str_cat("uniform:", params_.doc_len_min, ":", params_.doc_len_max), h ^ 0x2F);
   return h;
 }
 

@@ -41,6 +41,11 @@ struct SyntheticParams {
   int64_t content_vocab = 0;  // Vc >= 2
   double zipf = 1.0;          // exponent s >= 0 (0: uniform)
   double mean_doc_len = 64;   // 1/p, >= 1: the mean number of content tokens per document
+  // When doc_len_max > 0: document lengths (EOT included) uniform in [doc_len_min, doc_len_max)
+  // instead of geometric, as realistic corpora have documents of hundreds to thousands of
+  // tokens. The stop is then not memoryless, so entropy_floor() is not known (NaN).
+  int64_t doc_len_min = 0;
+  int64_t doc_len_max = 0;
   uint64_t seed = 0;
 };
 

@@ -61,6 +61,18 @@ struct Model::LayerActs {
   }
 };
 
+// What forward keeps for loss and backward (one micro-batch).
+struct Model::PassState {
+  Pass pass = Pass::kTrain;
+  BatchMeta meta;
+  std::vector<LayerActs> acts;       // per layer (kTrain)
+  ActivationStore* store = nullptr;  // holds the block inputs in between (checkpointing)
+  Tensor x_last;                     // input of the final norm
+  Tensor rstd_final;                 // final norm's 1/rms per row
+  Tensor hidden;                     // final hidden states: the unembedding's input [N, d]
+  Tensor d_hidden;                   // loss(): d(grad_scale * loss) / d(hidden) (kTrain)
+};
+
 namespace {
 // Static range names (profilers keep the pointer); layers past the table share the last name.
 constexpr int kMaxNamedLayers = 9;
@@ -72,6 +84,9 @@ const char* const kLayerBwd[kMaxNamedLayers] = {"layer 0 bwd", "layer 1 bwd", "l
                                                 "layer 6 bwd", "layer 7 bwd", "layer 8+ bwd"};
 
 // C += or = A @ B with 2-D views, the one matmul shape the model needs most.
+// Names the op family of the work issued next, for step profiles (framework/backend/profile.h).
+void family(Backend& be, OpFamily f) { be.mark(be.phase(), f); }
+
 void matmul(Backend& be, const Tensor& a, const Tensor& b, Tensor& c, bool ta = false,
             bool tb = false, double beta = 0.0) {
   be.gemm(a, ta, b, tb, c, 1.0, beta);
@@ -82,6 +97,9 @@ Model::Model(const ModelConfig& cfg, const ModelOptions& opts, Backend& be,
              std::shared_ptr<ExpertExchange> exchange)
     : cfg_(cfg), opts_(opts), be_(be), exchange_(std::move(exchange)) {
   cfg_.validate();
+  glu_.kind = cfg_.activation == Activation::kGptOss ? GluKind::kGptOss : GluKind::kSwiGLU;
+  glu_.alpha = cfg_.swiglu_alpha;
+  glu_.limit = cfg_.swiglu_limit;
   if (!exchange_) exchange_ = std::make_shared<LocalExpertExchange>();
   if (cfg_.is_moe()) {
     const int ep = exchange_->ep_size();
@@ -213,6 +231,7 @@ void Model::refresh_working_copies() {
 }
 
 void Model::zero_grads() {
+  FamilyScope scope(be_, OpFamily::kElementwise);
   for (auto& p : params_.all()) be_.fill(p->grad, 0.0);
 }
 
@@ -230,11 +249,14 @@ void Model::layer_forward(int l, const BatchMeta& meta_in, LayerActs& a, bool re
   // Attention block.
   a.xn = new_act({n, d});
   a.rstd1 = new_master({n});
+  family(be_, OpFamily::kElementwise);
   be_.rmsnorm_fwd(a.x, L.attn_norm->work, cfg_.norm_eps, a.xn, a.rstd1);
+  family(be_, OpFamily::kDenseGemm);
   Tensor qkv_flat = new_act({n, htot * hd});
   matmul(be_, a.xn, L.wqkv->work, qkv_flat);
   if (L.bqkv) be_.add_bias(qkv_flat, L.bqkv->work);
   a.qkv = qkv_flat.reshape({n, htot, hd});
+  family(be_, OpFamily::kElementwise);
   if (cfg_.qk_norm) {
     a.qkv_pre = a.qkv;
     a.qkv = new_act({n, htot, hd});
@@ -246,10 +268,13 @@ void Model::layer_forward(int l, const BatchMeta& meta_in, LayerActs& a, bool re
   a.attn = new_act({n, hq, hd});
   a.lse = new_master({n, hq});
   Tensor no_sinks;
+  family(be_, OpFamily::kAttention);
   be_.attention_fwd(a.qkv, L.sinks ? L.sinks->work : no_sinks, a.meta, L.attn, a.attn, a.lse);
   a.h = new_act({n, d});
+  family(be_, OpFamily::kDenseGemm);
   matmul(be_, a.attn.reshape({n, hq * hd}), L.wo->work, a.h);
   if (L.bo) be_.add_bias(a.h, L.bo->work);
+  family(be_, OpFamily::kElementwise);
   be_.add(a.h, a.x, a.h);
   // FFN block.
   a.hn = new_act({n, d});
@@ -260,13 +285,11 @@ void Model::layer_forward(int l, const BatchMeta& meta_in, LayerActs& a, bool re
   } else {
     const int64_t f = cfg_.ffn_dim;
     a.gu = new_act({n, 2 * f});
+    family(be_, OpFamily::kDenseGemm);
     matmul(be_, a.hn, L.w_gate_up->work, a.gu);
+    family(be_, OpFamily::kElementwise);
     a.act = new_act({n, f});
-    GluParams gp;
-    gp.kind = cfg_.activation == "gptoss" ? GluKind::kGptOss : GluKind::kSwiGLU;
-    gp.alpha = cfg_.swiglu_alpha;
-    gp.limit = cfg_.swiglu_limit;
-    be_.glu_fwd(a.gu, gp, a.act);
+    be_.glu_fwd(a.gu, glu_, a.act);
   }
 }
 
@@ -275,6 +298,7 @@ void Model::moe_forward(int l, LayerActs& a, bool recompute) {
   const int64_t n = a.hn.dim(0), d = cfg_.d_model, e = cfg_.n_experts, k = cfg_.top_k;
   const int64_t f = cfg_.expert_ffn_dim;
   a.logits = new_act({n, e});
+  family(be_, OpFamily::kRouting);
   matmul(be_, a.hn, L.wr->work, a.logits);
   be_.add_bias(a.logits, L.br->work);
   a.idx = be_.empty({n, k}, DType::kI32);
@@ -301,22 +325,20 @@ void Model::moe_forward(int l, LayerActs& a, bool recompute) {
   a.he = new_act({rows, 2 * f});
   a.ae = new_act({rows, f});
   a.ye = new_act({rows, d});
-  GluParams gp;
-  gp.kind = cfg_.activation == "gptoss" ? GluKind::kGptOss : GluKind::kSwiGLU;
-  gp.alpha = cfg_.swiglu_alpha;
-  gp.limit = cfg_.swiglu_limit;
   for (const auto& c : a.plan.chunks()) {
     if (c.rows == 0) continue;
     Tensor xe = a.xe.slice(c.begin, c.begin + c.rows);
     Tensor he = a.he.slice(c.begin, c.begin + c.rows);
     Tensor ae = a.ae.slice(c.begin, c.begin + c.rows);
     Tensor ye = a.ye.slice(c.begin, c.begin + c.rows);
+    family(be_, OpFamily::kExpertGemm);
     matmul(be_, xe, L.w1->work[c.local_expert], he);
     be_.add_bias(he, L.b1->work[c.local_expert]);
-    be_.glu_fwd(he, gp, ae);
+    be_.glu_fwd(he, glu_, ae);
     matmul(be_, ae, L.w2->work[c.local_expert], ye);
     be_.add_bias(ye, L.b2->work[c.local_expert]);
   }
+  family(be_, OpFamily::kRouting);
   a.ys = exchange_->combine(be_, a.plan, a.ye);
   if (cfg_.moe_aux_coef > 0) {
     // The loss value counts once, in forward; a recompute only regenerates the gradient.
@@ -336,82 +358,117 @@ void Model::moe_forward(int l, LayerActs& a, bool recompute) {
   }
 }
 
-LossSums Model::run(const BatchMeta& meta, double grad_scale, bool backward, LossSums sums) {
-  const int64_t n = meta.inputs.dim(0), d = cfg_.d_model, vocab = cfg_.vocab_size;
+void Model::forward(const BatchMeta& meta, const Tensor& aux_sum, Pass pass) {
+  HP_CHECK(aux_sum.defined(), "Model::forward: aux_sum must be a [1] tensor");
+  const int64_t n = meta.inputs.dim(0), d = cfg_.d_model;
+  const bool train = pass == Pass::kTrain;
   const bool ckpt = opts_.checkpoint_activations;
-  if (!sums.lm.defined()) sums.lm = be_.zeros({1}, be_.master_dtype());
-  if (!sums.aux.defined()) sums.aux = be_.zeros({1}, be_.master_dtype());
-  aux_sum_ = sums.aux;
-  std::vector<LayerActs> acts(static_cast<size_t>(cfg_.n_layers));
-  // With checkpointing and backward, block inputs live in the activation store in between.
-  ActivationStore* store = ckpt && backward ? store_.get() : nullptr;
-  if (store) store->begin_step(cfg_.n_layers);
+  pass_ = std::make_unique<PassState>();
+  PassState& st = *pass_;
+  st.pass = pass;
+  st.meta = meta;
+  aux_sum_ = aux_sum;
+  st.acts.resize(train ? static_cast<size_t>(cfg_.n_layers) : 1);
+  // With checkpointing, block inputs live in the activation store between forward and backward.
+  st.store = ckpt && train ? store_.get() : nullptr;
+  if (st.store) st.store->begin_step(cfg_.n_layers);
 
   Tensor x = new_act({n, d});
+  FamilyScope scope(be_, OpFamily::kEmbedding);
   be_.embedding_fwd(embed_->work, meta.inputs, x);
   for (int l = 0; l < cfg_.n_layers; ++l) {
-    LayerActs& a = acts[static_cast<size_t>(l)];
+    LayerActs& a = st.acts[train ? static_cast<size_t>(l) : 0];
     TraceRange range(kLayerFwd[std::min(l, kMaxNamedLayers - 1)]);
     a.x = x;
-    if (store) store->save(l, x);  // before the layer, so its offload overlaps the layer
+    if (st.store) st.store->save(l, x);  // before the layer, so its offload overlaps the layer
     layer_forward(l, meta, a, false);
     // Layer output: h + ffn(hn).
     Tensor out = new_act({n, d});
     if (cfg_.is_moe()) {
+      family(be_, OpFamily::kRouting);
       be_.unpermute_combine(a.ys, a.a2s, a.w, out);
     } else {
+      family(be_, OpFamily::kDenseGemm);
       matmul(be_, a.act, layers_[static_cast<size_t>(l)]->w_down->work, out);
     }
+    family(be_, OpFamily::kElementwise);
     be_.add(out, a.h, out);
+    if (!train) a = LayerActs();
     if (ckpt) a.drop_intermediates();
-    if (store) a.x = Tensor();
+    if (st.store) a.x = Tensor();
     x = out;
   }
-  Tensor xf = new_act({n, d});
-  Tensor rstdf = new_master({n});
-  be_.rmsnorm_fwd(x, final_norm_->work, cfg_.norm_eps, xf, rstdf);
+  st.x_last = x;
+  st.hidden = new_act({n, d});
+  st.rstd_final = new_master({n});
+  family(be_, OpFamily::kElementwise);
+  be_.rmsnorm_fwd(x, final_norm_->work, cfg_.norm_eps, st.hidden, st.rstd_final);
+}
 
+void Model::loss(double grad_scale, const Tensor& lm_sum) {
+  HP_CHECK(pass_ && pass_->hidden.defined(), "Model::loss: call forward() first");
+  PassState& st = *pass_;
+  const bool train = st.pass == Pass::kTrain;
+  const int64_t n = st.hidden.dim(0), d = cfg_.d_model, vocab = cfg_.vocab_size;
+  Tensor lm = lm_sum;
+  FamilyScope scope(be_, OpFamily::kDenseGemm);
+  if (train) st.d_hidden = be_.zeros({n, d}, be_.act_dtype());
   // Unembedding + cross-entropy in row chunks: logits for the whole batch never exist at once.
-  Tensor dxf = backward ? be_.zeros({n, d}, be_.act_dtype()) : Tensor();
   const int64_t chunk = std::max<int64_t>(1, opts_.ce_chunk_tokens);
   for (int64_t r0 = 0; r0 < n; r0 += chunk) {
     const int64_t r1 = std::min(n, r0 + chunk);
     TraceRange range("unembed+loss chunk");
-    Tensor xc = xf.slice(r0, r1);
-    Tensor logits = new_act({r1 - r0, vocab});
+    Tensor hc = st.hidden.slice(r0, r1);
+    Tensor chunk_logits = new_act({r1 - r0, vocab});
+    family(be_, OpFamily::kDenseGemm);
     if (lm_head_)
-      matmul(be_, xc, lm_head_->work, logits);
+      matmul(be_, hc, lm_head_->work, chunk_logits);
     else
-      matmul(be_, xc, embed_->work, logits, false, true);
-    Tensor tc = meta.targets.slice(r0, r1);
-    be_.cross_entropy(logits, tc, grad_scale, sums.lm);
-    if (!backward) continue;
-    Tensor dxc = dxf.slice(r0, r1);
+      matmul(be_, hc, embed_->work, chunk_logits, false, true);
+    Tensor tc = st.meta.targets.slice(r0, r1);
+    // Adds the chunk's -log p to lm and replaces the logits by d(grad_scale * loss)/d(logits),
+    // in place: the chunk's one [rows, vocab] buffer serves both.
+    family(be_, OpFamily::kCrossEntropy);
+    be_.cross_entropy(chunk_logits, tc, grad_scale, lm);
+    if (!train) continue;
+    family(be_, OpFamily::kDenseGemm);
+    const Tensor dlogits = chunk_logits;
+    Tensor dhc = st.d_hidden.slice(r0, r1);
     if (lm_head_) {
-      matmul(be_, logits, lm_head_->work, dxc, false, true);
-      matmul(be_, xc, logits, lm_head_->grad, true, false, 1.0);
+      matmul(be_, dlogits, lm_head_->work, dhc, false, true);
+      matmul(be_, hc, dlogits, lm_head_->grad, true, false, 1.0);
     } else {
-      matmul(be_, logits, embed_->work, dxc);
-      matmul(be_, logits, xc, embed_->grad, true, false, 1.0);
+      matmul(be_, dlogits, embed_->work, dhc);
+      matmul(be_, dlogits, hc, embed_->grad, true, false, 1.0);
     }
   }
-  if (!backward) return sums;
+}
 
+void Model::backward(GradReadyHook* grad_ready) {
+  HP_CHECK(pass_ && pass_->pass == Pass::kTrain && pass_->d_hidden.defined(),
+           "Model::backward: call forward(Pass::kTrain) and loss() first");
+  PassState& st = *pass_;
+  const int64_t n = st.hidden.dim(0), d = cfg_.d_model;
+  const bool ckpt = opts_.checkpoint_activations;
   Tensor dx = new_act({n, d});
-  be_.rmsnorm_bwd(x, final_norm_->work, rstdf, dxf, dx, final_norm_->grad);
+  FamilyScope scope(be_, OpFamily::kElementwise);
+  be_.rmsnorm_bwd(st.x_last, final_norm_->work, st.rstd_final, st.d_hidden, dx, final_norm_->grad);
+  st.hidden = Tensor();
+  st.d_hidden = Tensor();
   for (int l = cfg_.n_layers - 1; l >= 0; --l) {
-    LayerActs& a = acts[static_cast<size_t>(l)];
+    LayerActs& a = st.acts[static_cast<size_t>(l)];
     TraceRange range(kLayerBwd[std::min(l, kMaxNamedLayers - 1)]);
-    if (store) a.x = store->load(l);
-    if (ckpt) layer_forward(l, meta, a, true);
+    if (st.store) a.x = st.store->load(l);
+    if (ckpt) layer_forward(l, st.meta, a, true);
     layer_backward(l, a, dx);
     a = LayerActs();
-    if (grad_hook_) grad_hook_(l);
+    if (grad_ready) grad_ready->layer_ready(l);
   }
-  if (store) store->end_step();
-  be_.embedding_bwd(dx, meta.inputs, embed_->grad);
-  if (grad_hook_) grad_hook_(-1);
-  return sums;
+  if (st.store) st.store->end_step();
+  family(be_, OpFamily::kEmbedding);
+  be_.embedding_bwd(dx, st.meta.inputs, embed_->grad);
+  if (grad_ready) grad_ready->layer_ready(-1);
+  pass_.reset();
 }
 
 void Model::layer_backward(int l, LayerActs& a, Tensor& dx) {
@@ -425,21 +482,22 @@ void Model::layer_backward(int l, LayerActs& a, Tensor& dx) {
   } else {
     const int64_t f = cfg_.ffn_dim;
     Tensor dact = new_act({n, f});
+    family(be_, OpFamily::kDenseGemm);
     matmul(be_, dx, L.w_down->work, dact, false, true);
     matmul(be_, a.act, dx, L.w_down->grad, true, false, 1.0);
     Tensor dgu = new_act({n, 2 * f});
-    GluParams gp;
-    gp.kind = cfg_.activation == "gptoss" ? GluKind::kGptOss : GluKind::kSwiGLU;
-    gp.alpha = cfg_.swiglu_alpha;
-    gp.limit = cfg_.swiglu_limit;
-    be_.glu_bwd(a.gu, dact, gp, dgu);
+    family(be_, OpFamily::kElementwise);
+    be_.glu_bwd(a.gu, dact, glu_, dgu);
+    family(be_, OpFamily::kDenseGemm);
     matmul(be_, dgu, L.w_gate_up->work, dhn, false, true);
     matmul(be_, a.hn, dgu, L.w_gate_up->grad, true, false, 1.0);
   }
   Tensor dh = new_act({n, d});
+  family(be_, OpFamily::kElementwise);
   be_.rmsnorm_bwd(a.h, L.ffn_norm->work, a.rstd2, dhn, dh, L.ffn_norm->grad);
   be_.add(dh, dx, dh);
   // h = x + attn @ wo + bo.
+  family(be_, OpFamily::kDenseGemm);
   if (L.bo) be_.bias_grad(dh, L.bo->grad);
   matmul(be_, a.attn.reshape({n, hq * hd}), dh, L.wo->grad, true, false, 1.0);
   Tensor dattn = new_act({n, hq, hd});
@@ -448,8 +506,10 @@ void Model::layer_backward(int l, LayerActs& a, Tensor& dx) {
   Tensor dqkv = new_act({n, htot, hd});
   Tensor no_sinks;
   Tensor dsinks = L.sinks ? L.sinks->grad : no_sinks;
+  family(be_, OpFamily::kAttention);
   be_.attention_bwd(a.qkv, L.sinks ? L.sinks->work : no_sinks, a.meta, L.attn, a.attn, a.lse, dattn,
                     dqkv, dsinks);
+  family(be_, OpFamily::kElementwise);
   be_.rope(dqkv, static_cast<int>(hq + hkv), a.meta.positions, rope_, true);
   if (cfg_.qk_norm) {
     Tensor dpre = new_act({n, htot, hd});
@@ -458,11 +518,13 @@ void Model::layer_backward(int l, LayerActs& a, Tensor& dx) {
     dqkv = dpre;
   }
   Tensor dqkv_flat = dqkv.reshape({n, htot * hd});
+  family(be_, OpFamily::kDenseGemm);
   if (L.bqkv) be_.bias_grad(dqkv_flat, L.bqkv->grad);
   matmul(be_, a.xn, dqkv_flat, L.wqkv->grad, true, false, 1.0);
   Tensor dxn = new_act({n, d});
   matmul(be_, dqkv_flat, L.wqkv->work, dxn, false, true);
   Tensor dx_new = new_act({n, d});
+  family(be_, OpFamily::kElementwise);
   be_.rmsnorm_bwd(a.x, L.attn_norm->work, a.rstd1, dxn, dx_new, L.attn_norm->grad);
   be_.add(dx_new, dh, dx_new);
   dx = dx_new;
@@ -474,6 +536,7 @@ void Model::moe_backward(int l, LayerActs& a, const Tensor& dy, Tensor& dhn) {
   const int64_t f = cfg_.expert_ffn_dim;
   Tensor dys = new_act({n * k, d});
   Tensor dw = new_act({n, k});
+  family(be_, OpFamily::kRouting);
   be_.unpermute_combine_bwd(dy, a.ys, a.a2s, a.w, dys, dw);
   // The adjoint of combine is a dispatch with the same plan, and vice versa.
   Tensor dye = exchange_->dispatch(be_, a.plan, dys);
@@ -481,10 +544,6 @@ void Model::moe_backward(int l, LayerActs& a, const Tensor& dy, Tensor& dhn) {
   Tensor dxe = new_act({rows, d});
   Tensor dae = new_act({rows, f});
   Tensor dhe = new_act({rows, 2 * f});
-  GluParams gp;
-  gp.kind = cfg_.activation == "gptoss" ? GluKind::kGptOss : GluKind::kSwiGLU;
-  gp.alpha = cfg_.swiglu_alpha;
-  gp.limit = cfg_.swiglu_limit;
   for (const auto& c : a.plan.chunks()) {
     if (c.rows == 0) continue;
     const int le = c.local_expert;
@@ -493,14 +552,16 @@ void Model::moe_backward(int l, LayerActs& a, const Tensor& dy, Tensor& dhn) {
     Tensor dh_c = dhe.slice(c.begin, c.begin + c.rows);
     Tensor dx_c = dxe.slice(c.begin, c.begin + c.rows);
     Tensor b2g = L.b2->grad[le], w2g = L.w2->grad[le], b1g = L.b1->grad[le], w1g = L.w1->grad[le];
+    family(be_, OpFamily::kExpertGemm);
     be_.bias_grad(dy_c, b2g);
     matmul(be_, a.ae.slice(c.begin, c.begin + c.rows), dy_c, w2g, true, false, 1.0);
     matmul(be_, dy_c, L.w2->work[le], da_c, false, true);
-    be_.glu_bwd(a.he.slice(c.begin, c.begin + c.rows), da_c, gp, dh_c);
+    be_.glu_bwd(a.he.slice(c.begin, c.begin + c.rows), da_c, glu_, dh_c);
     be_.bias_grad(dh_c, b1g);
     matmul(be_, a.xe.slice(c.begin, c.begin + c.rows), dh_c, w1g, true, false, 1.0);
     matmul(be_, dh_c, L.w1->work[le], dx_c, false, true);
   }
+  family(be_, OpFamily::kRouting);
   Tensor dxs = exchange_->combine(be_, a.plan, dxe);
   be_.fill(dhn, 0.0);
   be_.permute_rows_bwd(dxs, a.s2a, static_cast<int>(k), dhn);
@@ -513,11 +574,21 @@ void Model::moe_backward(int l, LayerActs& a, const Tensor& dy, Tensor& dhn) {
 }
 
 LossSums Model::forward_backward(const BatchMeta& meta, double grad_scale, LossSums into) {
-  return run(meta, grad_scale, true, std::move(into));
+  if (!into.lm.defined()) into.lm = be_.zeros({1}, be_.master_dtype());
+  if (!into.aux.defined()) into.aux = be_.zeros({1}, be_.master_dtype());
+  forward(meta, into.aux, Pass::kTrain);
+  loss(grad_scale, into.lm);
+  backward(nullptr);
+  return into;
 }
 
-LossSums Model::forward(const BatchMeta& meta, LossSums into) {
-  return run(meta, 1.0, false, std::move(into));
+LossSums Model::evaluate(const BatchMeta& meta, LossSums into) {
+  if (!into.lm.defined()) into.lm = be_.zeros({1}, be_.master_dtype());
+  if (!into.aux.defined()) into.aux = be_.zeros({1}, be_.master_dtype());
+  forward(meta, into.aux, Pass::kEval);
+  loss(1.0, into.lm);
+  pass_.reset();
+  return into;
 }
 
 }  // namespace hp

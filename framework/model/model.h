@@ -1,13 +1,15 @@
 // The decoder-only model of ARCHITECTURE §6 with explicit forward and backward per layer.
 //
 // A Model owns its parameters (ParamRegistry) and computes through a Backend; it holds no
-// global state. One call of forward_backward() runs a whole micro-batch: embedding, layers,
-// final norm, chunked unembedding + cross-entropy, then backward in reverse layer order,
-// accumulating into the parameters' grad tensors. The batch's metadata (BatchMeta) is read by
-// every layer and never rebuilt, unless MetadataMode::kPerLayer asks for the baseline.
+// global state. A micro-batch is three calls, in this order:
+//   model.forward(meta, sums.aux);          // embedding, layers, final norm
+//   model.loss(grad_scale, sums.lm);        // chunked unembedding + cross-entropy
+//   model.backward(grad_sync);              // reverse layer order, into the params' grads
+// forward() keeps what loss() and backward() need until the next forward(). The batch's
+// metadata (BatchMeta) is read by every layer and never rebuilt, unless MetadataMode::kPerLayer
+// asks for the baseline.
 #pragma once
 
-#include <functional>
 #include <memory>
 #include <vector>
 
@@ -15,6 +17,7 @@
 #include "framework/model/activation_store.h"
 #include "framework/model/config.h"
 #include "framework/model/expert_exchange.h"
+#include "framework/model/grad_ready.h"
 #include "framework/model/params.h"
 
 namespace hp {
@@ -37,6 +40,10 @@ struct LossSums {
   Tensor lm;   // sum over valid targets of -log p
   Tensor aux;  // sum over MoE layers of the load-balancing loss
 };
+
+// What forward() keeps: Pass::kTrain keeps everything backward() needs; Pass::kEval keeps only
+// the final hidden states for loss().
+enum class Pass { kTrain, kEval };
 
 class Model {
  public:
@@ -65,16 +72,30 @@ class Model {
   void refresh_working_copies();
   void zero_grads();
 
-  // Forward and backward of one micro-batch. grad_scale multiplies the loss gradient (1 / the
-  // global count of valid targets gives the mean). Returns the unscaled loss sums, accumulated
-  // into `into` when its tensors are given (e.g. views of one stats tensor read with one sync).
-  LossSums forward_backward(const BatchMeta& meta, double grad_scale, LossSums into = {});
-  // Forward only (evaluation).
-  LossSums forward(const BatchMeta& meta, LossSums into = {});
+  // ---- one micro-batch: forward, loss, backward (in this order) ------------------------------
+  // Embedding, the layers and the final norm of `meta`'s tokens. Adds the MoE load-balancing
+  // loss into `aux_sum` ([1], master dtype). Pass::kTrain keeps every layer's activations for
+  // backward (with checkpoint_activations only the block inputs, in the activation store, which
+  // may offload them to host memory).
+  void forward(const BatchMeta& meta, const Tensor& aux_sum, Pass pass = Pass::kTrain);
+  // Unembedding + cross-entropy of the last forward's final hidden states, in chunks of
+  // ce_chunk_tokens rows, so logits for the whole batch never exist. Adds the sum over valid
+  // targets of -log p into `lm_sum`. After a Pass::kTrain forward it also computes, chunk by
+  // chunk, the gradient of grad_scale * loss with respect to the final hidden states (kept for
+  // backward) and accumulates the unembedding's weight gradient (grad_scale: 1 / the global
+  // count of valid targets gives the mean).
+  void loss(double grad_scale, const Tensor& lm_sum);
+  // Backward of the last Pass::kTrain forward from loss()'s gradient, in reverse layer order,
+  // accumulating into the parameters' grad tensors. After each layer's gradients are complete
+  // it calls grad_ready->layer_ready(layer), so their reduction overlaps the backward of the
+  // layers below; null: nothing to reduce (one rank). Releases what forward kept.
+  void backward(GradReadyHook* grad_ready = nullptr);
 
-  // Called after layer l's parameter gradients are complete in backward (for overlapped
-  // gradient reduction); layer -1 means the embedding/unembedding/final-norm group.
-  void set_grad_ready_hook(std::function<void(int layer)> hook) { grad_hook_ = std::move(hook); }
+  // forward + loss + backward with no gradient reduction (tests, benchmarks). Returns the loss
+  // sums, accumulated into `into` when its tensors are given.
+  LossSums forward_backward(const BatchMeta& meta, double grad_scale, LossSums into = {});
+  // forward(Pass::kEval) + loss (evaluation).
+  LossSums evaluate(const BatchMeta& meta, LossSums into = {});
 
   int expert_begin() const { return expert_begin_; }
   int local_experts() const { return local_experts_; }
@@ -82,13 +103,13 @@ class Model {
  private:
   struct Layer;
   struct LayerActs;
+  struct PassState;  // what forward keeps for loss and backward
 
   void build_params();
   void layer_forward(int l, const BatchMeta& meta, LayerActs& a, bool recompute);
   void layer_backward(int l, LayerActs& a, Tensor& dx);
   void moe_forward(int l, LayerActs& a, bool recompute);
   void moe_backward(int l, LayerActs& a, const Tensor& dy, Tensor& dhn);
-  LossSums run(const BatchMeta& meta, double grad_scale, bool backward, LossSums sums);
   Tensor new_act(Shape s);
   Tensor new_master(Shape s);
 
@@ -104,8 +125,9 @@ class Model {
   RopeTable rope_;
   int expert_begin_ = 0;
   int local_experts_ = 0;
-  std::function<void(int)> grad_hook_;
+  GluParams glu_;                           // the FFN activation, from cfg_.activation
   Tensor aux_sum_;                          // the current micro-batch's aux-loss accumulator
+  std::unique_ptr<PassState> pass_;         // set by forward, consumed by loss and backward
   std::unique_ptr<ActivationStore> store_;  // checkpointed block inputs (forward -> backward)
 };
 

@@ -3,25 +3,20 @@
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <vector>
 
 #include "framework/core/error.h"
-#include "launch/bench_comm.h"
-#include "launch/bench_model.h"
-#include "launch/bench_offload.h"
+#include "launch/bench/bench_comm.h"
+#include "launch/bench/bench_util.h"
+#include "launch/bench/bench_model.h"
+#include "launch/bench/bench_offload.h"
+#include "launch/train/trainer.h"
+#if HOTPATH_HAVE_CUDA
+#include "framework/backend/cuda/cuda_backend.h"
+#endif
 
 namespace hp {
-namespace {
-
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
-}  // namespace
-
 int run_bench(const std::string& scenario, const TrainOptions& o, const RankContext& ctx) {
   if (scenario == "metadata") return run_bench_metadata(o, ctx);
   if (scenario == "routing") return run_bench_routing(o, ctx);
@@ -32,35 +27,176 @@ int run_bench(const std::string& scenario, const TrainOptions& o, const RankCont
                 "'; available: step, metadata, routing, alltoall, offload");
 }
 
-int run_bench_step(const TrainOptions& o, const RankContext& ctx) {
+BenchStepResult measure_bench_step(const TrainOptions& o, const RankContext& ctx) {
   Trainer trainer(o, ctx);
-  for (int64_t i = 0; i < o.bench_warmup; ++i) trainer.step();
+  Backend& be = trainer.backend();
+  BenchStepResult r;
+  r.backend = be.name();
+  r.attention = "reference";
+#if HOTPATH_HAVE_CUDA
+  if (be.device() == Device::kCUDA) r.attention = cuda_attention_description(be);
+#endif
+  r.data = trainer.loader().describe();
+  r.world = ctx.world();
+  r.steps = o.bench.steps;
+  r.warmup = o.bench.warmup;
+  for (int64_t i = 0; i < o.bench.warmup; ++i) trainer.step();
   std::vector<double> ms, tps, syncs, flops;
-  for (int64_t i = 0; i < o.bench_steps; ++i) {
-    StepStats s = trainer.step();
+  for (int64_t i = 0; i < o.bench.steps; ++i) {
+    const StepStats s = trainer.step();
     ms.push_back(s.ms);
     tps.push_back(s.tokens_per_s);
     syncs.push_back(static_cast<double>(s.syncs.total()));
     flops.push_back(s.model_flops);
+    r.tokens_per_step = s.tokens;
   }
-  const double med_ms = median(ms), med_tps = median(tps), med_syncs = median(syncs);
-  const bool gpu = trainer.backend().device() == Device::kCUDA;
+  r.ms = median(ms);
+  r.tokens_per_s = median(tps);
+  r.syncs = median(syncs);
   // MFU per GPU against the bf16 peak; meaningless for the CPU reference.
-  const double mfu = gpu ? median(flops) / ctx.world() / (med_ms / 1000.0) / kPeakBf16Flops : 0.0;
+  if (be.device() == Device::kCUDA)
+    r.mfu = median(flops) / ctx.world() / (r.ms / 1000.0) / kPeakBf16Flops;
+  // The breakdown: the same number of steps again, each one profiled on its own.
+  r.profiled_steps = std::max<int64_t>(1, o.bench.steps);
+  for (int64_t i = 0; i < r.profiled_steps; ++i) {
+    be.profile_begin();
+    trainer.step();
+    const StepProfile p = be.profile_end();
+    r.profile.wall_ms += p.wall_ms;
+    r.profile.busy_ms += p.busy_ms;
+    r.profile.idle_ms += p.idle_ms;
+    r.profile.kernels += p.kernels;
+    r.profile.device_mallocs += p.device_mallocs;
+    r.profile.plans_built += p.plans_built;
+    for (int k = 0; k < kNumStepPhases; ++k) {
+      r.profile.by_phase[k] += p.by_phase[k];
+      r.profile.idle_by_phase[k] += p.idle_by_phase[k];
+    }
+    for (int k = 0; k < kNumOpFamilies; ++k) {
+      r.profile.by_family[k] += p.by_family[k];
+      r.profile.idle_by_family[k] += p.idle_by_family[k];
+    }
+  }
+  const double n = static_cast<double>(r.profiled_steps);
+  r.profile.wall_ms /= n;
+  r.profile.busy_ms /= n;
+  r.profile.idle_ms /= n;
+  r.profile.kernels = static_cast<int64_t>(r.profile.kernels / n);
+  // The host backend computes on the calling thread: always busy.
+  const bool device = be.device() == Device::kCUDA;
+  r.busy_fraction = !device ? 1.0 : r.ms > 0 ? std::min(1.0, r.profile.busy_ms / r.ms) : 0;
+  r.idle_ms = device ? std::max(0.0, r.ms - r.profile.busy_ms) : 0.0;
+  for (auto* a : {&r.profile.by_phase, &r.profile.idle_by_phase})
+    for (double& v : *a) v /= n;
+  for (auto* a : {&r.profile.by_family, &r.profile.idle_by_family})
+    for (double& v : *a) v /= n;
+  return r;
+}
+
+std::string bench_step_table(const BenchStepResult& r) {
+  const StepProfile& p = r.profile;
+  std::string out;
+  char buf[512];
+  std::snprintf(buf, sizeof(buf),
+                "bench step: backend=%s attention=%s world=%d tokens/step=%lld steps=%lld "
+                "(warm-up %lld)\n  %s\n",
+                r.backend.c_str(), r.attention.c_str(), r.world,
+                static_cast<long long>(r.tokens_per_step), static_cast<long long>(r.steps),
+                static_cast<long long>(r.warmup), r.data.c_str());
+  out += buf;
+  std::snprintf(buf, sizeof(buf), "%-10s %10s %12s %11s %7s %9s\n", "variant", "ms/step",
+                "tokens/s", "syncs/step", "MFU", "busy");
+  out += buf;
+  std::snprintf(buf, sizeof(buf), "%-10s %10.2f %12.1f %11.0f %6.1f%% %8.1f%%\n", "step", r.ms,
+                r.tokens_per_s, r.syncs, 100 * r.mfu, 100 * r.busy_fraction);
+  out += buf;
+  std::snprintf(buf, sizeof(buf),
+                "idle in a timed step: %.2f ms; profiled steps (host overhead included): %lld, "
+                "wall %.2f ms = busy %.2f + idle %.2f (a step: %lld kernels "
+                "and copies; in all: %lld device allocations, %lld attention plans built)\n",
+                r.idle_ms, static_cast<long long>(r.profiled_steps), p.wall_ms, p.busy_ms,
+                p.idle_ms, static_cast<long long>(p.kernels),
+                static_cast<long long>(p.device_mallocs), static_cast<long long>(p.plans_built));
+  out += buf;
+  out += "  by phase (ms):";
+  for (int k = 0; k < kNumStepPhases; ++k) {
+    std::snprintf(buf, sizeof(buf), " %s %.2f", step_phase_name(static_cast<StepPhase>(k)),
+                  p.by_phase[k]);
+    out += buf;
+  }
+  std::snprintf(buf, sizeof(buf), " | idle %.2f\n  idle before (ms):", p.idle_ms);
+  out += buf;
+  for (int k = 0; k < kNumStepPhases; ++k) {
+    std::snprintf(buf, sizeof(buf), " %s %.2f", step_phase_name(static_cast<StepPhase>(k)),
+                  p.idle_by_phase[k]);
+    out += buf;
+  }
+  out += "\n  by op family (ms, % of wall; idle before its work, ms):\n";
+  for (int k = 0; k < kNumOpFamilies; ++k) {
+    std::snprintf(buf, sizeof(buf), "    %-18s %9.2f %6.1f%% %9.2f\n",
+                  op_family_name(static_cast<OpFamily>(k)), p.by_family[k],
+                  p.wall_ms > 0 ? 100 * p.by_family[k] / p.wall_ms : 0.0, p.idle_by_family[k]);
+    out += buf;
+  }
+  std::snprintf(buf, sizeof(buf), "    %-18s %9.2f %6.1f%%\n", "idle", p.idle_ms,
+                p.wall_ms > 0 ? 100 * p.idle_ms / p.wall_ms : 0.0);
+  out += buf;
+  return out;
+}
+
+std::string bench_step_json(const BenchStepResult& r) {
+  const StepProfile& p = r.profile;
+  nlohmann::ordered_json j;
+  j["scenario"] = "step";
+  j["backend"] = r.backend;
+  j["attention"] = r.attention;
+  j["data"] = r.data;
+  j["world"] = r.world;
+  j["tokens_per_step"] = r.tokens_per_step;
+  j["steps"] = r.steps;
+  j["ms_per_step"] = r.ms;
+  j["tokens_per_s"] = r.tokens_per_s;
+  j["syncs_per_step"] = r.syncs;
+  j["mfu"] = r.mfu;
+  j["gpu_busy_fraction"] = r.busy_fraction;
+  j["idle_ms"] = r.idle_ms;
+  nlohmann::ordered_json prof;
+  prof["steps"] = r.profiled_steps;
+  prof["wall_ms"] = p.wall_ms;
+  prof["busy_ms"] = p.busy_ms;
+  prof["idle_ms"] = p.idle_ms;
+  prof["kernels_per_step"] = p.kernels;
+  prof["device_mallocs"] = p.device_mallocs;
+  prof["plans_built"] = p.plans_built;
+  for (int k = 0; k < kNumStepPhases; ++k) {
+    const char* name = step_phase_name(static_cast<StepPhase>(k));
+    prof["by_phase_ms"][name] = p.by_phase[k];
+    prof["idle_by_phase_ms"][name] = p.idle_by_phase[k];
+  }
+  for (int k = 0; k < kNumOpFamilies; ++k) {
+    const char* name = op_family_name(static_cast<OpFamily>(k));
+    prof["by_family_ms"][name] = p.by_family[k];
+    prof["idle_by_family_ms"][name] = p.idle_by_family[k];
+  }
+  j["profile"] = prof;
+  return j.dump();
+}
+
+int run_bench_step(const TrainOptions& o, const RankContext& ctx) {
+  const BenchStepResult r = measure_bench_step(o, ctx);
   if (ctx.rank() != 0) return 0;
-  std::printf(
-      "bench step: backend=%s world=%d tokens/step=%lld layers=%d steps=%lld (warm-up %lld)\n",
-      trainer.backend().name().c_str(), ctx.world(), static_cast<long long>(o.batch_tokens),
-      o.model.n_layers, static_cast<long long>(o.bench_steps),
-      static_cast<long long>(o.bench_warmup));
-  std::printf("%-10s %12s %12s %12s %8s\n", "variant", "ms/step", "tokens/s", "syncs/step", "MFU");
-  std::printf("%-10s %12.2f %12.1f %12.0f %7.1f%%\n", "step", med_ms, med_tps, med_syncs,
-              100 * mfu);
-  if (!o.bench_json.empty()) {
-    std::ofstream f(o.bench_json);
-    f << "{\"scenario\":\"step\",\"backend\":\"" << trainer.backend().name()
-      << "\",\"ms_per_step\":" << med_ms << ",\"tokens_per_s\":" << med_tps
-      << ",\"syncs_per_step\":" << med_syncs << ",\"mfu\":" << mfu << "}\n";
+  std::fputs(bench_step_table(r).c_str(), stdout);
+  if (!o.bench.json.empty()) {
+    const std::string tmp = o.bench.json + ".tmp";
+    {
+      std::ofstream f(tmp);
+      f << bench_step_json(r) << "\n";
+      if (!f.flush())
+        HP_USER_ERROR(ErrorKind::kConfig, "config key 'bench_json': cannot write '", tmp, "'");
+    }
+    if (std::rename(tmp.c_str(), o.bench.json.c_str()) != 0)
+      HP_USER_ERROR(ErrorKind::kConfig, "config key 'bench_json': cannot rename '", tmp, "' to '",
+                    o.bench.json, "'");
   }
   return 0;
 }

@@ -2,17 +2,38 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
+#include "framework/backend/profile.h"
 #include "launch/options.h"
-#include "launch/trainer.h"
+#include "launch/train/rank_context.h"
 
 namespace hp {
 
 // Runs one benchmark scenario (step, metadata, routing, alltoall, offload) and prints its table.
 int run_bench(const std::string& scenario, const TrainOptions& o, const RankContext& ctx);
 
-// Whole training steps: ms, tokens/s, syncs, MFU, GPU busy fraction and the time by phase and
-// by op family.
+// What `bench step` measures on rank 0. Timed steps run unprofiled; the breakdown comes from as
+// many profiled steps right after them (the profile's own cost stays out of the timings).
+struct BenchStepResult {
+  std::string backend, attention, data;
+  int world = 1;
+  int64_t tokens_per_step = 0, steps = 0, warmup = 0;
+  double ms = 0, tokens_per_s = 0, syncs = 0, mfu = 0;  // medians of the timed steps
+  StepProfile profile;                                  // mean over the profiled steps
+  int64_t profiled_steps = 0;
+  // Device time with work running over the timed step: the profiled steps' busy time (kernel
+  // and copy durations do not change under the profiler, its host overhead does) over the
+  // median timed step, at most 1. The profiled steps' own ratio is profile.busy_fraction().
+  double busy_fraction = 0;
+  double idle_ms = 0;  // ms - profile.busy_ms, at least 0
+};
+
+BenchStepResult measure_bench_step(const TrainOptions& o, const RankContext& ctx);
+// The table `bench step` prints, and its --bench_json object.
+std::string bench_step_table(const BenchStepResult& r);
+std::string bench_step_json(const BenchStepResult& r);
+
 int run_bench_step(const TrainOptions& o, const RankContext& ctx);
 
 }  // namespace hp
