@@ -8,7 +8,8 @@ set -euo pipefail
 
 HP_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 HP_PACKAGES=(g++ cmake ninja-build pkg-config libopenmpi-dev openmpi-bin libhdf5-openmpi-dev
-             hdf5-tools libboost-program-options-dev libgtest-dev libopenblas-openmp-dev)
+             hdf5-tools libboost-program-options-dev libgtest-dev libopenblas-openmp-dev
+             nlohmann-json3-dev python3 python3-pip)
 
 hp_log() { echo "[setup] $*" >&2; }
 
@@ -37,10 +38,35 @@ hp_nvcc() {
   fi
 }
 
+# The cuDNN frontend's C++ headers (header-only; PyPI's nvidia-cudnn-frontend wheel carries them)
+# for the CUDA backend's cuDNN attention, unpacked into build/_deps/cudnn_frontend. Where they
+# cannot be fetched the CUDA build goes on without cuDNN attention (CMake says so).
+HP_CUDNN_FRONTEND_VERSION=1.32.0
+hp_fetch_cudnn_frontend() {
+  local dest="$HP_ROOT/build/_deps/cudnn_frontend"
+  [ -f "$dest/include/cudnn_frontend.h" ] && return 0
+  local wheels="$HP_ROOT/build/_deps/wheels"
+  mkdir -p "$wheels"
+  hp_log "fetching the cuDNN frontend headers (nvidia-cudnn-frontend==$HP_CUDNN_FRONTEND_VERSION)"
+  if ! python3 -m pip download -q --no-deps --only-binary=:all: -d "$wheels" \
+      "nvidia-cudnn-frontend==$HP_CUDNN_FRONTEND_VERSION" >&2; then
+    hp_log "could not fetch nvidia-cudnn-frontend: building without cuDNN attention"
+    return 0
+  fi
+  python3 - "$wheels" "$dest.tmp" <<'PY'
+import glob, sys, zipfile
+wheel = sorted(glob.glob(sys.argv[1] + "/nvidia_cudnn_frontend-*.whl"))[-1]
+with zipfile.ZipFile(wheel) as z:
+    z.extractall(sys.argv[2], [n for n in z.namelist() if n.startswith("include/")])
+PY
+  rm -rf "$dest" && mv "$dest.tmp" "$dest"
+}
+
 # hp_build PRESET: configure (once) and build with every core.
 hp_build() {
   local preset=$1
   cd "$HP_ROOT"
+  [ "$preset" = cuda ] && hp_fetch_cudnn_frontend
   hp_log "configuring and building preset '$preset'"
   cmake --preset "$preset" >/dev/null
   cmake --build --preset "$preset" -j "$(nproc)"

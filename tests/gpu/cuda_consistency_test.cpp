@@ -8,6 +8,7 @@
 #include <memory>
 #include <ostream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "framework/backend/backend.h"
@@ -277,10 +278,34 @@ struct AttnCase {
 // Test listings show the case's name rather than its bytes.
 void PrintTo(const AttnCase& c, std::ostream* os) { *os << c.name; }
 
-class CudaAttention : public CudaConsistency, public ::testing::WithParamInterface<AttnCase> {};
+// Every attention path the backend ships: its own tiled kernels, cuDNN with the deterministic
+// backward (the default), and cuDNN's faster backward.
+enum class AttnPath { kTiled, kCudnn, kCudnnFast };
+const char* path_name(AttnPath p) {
+  return p == AttnPath::kTiled ? "tiled" : p == AttnPath::kCudnn ? "cudnn" : "cudnn_fast";
+}
+
+class CudaAttention : public CudaConsistency,
+                      public ::testing::WithParamInterface<std::tuple<AttnCase, AttnPath>> {
+ protected:
+  void SetUp() override {
+    CudaConsistency::SetUp();
+    if (IsSkipped()) return;
+    const AttnPath path = std::get<1>(GetParam());
+    CudaBackendOptions o;
+    o.attention = path == AttnPath::kTiled ? AttentionImpl::kTiled : AttentionImpl::kCudnn;
+    o.deterministic = path != AttnPath::kCudnnFast;
+    try {
+      gpu_ = make_cuda_backend(0, o);
+    } catch (const UserError& e) {
+      GTEST_SKIP() << "cuDNN attention unavailable here: " << e.what();
+    }
+  }
+};
 
 TEST_P(CudaAttention, ForwardBackward) {
-  const AttnCase& c = GetParam();
+  const AttnCase& c = std::get<0>(GetParam());
+  const bool deterministic = std::get<1>(GetParam()) != AttnPath::kCudnnFast;
   const PackedBatch batch = make_batch(c.rows);
   const int64_t n = batch.num_tokens(), h = c.hq + 2 * c.hkv;
   AttentionShape shape;
@@ -324,6 +349,7 @@ TEST_P(CudaAttention, ForwardBackward) {
   }
   if (c.sinks) expect_close("attention dsinks", gds, cds, kAttnTol);
 
+  if (!deterministic) return;
   // Deterministic: a second backward gives the same bits.
   Tensor gd2 = gpu_->empty({n, h, c.d}, DType::kBF16);
   Tensor gds2 = on_gpu(ds0, DType::kF32);
@@ -338,18 +364,24 @@ const std::vector<std::vector<int>> kMixedRows = {{1, 70, 129, 5}, {200, 3, 2}, 
 
 INSTANTIATE_TEST_SUITE_P(
     Shapes, CudaAttention,
-    ::testing::Values(AttnCase{"d64_gqa_sinks", 4, 2, 64, 0, true, kMixedRows},
-                      AttnCase{"d64_window_sinks", 4, 2, 64, 16, true, kMixedRows},
-                      AttnCase{"d128_mqa_window", 4, 1, 128, 40, false, kMixedRows},
-                      AttnCase{"d128_full", 2, 2, 128, 0, true, {{300}, {1, 1, 298}}},
-                      AttnCase{
-                          "d64_window_longer_than_seq", 2, 1, 64, 1000, false, {{150, 55, 95}}},
-                      AttnCase{"d64_window1", 2, 1, 64, 1, true, {{100, 3}}},
-                      AttnCase{"d128_gqa4_long", 8, 2, 128, 0, true, {{700, 1, 323}}},
-                      AttnCase{"d64_window128_long", 8, 1, 64, 128, true, {{1024}, {3, 1021}}},
-                      AttnCase{"d32_simple", 3, 1, 32, 20, true, kMixedRows},
-                      AttnCase{"d80_simple", 2, 2, 80, 0, false, {{90, 1, 40}}}),
-    [](const ::testing::TestParamInfo<AttnCase>& info) { return std::string(info.param.name); });
+    ::testing::Combine(
+        ::testing::Values(
+            AttnCase{"d64_gqa_sinks", 4, 2, 64, 0, true, kMixedRows},
+            AttnCase{"d64_window_sinks", 4, 2, 64, 16, true, kMixedRows},
+            AttnCase{"d128_mqa_window", 4, 1, 128, 40, false, kMixedRows},
+            AttnCase{"d128_full", 2, 2, 128, 0, true, {{300}, {1, 1, 298}}},
+            AttnCase{"d64_window_longer_than_seq", 2, 1, 64, 1000, false, {{150, 55, 95}}},
+            AttnCase{"d64_window1", 2, 1, 64, 1, true, {{100, 3}}},
+            AttnCase{"d128_gqa4_long", 8, 2, 128, 0, true, {{700, 1, 323}}},
+            AttnCase{"d64_window128_long", 8, 1, 64, 128, true, {{1024}, {3, 1021}}},
+            AttnCase{"d32_simple", 3, 1, 32, 20, true, kMixedRows},
+            AttnCase{"d80_simple", 2, 2, 80, 0, false, {{90, 1, 40}}},
+            AttnCase{"d64_gptoss_heads_docs", 64, 8, 64, 0, true, {{600, 1, 300, 123}}},
+            AttnCase{"d64_gptoss_window128_docs", 64, 8, 64, 128, true, {{700, 63, 261}}}),
+        ::testing::Values(AttnPath::kTiled, AttnPath::kCudnn, AttnPath::kCudnnFast)),
+    [](const ::testing::TestParamInfo<std::tuple<AttnCase, AttnPath>>& info) {
+      return std::string(std::get<0>(info.param).name) + "_" + path_name(std::get<1>(info.param));
+    });
 
 // The cached metadata (upload_batch) and the per-layer rebuild give the same attention, bit for
 // bit; only the rebuild synchronizes.

@@ -1,15 +1,18 @@
 // What the GPU tests share: the skip without a device, and the offload tests' model shapes and
 // batch (a dense stack large enough that block inputs span many chunks, and a small GPT-OSS-like
-// MoE with windows, sinks and biases).
+// MoE with windows, sinks and biases). The recipes they share with the CPU tests (the MoE
+// variant, synthetic batches, bitwise records) live in tests/common/fixtures.h.
 #pragma once
 
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <memory>
 
 #include "framework/backend/cuda/cuda_backend.h"
 #include "framework/data/loader.h"
 #include "framework/model/config.h"
+#include "tests/common/fixtures.h"
 
 #define HP_REQUIRE_GPU()                                                  \
   do {                                                                    \
@@ -18,6 +21,14 @@
   } while (0)
 
 namespace hp::gpu_test {
+
+// A CUDA backend whose results are bitwise reproducible (deterministic attention backward), for
+// the tests that compare runs bit for bit.
+inline std::unique_ptr<Backend> deterministic_cuda_backend() {
+  CudaBackendOptions o;
+  o.deterministic = true;
+  return make_cuda_backend(0, o);
+}
 
 inline ModelConfig offload_dense_config() {
   ModelConfig c;
@@ -39,29 +50,13 @@ inline ModelConfig offload_moe_config() {
   c.n_heads = 4;
   c.n_kv_heads = 2;
   c.head_dim = 64;
-  c.n_experts = 4;
-  c.top_k = 2;
-  c.expert_ffn_dim = 192;
-  c.sliding_window = 64;
-  c.window_layers = WindowLayers::kEven;
-  c.attn_sinks = true;
-  c.attn_bias = true;
-  c.activation = "gptoss";
-  c.moe_aux_coef = 0.01;
-  return c;
+  return test::gptoss_like_moe(c, /*experts=*/4, /*top_k=*/2, /*expert_ffn_dim=*/192,
+                               /*window=*/64);
 }
 
 // 4 rows of 512 synthetic tokens over c's vocabulary (the last id ends documents).
 inline PackedBatch offload_batch(const ModelConfig& c, uint64_t seed) {
-  DataConfig d;
-  d.vocab_size = c.vocab_size;
-  d.eot_token = static_cast<int32_t>(c.vocab_size - 1);
-  d.seq_len = 512;
-  d.rows_per_batch = 4;
-  d.seed = seed;
-  d.synthetic_vocab = c.vocab_size - 1;
-  d.synthetic_mean_doc_len = 200;
-  return DataLoader::open(d)->next();
+  return test::synthetic_batch(c, seed, /*seq_len=*/512, /*rows=*/4, /*mean_doc_len=*/200);
 }
 
 }  // namespace hp::gpu_test

@@ -8,10 +8,10 @@
 #include <cstring>
 #include <mutex>
 
+#include "framework/backend/copy_arbiter.h"
 #include "framework/backend/cuda/cuda_backend.h"
 #include "framework/data/loader.h"
 #include "framework/model/activation_store.h"
-#include "framework/model/copy_arbiter.h"
 #include "framework/model/model.h"
 #include "tests/gpu/gpu_fixtures.h"
 
@@ -39,9 +39,8 @@ void append_bits(Backend& be, const Tensor& t, std::vector<uint32_t>& out) {
   std::memcpy(out.data() + n, h.raw(), h.nbytes());
 }
 
-Outcome run_steps(const ModelConfig& cfg, OffloadOptions off, CopyArbiter* arbiter,
-                  int steps = 3) {
-  auto be = make_cuda_backend(0);
+Outcome run_steps(const ModelConfig& cfg, OffloadOptions off, CopyArbiter* arbiter, int steps = 3) {
+  auto be = gpu_test::deterministic_cuda_backend();
   if (arbiter) be->set_copy_arbiter(arbiter);
   off.poison_released = true;
   ModelOptions mo;
@@ -91,11 +90,10 @@ TEST(CudaLaneOffload, ArbiterChangesNoBitsAndNeedsNoOffloadSyncs) {
   // Not a divisor of any block input: every copy ends in a partial chunk.
   constexpr int64_t kChunk = 1500000;
   for (const ModelConfig& cfg : {offload_dense_config(), offload_moe_config()}) {
-    for (const OffloadOptions& o :
-         {mode(OffloadMode::kSingle), mode(OffloadMode::kDouble, 2, 1),
-          mode(OffloadMode::kDouble, 3, 2)}) {
-      const std::string what = str_cat("d_model=", cfg.d_model, " ", offload_mode_name(o.mode),
-                                       " L=", o.lookahead);
+    for (const OffloadOptions& o : {mode(OffloadMode::kSingle), mode(OffloadMode::kDouble, 2, 1),
+                                    mode(OffloadMode::kDouble, 3, 2)}) {
+      const std::string what =
+          str_cat("d_model=", cfg.d_model, " ", offload_mode_name(o.mode), " L=", o.lookahead);
       const Outcome plain = run_steps(cfg, o, nullptr);
       LocalCopyArbiter arbiter(kChunk);
       const Outcome on = run_steps(cfg, o, &arbiter);
@@ -181,7 +179,7 @@ class GateArbiter final : public CopyArbiter {
 TEST(CudaLaneOffload, DrivingThreadNeverWaitsForAGrant) {
   HP_REQUIRE_GPU();
   GateArbiter gate(1 << 16);
-  auto be = make_cuda_backend(0);
+  auto be = gpu_test::deterministic_cuda_backend();
   be->set_copy_arbiter(&gate);
   const int64_t n = 100000;  // 400000 bytes: 7 chunks of 64 KiB
   std::shared_ptr<Storage> pinned = be->pinned_host_storage(static_cast<size_t>(n) * 4);

@@ -9,7 +9,7 @@
 #include "framework/backend/cuda/cuda_backend.h"
 #include "framework/data/loader.h"
 #include "framework/model/model.h"
-#include "launch/trainer.h"
+#include "launch/train/trainer.h"
 #include "tests/gpu/gpu_fixtures.h"
 
 namespace hp {
@@ -30,7 +30,7 @@ ModelConfig gpu_moe_config() {
   c.window_layers = WindowLayers::kEven;
   c.attn_sinks = true;
   c.attn_bias = true;
-  c.activation = "gptoss";
+  c.activation = Activation::kGptOss;
   c.moe_aux_coef = 0.01;
   return c;
 }
@@ -146,22 +146,22 @@ TEST(CudaModel, TinyMoeTrainsWithFallingLoss) {
   HP_REQUIRE_GPU();
   TrainOptions o;
   o.model = gpu_moe_config();
-  o.device = "cuda";
-  o.seq_len = 128;
-  o.batch_tokens = 2048;
-  o.steps = 40;
-  o.lr = 3e-3;
-  o.min_lr = 3e-4;
-  o.warmup_steps = 5;
-  o.weight_decay = 0;
+  o.device.kind = DeviceKind::kCuda;
+  o.data.seq_len = 128;
+  o.data.batch_tokens = 2048;
+  o.run.steps = 40;
+  o.optimizer.lr = 3e-3;
+  o.optimizer.min_lr = 3e-4;
+  o.optimizer.warmup_steps = 5;
+  o.optimizer.weight_decay = 0;
   o.data.synthetic_vocab = 16;
   RankContext ctx = single_rank_context();
   Trainer t(o, ctx);
   double first = 0, last = 0;
-  for (int i = 0; i < o.steps; ++i) {
+  for (int i = 0; i < o.run.steps; ++i) {
     StepStats s = t.step();
     if (i < 3) first += s.loss / 3;
-    if (i >= o.steps - 3) last += s.loss / 3;
+    if (i >= o.run.steps - 3) last += s.loss / 3;
     EXPECT_EQ(s.syncs.get(SyncCause::kMetadata), 0);
     EXPECT_EQ(s.syncs.get(SyncCause::kLoss), 1);
   }

@@ -15,7 +15,7 @@
 
 #include "framework/backend/cuda/cuda_backend.h"
 #include "framework/backend/cuda/cuda_check.h"
-#include "launch/trainer.h"
+#include "launch/train/trainer.h"
 #include "parallel/cuda/nccl_communicator.h"
 #include "parallel/grad_sync.h"
 #include "parallel/moe_exchange.h"
@@ -580,20 +580,20 @@ TrainOptions tiny_moe_options(int ep_size) {
   c.window_layers = WindowLayers::kEven;
   c.attn_sinks = true;
   c.attn_bias = true;
-  c.activation = "gptoss";
+  c.activation = Activation::kGptOss;
   c.moe_aux_coef = 0.01;
   o.data.synthetic_vocab = 8;
   o.data.synthetic_zipf = 2.0;
   o.data.synthetic_mean_doc_len = 64;
-  o.device = "cuda";
-  o.seq_len = 256;
-  o.batch_tokens = 4096;
-  o.steps = 10;
-  o.lr = 3e-3;
-  o.min_lr = 3e-4;
-  o.warmup_steps = 2;
-  o.weight_decay = 0.0;
-  o.ep_size = ep_size;
+  o.device.kind = DeviceKind::kCuda;
+  o.data.seq_len = 256;
+  o.data.batch_tokens = 4096;
+  o.run.steps = 10;
+  o.optimizer.lr = 3e-3;
+  o.optimizer.min_lr = 3e-4;
+  o.optimizer.warmup_steps = 2;
+  o.optimizer.weight_decay = 0.0;
+  o.parallel.ep_size = ep_size;
   return o;
 }
 
@@ -633,7 +633,8 @@ TEST(NcclTrain, TwoRankLossesMatchOneRankAndRoutingSyncsPerLayer) {
 // ---- failure: a stuck collective --------------------------------------------------------------
 
 // Runs last in this file: rank 1 skips an all_reduce; rank 0 must get an error naming the
-// collective and the communicator within about its timeout, and nothing may hang.
+// collective, the communicator and the timeout, and nothing may hang (a hang fails the test at
+// CTest's timeout; no wall-clock bound is asserted here).
 TEST(NcclTimeout, StuckCollectiveFailsNamingItWithoutHanging) {
   HP_NCCL_WORLD(comm);
   // Its own stream, so the aborted operation cannot hold up the backend's stream.
@@ -644,7 +645,6 @@ TEST(NcclTimeout, StuckCollectiveFailsNamingItWithoutHanging) {
   Tensor t = be.upload(hwtensor({1.0, 2.0, 3.0}, DType::kF32));
   be.synchronize(SyncCause::kOther);  // the upload is on the compute stream
   if (stuck->rank() == 0) {
-    const auto t0 = std::chrono::steady_clock::now();
     std::string msg;
     try {
       // Fails here while NCCL connects to the absent peer, or in the wait for the result.
@@ -653,13 +653,10 @@ TEST(NcclTimeout, StuckCollectiveFailsNamingItWithoutHanging) {
     } catch (const Error& e) {
       msg = e.what();
     }
-    const double secs =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     EXPECT_NE(msg.find("all_reduce"), std::string::npos) << msg;
     EXPECT_NE(msg.find("'timeout_test'"), std::string::npos) << msg;
     EXPECT_NE(msg.find("timed out"), std::string::npos) << msg;
     EXPECT_NE(msg.find("rank 0"), std::string::npos) << msg;
-    EXPECT_LT(secs, 15.0);
     // Broken from now on: later calls fail at once.
     EXPECT_THROW(stuck->all_reduce(t, ReduceOp::kSum), Error);
   }

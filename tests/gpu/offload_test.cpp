@@ -34,7 +34,7 @@ void append_bits(Backend& be, const Tensor& t, std::vector<uint32_t>& out) {
 }
 
 Outcome run_steps(const ModelConfig& cfg, OffloadOptions off, int steps = 2) {
-  auto be = make_cuda_backend(0);
+  auto be = gpu_test::deterministic_cuda_backend();
   off.poison_released = off.mode != OffloadMode::kNone;
   ModelOptions mo;
   mo.checkpoint_activations = true;

@@ -16,10 +16,13 @@
 #include <thread>
 #include <vector>
 
+#include "framework/backend/copy_arbiter.h"
 #include "framework/backend/cuda/cuda_allocator.h"
 #include "framework/backend/cuda/cuda_check.h"
 #include "framework/backend/cuda/cuda_kernels.h"
-#include "framework/model/copy_arbiter.h"
+#include "framework/backend/cuda/cuda_profiler.h"
+#include "framework/backend/cuda/cudnn_attention.h"
+#include "framework/backend/cuda/lt_gemm.h"
 
 namespace hp {
 
@@ -45,6 +48,13 @@ struct CudaBatchExtra {
   Tensor buffer;  // owns the device memory of inputs/targets/positions/cu_seqlens/tiles
   const AttnTile* tiles = nullptr;
   int n_tiles = 0;
+  // cuDNN's view of the batch, made by the first attention call of each head shape and reused
+  // by every other layer of the step (rule 1).
+  struct CudnnEntry {
+    int hq, hkv, d;
+    cuda::CudnnBatch batch;
+  };
+  mutable std::vector<CudnnEntry> cudnn;
 };
 
 // ---- argument checks
@@ -167,7 +177,8 @@ class PinnedStaging {
 
 class CudaBackend final : public Backend {
  public:
-  explicit CudaBackend(int device) : device_(device), alloc_(&cuda_device_allocator(device)) {
+  CudaBackend(int device, const CudaBackendOptions& options)
+      : device_(device), options_(options), alloc_(&cuda_device_allocator(device)) {
     const int count = cuda_device_count();
     if (device < 0 || device >= count)
       HP_USER_ERROR(ErrorKind::kConfig, "CUDA device ", device, " requested but ", count,
@@ -182,7 +193,23 @@ class CudaBackend final : public Backend {
     CUBLAS_CHECK(cublasSetWorkspace(cublas_, cublas_workspace_.raw(), cublas_workspace_.nbytes()));
     CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&info_host_), 4 * sizeof(int32_t),
                              cudaHostAllocDefault));
+    if (options_.attention != AttentionImpl::kTiled) {
+      std::string why;
+      cudnn_ = cuda::CudnnAttention::create(&why);
+      if (!cudnn_ && options_.attention == AttentionImpl::kCudnn)
+        HP_USER_ERROR(ErrorKind::kConfig, "config key 'attention': cudnn requested but ", why,
+                      "; use attention=auto or attention=tiled");
+      attention_desc_ =
+          cudnn_ ? str_cat("cudnn ", cudnn_->version(),
+                           options_.deterministic ? " (deterministic backward)" : "",
+                           options_.attention == AttentionImpl::kAuto ? ", tiled for windows" : "")
+                 : str_cat("tiled (", why, ")");
+    } else {
+      attention_desc_ = "tiled";
+    }
   }
+
+  const std::string& attention_description() const { return attention_desc_; }
 
   ~CudaBackend() override {
     // Destructors must not throw: errors are ignored, the device is left as it is.
@@ -222,9 +249,9 @@ class CudaBackend final : public Backend {
              " and dst ", dst.desc(), " must have the same dtype and numel");
     if (src.nbytes() == 0 || src.raw() == dst.raw()) return;
     if (stream_ == StreamKind::kCopy && arbiter_) {
-      enqueue_issue(IssueOp::kCopy, src, dst,
-                    dst.device() == Device::kCUDA ? CopyDirection::kReload
-                                                  : CopyDirection::kOffload);
+      enqueue_issue(
+          IssueOp::kCopy, src, dst,
+          dst.device() == Device::kCUDA ? CopyDirection::kReload : CopyDirection::kOffload);
       return;
     }
     // Unified addressing tells host from device; pageable host memory is staged by the driver.
@@ -255,6 +282,25 @@ class CudaBackend final : public Backend {
     for (cudaStream_t s : streams_) CUDA_CHECK(cudaStreamSynchronize(s));
     syncs_.add(cause);
   }
+
+  // Device-time profiles from CUPTI activity records (cuda_profiler.h).
+  void profile_begin() override {
+    synchronize(SyncCause::kOther);
+    profile_mallocs_ = alloc_->stats().device_mallocs;
+    profile_plans_ = cudnn_ ? cudnn_->graphs_built() : 0;
+    cuda::profile_begin(phase_, family_);
+    profiling_ = true;
+  }
+  StepProfile profile_end() override {
+    synchronize(SyncCause::kOther);
+    profiling_ = false;
+    StepProfile p = cuda::profile_end();
+    p.device_mallocs = alloc_->stats().device_mallocs - profile_mallocs_;
+    p.plans_built = (cudnn_ ? cudnn_->graphs_built() : 0) - profile_plans_;
+    return p;
+  }
+  void on_mark(StepPhase, OpFamily) override {}
+  void after_mark() override { cuda::profile_mark(phase_, family_); }
 
   // Page-locked, so copy-stream copies to and from it run asynchronously. A failed allocation
   // is reported as null, not thrown: the caller has a pageable fallback.
@@ -459,6 +505,14 @@ class CudaBackend final : public Backend {
     const float alpha_f = static_cast<float>(alpha), beta_f = static_cast<float>(beta);
     const cudaDataType ab_type = a.dtype() == DType::kBF16 ? CUDA_R_16BF : CUDA_R_32F;
     const cudaDataType c_type = c.dtype() == DType::kBF16 ? CUDA_R_16BF : CUDA_R_32F;
+    // Row-major c = op(a) op(b) is column-major c^T = op(b)^T op(a)^T.
+    if (ab_type == CUDA_R_16BF &&
+        lt_.run(trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, trans_a ? CUBLAS_OP_T : CUBLAS_OP_N,
+                static_cast<int>(n), static_cast<int>(m), static_cast<int>(k), alpha_f, b.raw(),
+                static_cast<int>(b.dim(1)), a.raw(), static_cast<int>(a.dim(1)), beta_f, c.raw(),
+                c_type, static_cast<int>(n), cublas_workspace_.raw(), cublas_workspace_.nbytes(),
+                cur_stream()))
+      return;
     CUBLAS_CHECK(cublasGemmEx(
         cublas_, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, trans_a ? CUBLAS_OP_T : CUBLAS_OP_N,
         static_cast<int>(n), static_cast<int>(m), static_cast<int>(k), &alpha_f, b.raw(), ab_type,
@@ -586,7 +640,9 @@ class CudaBackend final : public Backend {
     cuda::AttnArgs args = attention_args(op, qkv, sinks, meta, shape);
     check_tensor(op, "out", out, DType::kBF16, {args.n_tokens, args.hq, args.head_dim});
     check_tensor(op, "lse", lse, DType::kF32, {args.n_tokens, args.hq});
-    if (tensor_core_ok(args, {out.raw()})) {
+    if (const cuda::CudnnBatch* cb = cudnn_batch(args, meta, {out.raw()})) {
+      cudnn_->forward(args, *cb, out.raw(), lse.data<float>(), *alloc_, cur_stream());
+    } else if (tensor_core_ok(args, {out.raw()})) {
       cuda::launch_attention_fwd(args, out.raw(), lse.data<float>(), cur_stream());
     } else if (args.n_tiles > 0) {
       cuda::launch_attention_simple_fwd(args, out.raw(), lse.data<float>(), cur_stream());
@@ -608,6 +664,18 @@ class CudaBackend final : public Backend {
     if (sinks.defined()) {
       check_tensor(op, "dsinks", dsinks, DType::kF32, {args.hq});
       dsinks_p = dsinks.data<float>();
+    }
+    const cuda::CudnnBatch* cb = cudnn_batch(args, meta, {out.raw(), dout.raw(), dqkv.raw()});
+    // Deterministic results need cuDNN's atomic-free backward, whose workspace grows with the
+    // square of the sequence length; past kCudnnDeterministicBytes the tiled backward (also
+    // deterministic, same lse contract) takes over from cuDNN's forward.
+    if (cb && options_.deterministic &&
+        cuda::CudnnAttention::deterministic_workspace_bytes(*cb, args) > kCudnnDeterministicBytes)
+      cb = nullptr;
+    if (cb) {
+      cudnn_->backward(args, *cb, out.raw(), lse.data<float>(), dout.raw(), dqkv.raw(), dsinks_p,
+                       options_.deterministic, *alloc_, cur_stream());
+      return;
     }
     if (!tensor_core_ok(args, {out.raw(), dout.raw(), dqkv.raw()})) args.force_simple = true;
     cuda::launch_attention_bwd(args, out.raw(), lse.data<float>(), dout.raw(), dqkv.raw(), dsinks_p,
@@ -963,8 +1031,7 @@ class CudaBackend final : public Backend {
     }
   }
 
-  void issue(IssueOp& op, CopyArbiter* arbiter,
-             std::vector<std::shared_ptr<CudaEvent>>& gates) {
+  void issue(IssueOp& op, CopyArbiter* arbiter, std::vector<std::shared_ptr<CudaEvent>>& gates) {
     cudaStream_t stream = streams_[static_cast<int>(StreamKind::kCopy)];
     switch (op.kind) {
       case IssueOp::kRecord:
@@ -992,10 +1059,9 @@ class CudaBackend final : public Backend {
       auto release = std::make_unique<PendingRelease>(PendingRelease{arbiter, CopyTicket{}});
       release->ticket = arbiter->request(op.dir, n);
       arbiter->wait(release->ticket);  // throws after the arbiter's timeout
-      cudaError_t st =
-          cudaMemcpyAsync(static_cast<char*>(op.dst.raw()) + off,
-                          static_cast<const char*>(op.src.raw()) + off, static_cast<size_t>(n),
-                          cudaMemcpyDefault, stream);
+      cudaError_t st = cudaMemcpyAsync(static_cast<char*>(op.dst.raw()) + off,
+                                       static_cast<const char*>(op.src.raw()) + off,
+                                       static_cast<size_t>(n), cudaMemcpyDefault, stream);
       if (st == cudaSuccess) st = cudaLaunchHostFunc(stream, release_chunk, release.get());
       if (st != cudaSuccess) {
         arbiter->release(release->ticket);
@@ -1071,6 +1137,24 @@ class CudaBackend final : public Backend {
     return a;
   }
 
+  // The batch as cuDNN reads it for this head shape, or null where the tiled kernels run.
+  const cuda::CudnnBatch* cudnn_batch(const cuda::AttnArgs& a, const BatchMeta& meta,
+                                      std::initializer_list<const void*> more) {
+    if (!cudnn_ || !cudnn_->supports(a) || a.n_tiles == 0) return nullptr;
+    // Sliding windows: the tiled kernels skip whole key tiles outside the window and beat
+    // cuDNN's banded masks (measured on H200), so auto keeps them there.
+    if (a.window > 0 && options_.attention == AttentionImpl::kAuto) return nullptr;
+    for (const void* p : more)
+      if (!aligned16(p)) return nullptr;
+    const auto* extra = static_cast<const CudaBatchExtra*>(meta.backend_extra.get());
+    for (const auto& e : extra->cudnn)
+      if (e.hq == a.hq && e.hkv == a.hkv && e.d == a.head_dim) return &e.batch;
+    extra->cudnn.push_back({a.hq, a.hkv, a.head_dim,
+                            cudnn_->make_batch(a, meta.cu_seqlens.data<int32_t>(), meta.n_seqs,
+                                               meta.max_seqlen, *alloc_, cur_stream())});
+    return &extra->cudnn.back().batch;
+  }
+
   // The tensor-core kernels move 16-byte vectors: every base pointer must be 16-byte aligned.
   static bool tensor_core_ok(const cuda::AttnArgs& a, std::initializer_list<const void*> more) {
     if (!cuda::attention_head_dim_fast(a.head_dim) || !aligned16(a.qkv)) return false;
@@ -1080,7 +1164,13 @@ class CudaBackend final : public Backend {
   }
 
   int device_;
+  CudaBackendOptions options_;
   CudaCachingAllocator* alloc_;
+  cuda::LtGemm lt_;                              // bf16 GEMMs (lt_gemm.h)
+  std::unique_ptr<cuda::CudnnAttention> cudnn_;  // null: the tiled kernels
+  std::string attention_desc_;
+  int64_t profile_mallocs_ = 0, profile_plans_ = 0;  // at profile_begin
+  static constexpr int64_t kCudnnDeterministicBytes = int64_t{1} << 30;
   cudaStream_t streams_[3] = {};  // indexed by StreamKind: compute, copy, comm
   cublasHandle_t cublas_ = nullptr;
   Tensor cublas_workspace_;
@@ -1105,9 +1195,19 @@ CudaBackend& as_cuda(Backend& b) {
 
 }  // namespace
 
-std::unique_ptr<Backend> make_cuda_backend(int device_ordinal) {
-  return std::make_unique<CudaBackend>(device_ordinal);
+std::unique_ptr<Backend> make_cuda_backend(int device_ordinal, const CudaBackendOptions& options) {
+  return std::make_unique<CudaBackend>(device_ordinal, options);
 }
+
+AttentionImpl parse_attention_impl(const std::string& s) {
+  if (s == "auto") return AttentionImpl::kAuto;
+  if (s == "cudnn") return AttentionImpl::kCudnn;
+  if (s == "tiled") return AttentionImpl::kTiled;
+  HP_USER_ERROR(ErrorKind::kConfig, "config key 'attention': '", s,
+                "' is not one of auto, cudnn, tiled");
+}
+
+std::string cuda_attention_description(Backend& b) { return as_cuda(b).attention_description(); }
 
 CUstream_st* cuda_compute_stream(Backend& b) { return as_cuda(b).compute_stream(); }
 

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <memory>
+#include <string>
 
 #include "framework/backend/backend.h"
 
@@ -15,8 +16,29 @@ namespace hp {
 // Number of usable CUDA devices; 0 when there is no driver or no GPU. Never throws.
 int cuda_device_count();
 
+// Which attention kernels the backend runs.
+enum class AttentionImpl {
+  kAuto,   // cuDNN's fused attention where it is loadable and supports the shape, else tiled
+  kCudnn,  // cuDNN's; an error where it cannot run
+  kTiled,  // the backend's own tiled tensor-core kernels (bitwise deterministic)
+};
+// Parses "auto", "cudnn" or "tiled" (config key `attention`); throws a UserError naming the key.
+AttentionImpl parse_attention_impl(const std::string& s);
+
+struct CudaBackendOptions {
+  AttentionImpl attention = AttentionImpl::kAuto;
+  // Bitwise-reproducible results. On: cuDNN's forward with cuDNN's atomic-free backward where
+  // its workspace (quadratic in the longest sequence) stays under 1 GiB, else the tiled
+  // backward. Off: cuDNN's faster backward, whose dQ sums arrive in varying order.
+  bool deterministic = false;
+};
+
 // A backend on device `device_ordinal` (makes it the calling thread's current device).
-std::unique_ptr<Backend> make_cuda_backend(int device_ordinal);
+std::unique_ptr<Backend> make_cuda_backend(int device_ordinal,
+                                           const CudaBackendOptions& options = {});
+// What the backend's attention runs on, e.g. "cudnn 9.19.0 (deterministic backward)" or
+// "tiled (libcudnn.so.9 not found)". Throws if `b` is not a CUDA backend.
+std::string cuda_attention_description(Backend& b);
 
 // The compute stream of a CUDA backend (for components that order their own streams against it
 // with events: communicators, the activation store). Throws if `b` is not a CUDA backend.

@@ -48,6 +48,16 @@ __global__ void embedding_bwd_kernel(const T* dout, const int32_t* sorted_ids,
   }
 }
 
+// Adds x to a running (max m, sum s of exp(. - m)).
+__device__ __forceinline__ void online_softmax_add(float x, float& m, float& s) {
+  if (x > m) {
+    s = s * __expf(m - x) + 1.f;
+    m = x;
+  } else {
+    s += __expf(x - m);
+  }
+}
+
 // One block per row: an online max/sum pass, then the gradient pass.
 template <typename T>
 __global__ void cross_entropy_fwd_kernel(T* logits, const int32_t* targets, int64_t v,
@@ -65,13 +75,7 @@ __global__ void cross_entropy_fwd_kernel(T* logits, const int32_t* targets, int6
   const float target_logit = to_f32(lr[target]);
   float m = -INFINITY, s = 0.f;
   for (int64_t i = threadIdx.x; i < v; i += blockDim.x) {
-    const float x = to_f32(lr[i]);
-    if (x > m) {
-      s = s * __expf(m - x) + 1.f;
-      m = x;
-    } else {
-      s += __expf(x - m);
-    }
+    online_softmax_add(to_f32(lr[i]), m, s);
   }
   const float M = block_max(m, scratch);
   const float S = block_sum(m == -INFINITY ? 0.f : s * __expf(m - M), scratch);
@@ -79,6 +83,50 @@ __global__ void cross_entropy_fwd_kernel(T* logits, const int32_t* targets, int6
   for (int64_t i = threadIdx.x; i < v; i += blockDim.x) {
     const float p = __expf(to_f32(lr[i]) - lse);
     lr[i] = from_f32<T>(grad_scale * (p - (i == target ? 1.f : 0.f)));
+  }
+  if (threadIdx.x == 0) row_loss[row] = lse - target_logit;
+}
+
+// The bf16 row kernel with 16-byte accesses (8 logits each): the loss reads the vocabulary-wide
+// logits twice and writes their gradient once, so it is bound by bandwidth. Deterministic like
+// cross_entropy_fwd_kernel (each thread visits its elements in another order, so the rounding of
+// the sums differs from it). Needs v % 8 == 0 and 16-byte aligned rows.
+__global__ void cross_entropy_bf16x8_kernel(bf16_t* logits, const int32_t* targets, int64_t v,
+                                            float grad_scale, float* row_loss) {
+  __shared__ float scratch[33];
+  const int64_t row = blockIdx.x;
+  bf16_t* lr = logits + row * v;
+  uint4* lr8 = reinterpret_cast<uint4*>(lr);
+  const int64_t v8 = v / 8;
+  const int32_t target = targets[row];
+  const bool valid = target >= 0 && target < v;
+  if (!valid) {
+    for (int64_t i = threadIdx.x; i < v8; i += blockDim.x) lr8[i] = make_uint4(0, 0, 0, 0);
+    if (threadIdx.x == 0) row_loss[row] = 0.f;
+    return;
+  }
+  const float target_logit = to_f32(lr[target]);
+  float m = -INFINITY, s = 0.f;
+  for (int64_t i = threadIdx.x; i < v8; i += blockDim.x) {
+    const uint4 q = lr8[i];
+    const bf16_t* e = reinterpret_cast<const bf16_t*>(&q);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      online_softmax_add(to_f32(e[j]), m, s);
+    }
+  }
+  const float M = block_max(m, scratch);
+  const float S = block_sum(m == -INFINITY ? 0.f : s * __expf(m - M), scratch);
+  const float lse = M + __logf(S);
+  for (int64_t i = threadIdx.x; i < v8; i += blockDim.x) {
+    uint4 q = lr8[i];
+    bf16_t* e = reinterpret_cast<bf16_t*>(&q);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const float p = __expf(to_f32(e[j]) - lse);
+      e[j] = from_f32<bf16_t>(grad_scale * (p - (i * 8 + j == target ? 1.f : 0.f)));
+    }
+    lr8[i] = q;
   }
   if (threadIdx.x == 0) row_loss[row] = lse - target_logit;
 }
@@ -128,6 +176,13 @@ void launch_cross_entropy(void* logits, DType t, const int32_t* targets, int64_t
                           float grad_scale, float* loss, Allocator& alloc, cudaStream_t stream) {
   if (n == 0) return;
   Tensor row_loss = Tensor::empty(alloc, {n}, DType::kF32);
+  if (t == DType::kBF16 && v % 8 == 0 && reinterpret_cast<uintptr_t>(logits) % 16 == 0) {
+    cross_entropy_bf16x8_kernel<<<static_cast<unsigned>(n), kLossThreads, 0, stream>>>(
+        static_cast<bf16_t*>(logits), targets, v, grad_scale, row_loss.data<float>());
+    CUDA_CHECK_LAUNCH();
+    launch_reduce_sum_add(row_loss.data<float>(), n, 1.f, loss, alloc, stream);
+    return;
+  }
   dispatch_float(t, [&](auto ts) {
     using T = decltype(ts);
     cross_entropy_fwd_kernel<<<static_cast<unsigned>(n), kLossThreads, 0, stream>>>(

@@ -1,0 +1,378 @@
+#include "framework/backend/cuda/cudnn_attention.h"
+
+#if HOTPATH_HAVE_CUDNN
+
+#include <cuda_runtime.h>
+#include <cudnn_frontend.h>
+#include <dlfcn.h>
+
+#include <cstring>
+#include <mutex>
+#include <unordered_map>
+
+#include "framework/backend/cuda/cuda_check.h"
+#include "framework/core/error.h"
+
+// The frontend resolves every cuDNN symbol through this handle
+// (NV_CUDNN_FRONTEND_USE_DYNAMIC_LOADING).
+namespace cudnn_frontend {
+void* cudnn_dlhandle = nullptr;
+}
+
+namespace hp::cuda {
+namespace fe = cudnn_frontend;
+
+namespace {
+
+#define FE_CHECK(expr)                                                        \
+  do {                                                                        \
+    fe::error_t hp_fe_rc_ = (expr);                                           \
+    if (!hp_fe_rc_.is_good())                                                 \
+      HP_FAIL(ErrorKind::kCuda, #expr, " failed: ", hp_fe_rc_.get_message()); \
+  } while (0)
+
+#define CUDNN_CALL(expr)                                                                       \
+  do {                                                                                         \
+    const cudnnStatus_t hp_dnn_rc_ = (expr);                                                   \
+    if (hp_dnn_rc_ != CUDNN_STATUS_SUCCESS)                                                    \
+      HP_FAIL(ErrorKind::kCuda, #expr, " failed: ", fe::detail::get_error_string(hp_dnn_rc_)); \
+  } while (0)
+
+enum Uid : int64_t {
+  kQ = 1,
+  kK,
+  kV,
+  kO,
+  kStats,
+  kDO,
+  kDQ,
+  kDK,
+  kDV,
+  kSeqQ,
+  kSeqKV,
+  kOffQkv,
+  kOffO,
+  kOffLse
+};
+
+int64_t next_pow2(int64_t x, int64_t lo) {
+  int64_t p = lo;
+  while (p < x) p *= 2;
+  return p;
+}
+
+struct Key {
+  bool backward, deterministic;
+  int64_t b, s, total;  // total: packed tokens (sizes cuDNN's ragged workspaces)
+  int hq, hkv, d, window;
+  float scale;
+  bool operator==(const Key& o) const { return std::memcmp(this, &o, sizeof(Key)) == 0; }
+};
+struct KeyHash {
+  size_t operator()(const Key& k) const {
+    size_t h = 1469598103934665603ull;
+    const auto* p = reinterpret_cast<const unsigned char*>(&k);
+    for (size_t i = 0; i < sizeof(Key); ++i) h = (h ^ p[i]) * 1099511628211ull;
+    return h;
+  }
+};
+
+}  // namespace
+
+struct CudnnAttention::Impl {
+  cudnnHandle_t handle = nullptr;
+  std::unordered_map<Key, std::shared_ptr<fe::graph::Graph>, KeyHash> graphs;
+
+  // Q, K, V: head blocks of qkv[N, Ht, D]; batch stride is irrelevant under ragged offsets.
+  static std::shared_ptr<fe::graph::Tensor_attributes> qkv_tensor(
+      fe::graph::Graph& g, const char* name, int64_t uid, const Key& k, int heads,
+      std::shared_ptr<fe::graph::Tensor_attributes> off) {
+    const int64_t row = static_cast<int64_t>(k.hq + 2 * k.hkv) * k.d;
+    return g.tensor(fe::graph::Tensor_attributes()
+                        .set_name(name)
+                        .set_uid(uid)
+                        .set_dim({k.b, heads, k.s, k.d})
+                        .set_stride({k.s * row, k.d, row, 1})
+                        .set_ragged_offset(off));
+  }
+  static std::shared_ptr<fe::graph::Tensor_attributes> int_tensor(fe::graph::Graph& g,
+                                                                  const char* name, int64_t uid,
+                                                                  int64_t n) {
+    return g.tensor(fe::graph::Tensor_attributes()
+                        .set_name(name)
+                        .set_uid(uid)
+                        .set_dim({n, 1, 1, 1})
+                        .set_stride({1, 1, 1, 1})
+                        .set_data_type(fe::DataType_t::INT32));
+  }
+
+  fe::graph::Graph& graph(const Key& k) {
+    auto it = graphs.find(k);
+    if (it != graphs.end()) return *it->second;
+    auto g = std::make_shared<fe::graph::Graph>();
+    g->set_io_data_type(fe::DataType_t::BFLOAT16)
+        .set_intermediate_data_type(fe::DataType_t::FLOAT)
+        .set_compute_data_type(fe::DataType_t::FLOAT);
+    auto off_qkv = int_tensor(*g, "off_qkv", kOffQkv, k.b + 1);
+    auto off_o = int_tensor(*g, "off_o", kOffO, k.b + 1);
+    auto off_lse = int_tensor(*g, "off_lse", kOffLse, k.b + 1);
+    auto seq_q = int_tensor(*g, "seq_q", kSeqQ, k.b);
+    auto seq_kv = int_tensor(*g, "seq_kv", kSeqKV, k.b);
+    auto q = qkv_tensor(*g, "q", kQ, k, k.hq, off_qkv);
+    auto kk = qkv_tensor(*g, "k", kK, k, k.hkv, off_qkv);
+    auto v = qkv_tensor(*g, "v", kV, k, k.hkv, off_qkv);
+    const std::vector<int64_t> o_dim{k.b, k.hq, k.s, k.d};
+    const std::vector<int64_t> o_stride{k.s * k.hq * k.d, k.d, static_cast<int64_t>(k.hq) * k.d, 1};
+    const std::vector<int64_t> l_dim{k.b, k.hq, k.s, 1};
+    const std::vector<int64_t> l_stride{k.s * k.hq, 1, k.hq, 1};
+    if (!k.backward) {
+      auto opts = fe::graph::SDPA_attributes()
+                      .set_max_total_seq_len_q(k.total)
+                      .set_max_total_seq_len_kv(k.total)
+                      .set_name("attention_fwd")
+                      .set_generate_stats(true)
+                      .set_attn_scale(k.scale)
+                      .set_padding_mask(true)
+                      .set_seq_len_q(seq_q)
+                      .set_seq_len_kv(seq_kv)
+                      .set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT)
+                      .set_diagonal_band_right_bound(0);
+      if (k.window > 0) opts.set_diagonal_band_left_bound(k.window);
+      auto [o, stats] = g->sdpa(q, kk, v, opts);
+      o->set_output(true).set_uid(kO).set_dim(o_dim).set_stride(o_stride).set_ragged_offset(off_o);
+      stats->set_output(true)
+          .set_uid(kStats)
+          .set_data_type(fe::DataType_t::FLOAT)
+          .set_dim(l_dim)
+          .set_stride(l_stride)
+          .set_ragged_offset(off_lse);
+    } else {
+      auto tensor = [&](const char* name, int64_t uid, std::vector<int64_t> dim,
+                        std::vector<int64_t> stride,
+                        std::shared_ptr<fe::graph::Tensor_attributes> off, bool f32) {
+        auto t = g->tensor(fe::graph::Tensor_attributes()
+                               .set_name(name)
+                               .set_uid(uid)
+                               .set_dim(dim)
+                               .set_stride(stride)
+                               .set_ragged_offset(off));
+        if (f32) t->set_data_type(fe::DataType_t::FLOAT);
+        return t;
+      };
+      auto o = tensor("o", kO, o_dim, o_stride, off_o, false);
+      auto d_o = tensor("do", kDO, o_dim, o_stride, off_o, false);
+      auto stats = tensor("stats", kStats, l_dim, l_stride, off_lse, true);
+      auto opts = fe::graph::SDPA_backward_attributes()
+                      .set_max_total_seq_len_q(k.total)
+                      .set_max_total_seq_len_kv(k.total)
+                      .set_name("attention_bwd")
+                      .set_attn_scale(k.scale)
+                      .set_padding_mask(true)
+                      .set_seq_len_q(seq_q)
+                      .set_seq_len_kv(seq_kv)
+                      .set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT)
+                      .set_diagonal_band_right_bound(0)
+                      .set_deterministic_algorithm(k.deterministic);
+      if (k.window > 0) opts.set_diagonal_band_left_bound(k.window);
+      auto [dq, dk, dv] = g->sdpa_backward(q, kk, v, o, d_o, stats, opts);
+      const int64_t row = static_cast<int64_t>(k.hq + 2 * k.hkv) * k.d;
+      for (auto [t, uid, heads] : {std::make_tuple(dq, kDQ, k.hq), std::make_tuple(dk, kDK, k.hkv),
+                                   std::make_tuple(dv, kDV, k.hkv)}) {
+        t->set_output(true)
+            .set_uid(uid)
+            .set_dim({k.b, heads, k.s, k.d})
+            .set_stride({k.s * row, k.d, row, 1})
+            .set_ragged_offset(off_qkv);
+      }
+    }
+    FE_CHECK(g->build(handle, {fe::HeurMode_t::A}));
+    return *graphs.emplace(k, g).first->second;
+  }
+
+  void run(fe::graph::Graph& g, std::unordered_map<int64_t, void*>& pack, Allocator& alloc,
+           CUstream_st* stream) {
+    int64_t ws = 0;
+    FE_CHECK(g.get_workspace_size(ws));
+    Tensor workspace = ws > 0 ? Tensor::empty(alloc, {(ws + 3) / 4}, DType::kI32) : Tensor();
+    CUDNN_CALL(fe::detail::set_stream(handle, stream));
+    FE_CHECK(g.execute(handle, pack, ws > 0 ? workspace.raw() : nullptr));
+  }
+};
+
+std::unique_ptr<CudnnAttention> CudnnAttention::create(std::string* why) {
+  static std::mutex mu;
+  std::lock_guard<std::mutex> lock(mu);
+  if (!fe::cudnn_dlhandle) {
+    for (const char* lib : {"libcudnn.so.9", "libcudnn.so"}) {
+      fe::cudnn_dlhandle = dlopen(lib, RTLD_NOW | RTLD_GLOBAL);
+      if (fe::cudnn_dlhandle) break;
+    }
+    if (!fe::cudnn_dlhandle) {
+      const char* err = dlerror();
+      *why = std::string("libcudnn.so.9 not found (") + (err ? err : "?") + ")";
+      return nullptr;
+    }
+  }
+  const size_t version = fe::detail::get_backend_version();
+  if (version < 90500) {
+    *why = "cuDNN " + std::to_string(version) + " is older than 9.5";
+    return nullptr;
+  }
+  std::unique_ptr<CudnnAttention> a(new CudnnAttention);
+  a->impl_ = std::make_unique<Impl>();
+  const cudnnStatus_t rc = fe::detail::create_handle(&a->impl_->handle);
+  if (rc != CUDNN_STATUS_SUCCESS) {
+    *why = std::string("cudnnCreate failed: ") + fe::detail::get_error_string(rc);
+    return nullptr;
+  }
+  return a;
+}
+
+CudnnAttention::~CudnnAttention() {
+  if (impl_ && impl_->handle) fe::detail::destroy_handle(impl_->handle);
+}
+
+int64_t CudnnAttention::graphs_built() const { return static_cast<int64_t>(impl_->graphs.size()); }
+
+std::string CudnnAttention::version() const {
+  const size_t v = fe::detail::get_backend_version();
+  return std::to_string(v / 10000) + "." + std::to_string(v / 100 % 100) + "." +
+         std::to_string(v % 100);
+}
+
+int64_t CudnnAttention::deterministic_workspace_bytes(const CudnnBatch& b, const AttnArgs& a) {
+  // cuDNN 9.x's atomic-free backward on Hopper keeps dP in a bf16 workspace of
+  // B x Hq x S x S (S rounded up to 64).
+  const int64_t s = (b.s + 63) / 64 * 64;
+  return b.b * a.hq * s * s * 2;
+}
+
+bool CudnnAttention::supports(const AttnArgs& a) const {
+  auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  const int64_t row = static_cast<int64_t>(a.hq + 2 * a.hkv) * a.head_dim;
+  return (a.head_dim == 64 || a.head_dim == 128) && aligned(a.qkv) &&
+         a.n_tokens * row < (int64_t{1} << 31);
+}
+
+CudnnBatch CudnnAttention::make_batch(const AttnArgs& a, const int32_t* cu_seqlens, int64_t n_seqs,
+                                      int64_t max_seqlen, Allocator& alloc, CUstream_st* stream) {
+  CudnnBatch b;
+  // Buckets keep the number of graphs small: powers of two for the sequence count and the
+  // longest sequence (extra sequences have length 0; kernels skip what lies past a length).
+  b.b = next_pow2(n_seqs, 1);
+  b.s = next_pow2(max_seqlen, 64);
+  b.offsets = Tensor::empty(alloc, {b.b + 3 * (b.b + 1)}, DType::kI32);
+  launch_cudnn_offsets(cu_seqlens, n_seqs, b.b, static_cast<int64_t>(a.hq + 2 * a.hkv) * a.head_dim,
+                       static_cast<int64_t>(a.hq) * a.head_dim, a.hq, b.offsets.data<int32_t>(),
+                       stream);
+  return b;
+}
+
+namespace {
+Key key_for(const AttnArgs& a, const CudnnBatch& b, bool backward, bool deterministic) {
+  Key k;
+  std::memset(&k, 0, sizeof(k));  // padding bytes take part in the hash
+  k.backward = backward;
+  k.deterministic = deterministic;
+  k.b = b.b;
+  k.s = b.s;
+  k.total = a.n_tokens;
+  k.hq = a.hq;
+  k.hkv = a.hkv;
+  k.d = a.head_dim;
+  k.window = a.window;
+  k.scale = a.scale;
+  return k;
+}
+
+void add_common(std::unordered_map<int64_t, void*>& pack, const AttnArgs& a, const CudnnBatch& b,
+                void* qkv) {
+  auto* base = static_cast<__nv_bfloat16*>(qkv);
+  pack[kQ] = base;
+  pack[kK] = base + static_cast<int64_t>(a.hq) * a.head_dim;
+  pack[kV] = base + static_cast<int64_t>(a.hq + a.hkv) * a.head_dim;
+  int32_t* off = const_cast<int32_t*>(b.offsets.data<int32_t>());
+  pack[kSeqQ] = off;
+  pack[kSeqKV] = off;
+  pack[kOffQkv] = off + b.b;
+  pack[kOffO] = off + b.b + (b.b + 1);
+  pack[kOffLse] = off + b.b + 2 * (b.b + 1);
+}
+}  // namespace
+
+void CudnnAttention::forward(const AttnArgs& a, const CudnnBatch& b, void* out, float* lse,
+                             Allocator& alloc, CUstream_st* stream) {
+  fe::graph::Graph& g = impl_->graph(key_for(a, b, false, false));
+  std::unordered_map<int64_t, void*> pack;
+  add_common(pack, a, b, const_cast<void*>(a.qkv));
+  pack[kO] = out;
+  pack[kStats] = lse;
+  impl_->run(g, pack, alloc, stream);
+  if (a.sinks)
+    launch_sink_forward_fixup(out, lse, a.sinks, a.sinks_t, a.n_tokens, a.hq, a.head_dim, stream);
+}
+
+void CudnnAttention::backward(const AttnArgs& a, const CudnnBatch& b, const void* out,
+                              const float* lse, const void* dout, void* dqkv, float* dsinks,
+                              bool deterministic, Allocator& alloc, CUstream_st* stream) {
+  fe::graph::Graph& g = impl_->graph(key_for(a, b, true, deterministic));
+  std::unordered_map<int64_t, void*> pack;
+  add_common(pack, a, b, const_cast<void*>(a.qkv));
+  Tensor dout_scaled, lse_ns;
+  const void* d_o = dout;
+  const float* stats = lse;
+  if (a.sinks) {
+    dout_scaled = Tensor::empty(alloc, {a.n_tokens, a.hq, a.head_dim}, DType::kBF16);
+    lse_ns = Tensor::empty(alloc, {a.n_tokens, a.hq}, DType::kF32);
+    launch_sink_backward_prep(out, dout, lse, a.sinks, a.sinks_t, a.n_tokens, a.hq, a.head_dim,
+                              dout_scaled.raw(), lse_ns.data<float>(), dsinks, alloc, stream);
+    d_o = dout_scaled.raw();
+    stats = lse_ns.data<float>();
+  }
+  pack[kO] = const_cast<void*>(out);
+  pack[kDO] = const_cast<void*>(d_o);
+  pack[kStats] = const_cast<float*>(stats);
+  auto* dbase = static_cast<__nv_bfloat16*>(dqkv);
+  pack[kDQ] = dbase;
+  pack[kDK] = dbase + static_cast<int64_t>(a.hq) * a.head_dim;
+  pack[kDV] = dbase + static_cast<int64_t>(a.hq + a.hkv) * a.head_dim;
+  impl_->run(g, pack, alloc, stream);
+}
+
+}  // namespace hp::cuda
+
+#else  // built without the cuDNN frontend: the backend keeps its own kernels
+
+#include "framework/core/error.h"
+
+namespace hp::cuda {
+
+struct CudnnAttention::Impl {};
+
+std::unique_ptr<CudnnAttention> CudnnAttention::create(std::string* why) {
+  *why = "built without the cuDNN frontend headers (see the CMake status line 'cuDNN attention')";
+  return nullptr;
+}
+CudnnAttention::~CudnnAttention() = default;
+std::string CudnnAttention::version() const { return ""; }
+int64_t CudnnAttention::graphs_built() const { return 0; }
+int64_t CudnnAttention::deterministic_workspace_bytes(const CudnnBatch&, const AttnArgs&) {
+  return 0;
+}
+bool CudnnAttention::supports(const AttnArgs&) const { return false; }
+CudnnBatch CudnnAttention::make_batch(const AttnArgs&, const int32_t*, int64_t, int64_t, Allocator&,
+                                      CUstream_st*) {
+  HP_FAIL(ErrorKind::kInternal, "cuDNN attention is not built in");
+}
+void CudnnAttention::forward(const AttnArgs&, const CudnnBatch&, void*, float*, Allocator&,
+                             CUstream_st*) {
+  HP_FAIL(ErrorKind::kInternal, "cuDNN attention is not built in");
+}
+void CudnnAttention::backward(const AttnArgs&, const CudnnBatch&, const void*, const float*,
+                              const void*, void*, float*, bool, Allocator&, CUstream_st*) {
+  HP_FAIL(ErrorKind::kInternal, "cuDNN attention is not built in");
+}
+
+}  // namespace hp::cuda
+
+#endif
