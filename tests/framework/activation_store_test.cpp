@@ -20,6 +20,7 @@
 #include "framework/data/loader.h"
 #include "framework/model/model.h"
 #include "tests/common/fixtures.h"
+#include "tests/common/gate_arbiter.h"
 
 namespace hp {
 namespace {
@@ -269,74 +270,9 @@ TEST(ActivationStore, OptionsNameTheKey) {
   EXPECT_EQ(parse_offload_mode("double"), OffloadMode::kDouble);
 }
 
-// An arbiter that grants nothing until opened: shows who waits for grants.
-class GateArbiter final : public CopyArbiter {
- public:
-  explicit GateArbiter(int64_t chunk) : chunk_(chunk) {}
-  int64_t chunk_bytes() const override { return chunk_; }
-  CopyTicket request(CopyDirection dir, int64_t bytes) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    CopyTicket t;
-    t.dir = dir;
-    t.bytes = bytes;
-    t.index = ++requested_;
-    dirs_.push_back(dir);
-    return t;
-  }
-  bool granted(CopyTicket& t) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (open_) t.grant_seq = t.index;
-    return open_;
-  }
-  void wait(CopyTicket& t) override {
-    std::unique_lock<std::mutex> lock(mu_);
-    ++waiting_;
-    cv_.notify_all();
-    cv_.wait(lock, [&] { return open_; });
-    t.grant_seq = t.index;
-  }
-  void release(CopyTicket& t) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    ++released_;
-    released_bytes_ += t.bytes;
-  }
-  void begin_step() override {}
-  CopyArbiterStats stats() const override { return CopyArbiterStats(); }
-
-  void open() {
-    std::lock_guard<std::mutex> lock(mu_);
-    open_ = true;
-    cv_.notify_all();
-  }
-  void wait_for_a_waiter() {
-    std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait(lock, [&] { return waiting_ > 0; });
-  }
-  int64_t released() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return released_;
-  }
-  int64_t released_bytes() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return released_bytes_;
-  }
-  std::vector<CopyDirection> dirs() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return dirs_;
-  }
-
- private:
-  int64_t chunk_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool open_ = false;
-  int64_t requested_ = 0, waiting_ = 0, released_ = 0, released_bytes_ = 0;
-  std::vector<CopyDirection> dirs_;
-};
-
 TEST(CpuCopyStream, EventsCompleteWhenTheQueueReachesThem) {
   auto be = make_cpu_backend(DType::kF32);
-  GateArbiter gate(int64_t{1} << 20);
+  test::GateArbiter gate(int64_t{1} << 20);
   be->set_copy_arbiter(&gate);
   Tensor src = be->empty({10000}, DType::kF32);
   fill_block(src, 3);
@@ -440,7 +376,7 @@ TEST(ActivationStoreArbiter, ChunkedReloadFallbackWithArbiter) {
 }
 
 TEST(ActivationStoreArbiter, HostThreadNeverWaitsForAGrant) {
-  GateArbiter gate(1024);
+  test::GateArbiter gate(1024);
   auto be = make_cpu_backend(DType::kF32);
   be->set_copy_arbiter(&gate);
   Tensor src = Tensor::host({1000}, DType::kF32);

@@ -13,6 +13,7 @@
 #include "framework/data/loader.h"
 #include "framework/model/activation_store.h"
 #include "framework/model/model.h"
+#include "tests/common/gate_arbiter.h"
 #include "tests/gpu/gpu_fixtures.h"
 
 namespace hp {
@@ -123,62 +124,9 @@ TEST(CudaLaneOffload, ChunkedReloadFallbackWithArbiter) {
   EXPECT_EQ(on.last_step_offload_syncs, 0);
 }
 
-// Grants nothing until opened: shows which thread waits for grants.
-class GateArbiter final : public CopyArbiter {
- public:
-  explicit GateArbiter(int64_t chunk) : chunk_(chunk) {}
-  int64_t chunk_bytes() const override { return chunk_; }
-  CopyTicket request(CopyDirection dir, int64_t bytes) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    CopyTicket t;
-    t.dir = dir;
-    t.bytes = bytes;
-    t.index = ++requested_;
-    return t;
-  }
-  bool granted(CopyTicket& t) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (open_) t.grant_seq = t.index;
-    return open_;
-  }
-  void wait(CopyTicket& t) override {
-    std::unique_lock<std::mutex> lock(mu_);
-    ++waiting_;
-    cv_.notify_all();
-    cv_.wait(lock, [&] { return open_; });
-    t.grant_seq = t.index;
-  }
-  void release(CopyTicket&) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    ++released_;
-  }
-  void begin_step() override {}
-  CopyArbiterStats stats() const override { return CopyArbiterStats(); }
-  void open() {
-    std::lock_guard<std::mutex> lock(mu_);
-    open_ = true;
-    cv_.notify_all();
-  }
-  void wait_for_a_waiter() {
-    std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait(lock, [&] { return waiting_ > 0; });
-  }
-  int64_t released() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return released_;
-  }
-
- private:
-  int64_t chunk_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool open_ = false;
-  int64_t requested_ = 0, waiting_ = 0, released_ = 0;
-};
-
 TEST(CudaLaneOffload, DrivingThreadNeverWaitsForAGrant) {
   HP_REQUIRE_GPU();
-  GateArbiter gate(1 << 16);
+  test::GateArbiter gate(1 << 16);
   auto be = gpu_test::deterministic_cuda_backend();
   be->set_copy_arbiter(&gate);
   const int64_t n = 100000;  // 400000 bytes: 7 chunks of 64 KiB
