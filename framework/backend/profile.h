@@ -56,7 +56,6 @@ struct StepProfile {
   int64_t kernels = 0;         // device work items seen (0 on the host backend)
   int64_t device_mallocs = 0;  // device allocations that missed the backend's cache
   int64_t plans_built = 0;     // kernel plans built on the way (cuDNN graphs)
-  double busy_fraction() const { return wall_ms > 0 ? busy_ms / wall_ms : 0; }
 };
 
 // Marks the phase of the step for everything issued until the scope ends (restores the previous

@@ -7,18 +7,24 @@
 
 #include <array>
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <string>
 
 namespace hp {
 
-// 64-bit FNV-1a; stable across platforms, used to turn purpose strings into keys.
-inline uint64_t hash64(const std::string& s, uint64_t h = 1469598103934665603ull) {
-  for (unsigned char c : s) {
-    h ^= c;
+// 64-bit FNV-1a; stable across platforms, used to turn purpose strings into keys (and the bytes
+// of small plain keys into hash-table hashes).
+inline uint64_t hash64_bytes(const void* data, size_t n, uint64_t h = 1469598103934665603ull) {
+  const auto* p = static_cast<const unsigned char*>(data);
+  for (size_t i = 0; i < n; ++i) {
+    h ^= p[i];
     h *= 1099511628211ull;
   }
   return h;
+}
+inline uint64_t hash64(const std::string& s, uint64_t h = 1469598103934665603ull) {
+  return hash64_bytes(s.data(), s.size(), h);
 }
 
 class Philox {

@@ -24,7 +24,7 @@ struct BenchStepResult {
   int64_t profiled_steps = 0;
   // Device time with work running over the timed step: the profiled steps' busy time (kernel
   // and copy durations do not change under the profiler, its host overhead does) over the
-  // median timed step, at most 1. The profiled steps' own ratio is profile.busy_fraction().
+  // median timed step, at most 1. The profiled steps' own ratio is profile.busy_ms / profile.wall_ms.
   double busy_fraction = 0;
   double idle_ms = 0;  // ms - profile.busy_ms, at least 0
 };

@@ -12,6 +12,7 @@
 
 #include "framework/backend/cuda/cuda_check.h"
 #include "framework/core/error.h"
+#include "framework/core/rng.h"
 
 // The frontend resolves every cuDNN symbol through this handle
 // (NV_CUDNN_FRONTEND_USE_DYNAMIC_LOADING).
@@ -69,12 +70,7 @@ struct Key {
   bool operator==(const Key& o) const { return std::memcmp(this, &o, sizeof(Key)) == 0; }
 };
 struct KeyHash {
-  size_t operator()(const Key& k) const {
-    size_t h = 1469598103934665603ull;
-    const auto* p = reinterpret_cast<const unsigned char*>(&k);
-    for (size_t i = 0; i < sizeof(Key); ++i) h = (h ^ p[i]) * 1099511628211ull;
-    return h;
-  }
+  size_t operator()(const Key& k) const { return hash64_bytes(&k, sizeof(Key)); }
 };
 
 }  // namespace

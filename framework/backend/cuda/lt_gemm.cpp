@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "framework/backend/cuda/cuda_check.h"
+#include "framework/core/rng.h"
 
 namespace hp::cuda {
 namespace {
@@ -32,12 +33,7 @@ class Layout {
 
 bool LtGemm::Key::operator==(const Key& o) const { return std::memcmp(this, &o, sizeof(Key)) == 0; }
 
-size_t LtGemm::KeyHash::operator()(const Key& k) const {
-  size_t h = 1469598103934665603ull;
-  const auto* p = reinterpret_cast<const unsigned char*>(&k);
-  for (size_t i = 0; i < sizeof(Key); ++i) h = (h ^ p[i]) * 1099511628211ull;
-  return h;
-}
+size_t LtGemm::KeyHash::operator()(const Key& k) const { return hash64_bytes(&k, sizeof(Key)); }
 
 LtGemm::LtGemm() {
   CUBLAS_CHECK(cublasLtCreate(&handle_));
