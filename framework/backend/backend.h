@@ -109,6 +109,9 @@ class Backend {
   }
   Tensor zeros(Shape shape, DType dtype);
   virtual void fill(Tensor& t, double value) = 0;
+  // t[i] = std * philox_normal(key, offset + i) (framework/core/rng.h), rounded to t's float
+  // dtype: the same bits on every backend, so parameters are initialized where they live.
+  virtual void fill_normal(Tensor& t, uint64_t key, int64_t offset, double std) = 0;
   // Same dtype and numel; src and dst may live on different devices (stream-ordered, no sync).
   virtual void copy(const Tensor& src, Tensor& dst) = 0;
   // Same numel, same device, any float dtypes (rounding to nearest even).

@@ -201,26 +201,16 @@ void Model::init_params(uint64_t seed) {
   const DType md = be_.master_dtype();
   HP_CHECK(md == DType::kF32 || md == DType::kF64, "init_params: master dtype ", dtype_name(md));
   for (auto& p : params_.all()) {
-    Tensor host = Tensor::host(p->shape, md);
-    const int64_t n = p->numel();
     // Element i of the local shard is element (offset + i) of the global tensor, so every layout
-    // draws the same numbers; counter-based draws also make the loop order irrelevant.
+    // draws the same numbers; counter-based draws make the order irrelevant, and the backend
+    // draws them where the parameter lives (bitwise the same on every backend).
     const int64_t offset = p->group == ParamGroup::kExpert
                                ? p->expert_begin * (p->global_numel() / p->global_shape[0])
                                : 0;
-    const Philox rng(seed, "init." + p->name);
-    const double std = p->init_std, value = p->init_value;
-    auto fill = [&](auto* h) {
-#pragma omp parallel for schedule(static) if (n > (1 << 16))
-      for (int64_t i = 0; i < n; ++i)
-        h[i] = static_cast<std::remove_pointer_t<decltype(h)>>(
-            std > 0 ? std * rng.normal(static_cast<uint64_t>(offset + i)) : value);
-    };
-    if (md == DType::kF64)
-      fill(host.data<double>());
+    if (p->init_std > 0)
+      be_.fill_normal(p->master, Philox(seed, "init." + p->name).key(), offset, p->init_std);
     else
-      fill(host.data<float>());
-    be_.copy(host, p->master);
+      be_.fill(p->master, p->init_value);
   }
   refresh_working_copies();
 }

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <memory>
 #include <ostream>
 #include <string>
@@ -150,6 +151,26 @@ TEST_F(CudaConsistency, CopyConvertFillReadBack) {
   Tensor i32 = gpu_->empty({17}, DType::kI32);
   gpu_->fill(i32, -3);
   for (double v : gpu_values(i32)) ASSERT_EQ(v, -3);
+}
+
+// Parameter init draws the same bits on the device as on the host, at sizes that are not a
+// multiple of any block or vector width and at the offsets an expert shard starts from.
+TEST_F(CudaConsistency, FillNormalBitwiseEqualsCpu) {
+  const uint64_t key = Philox(11, "init.layers.0.attn.wqkv").key();
+  for (const int64_t n :
+       {int64_t{1}, int64_t{7}, int64_t{1021}, int64_t{65537}, int64_t{1000003}}) {
+    for (const int64_t offset : {int64_t{0}, int64_t{3}, int64_t{123456789}}) {
+      for (const DType dt : {DType::kF32, DType::kF64}) {
+        Tensor c = cpu_->empty({n}, dt), g = gpu_->empty({n}, dt);
+        cpu_->fill_normal(c, key, offset, 0.02);
+        gpu_->fill_normal(g, key, offset, 0.02);
+        Tensor h = Tensor::host({n}, dt);
+        gpu_->read_to_host(g, h, SyncCause::kOther);
+        ASSERT_EQ(std::memcmp(h.raw(), c.raw(), static_cast<size_t>(h.nbytes())), 0)
+            << "n=" << n << " offset=" << offset << " dtype=" << dtype_name(dt);
+      }
+    }
+  }
 }
 
 // ---- dense math

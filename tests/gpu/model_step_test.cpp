@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 
 #include "framework/backend/cuda/cuda_backend.h"
 #include "framework/data/loader.h"
@@ -65,6 +66,56 @@ double rel_err(const std::vector<double>& a, const std::vector<double>& b) {
     den += b[i] * b[i];
   }
   return std::sqrt(num / std::max(den, 1e-30));
+}
+
+// An expert-parallel rank's place in its group, for building (not running) a sharded model.
+class ShardOnly final : public ExpertExchange {
+ public:
+  ShardOnly(int rank, int size) : rank_(rank), size_(size) {}
+  int ep_size() const override { return size_; }
+  int ep_rank() const override { return rank_; }
+  ExchangePlan plan(Backend&, const Tensor&, int, RoutingMode) override { return unused(); }
+  Tensor dispatch(Backend&, const ExchangePlan&, const Tensor&) override {
+    return unused(), Tensor();
+  }
+  Tensor combine(Backend&, const ExchangePlan&, const Tensor&) override {
+    return unused(), Tensor();
+  }
+  int data_ranks() const override { return size_; }
+  void sum_over_data_ranks(Backend&, Tensor&) override { unused(); }
+
+ private:
+  static ExchangePlan unused() {
+    HP_CHECK(false, "ShardOnly exchanges nothing");
+    return {};
+  }
+  int rank_, size_;
+};
+
+// Every parameter is born on the device with the CPU backend's bits, for the whole model and
+// for an expert-parallel shard (whose draws start mid-tensor).
+TEST(CudaModel, InitOnDeviceBitwiseEqualsCpu) {
+  HP_REQUIRE_GPU();
+  const ModelConfig cfg = gpu_moe_config();
+  ModelOptions opts;
+  opts.max_positions = 128;
+  auto cpu = make_cpu_backend(DType::kF32);
+  auto gpu = make_cuda_backend(0);
+  for (const int ep_rank : {0, 1}) {
+    auto xc = std::make_shared<ShardOnly>(ep_rank, 2), xg = std::make_shared<ShardOnly>(ep_rank, 2);
+    Model mc(cfg, opts, *cpu, xc), mg(cfg, opts, *gpu, xg);
+    mc.init_params(77);
+    mg.init_params(77);
+    ASSERT_EQ(mc.params().all().size(), mg.params().all().size());
+    for (size_t i = 0; i < mc.params().all().size(); ++i) {
+      const Param& pc = *mc.params().all()[i];
+      const Tensor& gm = mg.params().all()[i]->master;
+      Tensor h = Tensor::host(gm.shape(), gm.dtype());
+      gpu->read_to_host(gm, h, SyncCause::kOther);
+      EXPECT_EQ(std::memcmp(h.raw(), pc.master.raw(), static_cast<size_t>(h.nbytes())), 0)
+          << pc.name << " (ep rank " << ep_rank << ")";
+    }
+  }
 }
 
 TEST(CudaModel, ForwardBackwardMatchesCpuReference) {

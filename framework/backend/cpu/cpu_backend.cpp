@@ -15,6 +15,7 @@
 #include "framework/backend/backend.h"
 #include "framework/backend/cpu/cpu_copy_queue.h"
 #include "framework/backend/cpu/cpu_kernels.h"
+#include "framework/core/rng.h"
 
 namespace hp {
 namespace {
@@ -224,6 +225,28 @@ class CpuBackend final : public Backend {
   Allocator& allocator() override { return host_allocator(); }
 
   // ---- memory ---------------------------------------------------------------------------------
+
+  void fill_normal(Tensor& t, uint64_t key, int64_t offset, double std) override {
+    check_cpu("fill_normal", "t", t);
+    const int64_t n = t.numel();
+    auto draw = [&](auto* out) {
+      using V = std::remove_pointer_t<decltype(out)>;
+#pragma omp parallel for schedule(static) if (n > (1 << 16))
+      for (int64_t i = 0; i < n; ++i)
+        out[i] = static_cast<V>(
+            rng_detail::mul(std, philox_normal(key, static_cast<uint64_t>(offset + i))));
+    };
+    switch (t.dtype()) {
+      case DType::kF32:
+        draw(t.data<float>());
+        break;
+      case DType::kF64:
+        draw(t.data<double>());
+        break;
+      default:
+        HP_CHECK(false, "fill_normal: ", t.desc(), " must be f32 or f64");
+    }
+  }
 
   void fill(Tensor& t, double value) override {
     check_cpu("fill", "t", t);

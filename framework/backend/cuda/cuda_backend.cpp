@@ -238,6 +238,13 @@ class CudaBackend final : public Backend {
   // ---- memory
   // -------------------------------------------------------------------------------------
 
+  void fill_normal(Tensor& t, uint64_t key, int64_t offset, double std) override {
+    check_dev("fill_normal", "t", t);
+    HP_CHECK(t.dtype() == DType::kF32 || t.dtype() == DType::kF64, "fill_normal: ", t.desc(),
+             " must be f32 or f64");
+    cuda::launch_fill_normal(t.raw(), t.dtype(), t.numel(), key, offset, std, cur_stream());
+  }
+
   void fill(Tensor& t, double value) override {
     check_dev("fill", "t", t);
     cuda::launch_fill(t.raw(), t.dtype(), t.numel(), value, cur_stream());

@@ -20,6 +20,9 @@ namespace cuda {
 void launch_fill(void* p, DType t, int64_t n, double value, cudaStream_t stream);
 void launch_convert(const void* src, DType src_t, void* dst, DType dst_t, int64_t n,
                     cudaStream_t stream);
+// p[i] = std * philox_normal(key, offset + i), t: kF32 or kF64 (Backend::fill_normal).
+void launch_fill_normal(void* p, DType t, int64_t n, uint64_t key, int64_t offset, double std,
+                        cudaStream_t stream);
 void launch_add(const void* a, const void* b, void* out, DType t, int64_t n, cudaStream_t stream);
 void launch_axpy(double alpha, const void* x, DType x_t, void* y, DType y_t, int64_t n,
                  cudaStream_t stream);

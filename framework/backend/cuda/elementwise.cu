@@ -3,6 +3,7 @@
 
 #include "framework/backend/cuda/cuda_common.cuh"
 #include "framework/backend/cuda/cuda_kernels.h"
+#include "framework/core/rng.h"
 
 namespace hp {
 namespace cuda {
@@ -16,6 +17,14 @@ __global__ void fill_kernel(T* p, int64_t n, T v) {
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
        i += (int64_t)gridDim.x * blockDim.x)
     p[i] = v;
+}
+
+template <typename T>
+__global__ void fill_normal_kernel(T* p, int64_t n, uint64_t key, int64_t offset, double std) {
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+       i += (int64_t)gridDim.x * blockDim.x)
+    p[i] =
+        static_cast<T>(rng_detail::mul(std, philox_normal(key, static_cast<uint64_t>(offset + i))));
 }
 
 template <typename S, typename D>
@@ -142,6 +151,17 @@ void launch_fill(void* p, DType t, int64_t n, double value, cudaStream_t stream)
       fill_kernel<<<grid, kThreads, 0, stream>>>(static_cast<double*>(p), n, value);
       break;
   }
+  CUDA_CHECK_LAUNCH();
+}
+
+void launch_fill_normal(void* p, DType t, int64_t n, uint64_t key, int64_t offset, double std,
+                        cudaStream_t stream) {
+  if (n == 0) return;
+  const unsigned grid = grid_for(n, kThreads, 8192);
+  if (t == DType::kF64)
+    fill_normal_kernel<<<grid, kThreads, 0, stream>>>(static_cast<double*>(p), n, key, offset, std);
+  else
+    fill_normal_kernel<<<grid, kThreads, 0, stream>>>(static_cast<float*>(p), n, key, offset, std);
   CUDA_CHECK_LAUNCH();
 }
 
