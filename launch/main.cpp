@@ -16,6 +16,8 @@
 #include "launch/bench/bench_step.h"
 #include "launch/options.h"
 #include "launch/tools/tools.h"
+#include "launch/train/components.h"
+#include "launch/train/memory_plan.h"
 #include "launch/train/rank_context.h"
 #include "launch/train/trainer.h"
 
@@ -38,6 +40,23 @@ constexpr const char* kUsage =
     "  --version                                print the version\n"
     "\n"
     "'hotpath <command> --help' lists every option with its default.\n";
+
+// --dry-run: validate for the planned world, print parameter counts and the memory plan of one
+// rank; exit 2 (before any allocation) when it does not fit the device.
+int dry_run(const TrainOptions& o) {
+  const int world = o.plan_world > 0 ? o.plan_world : 1;
+  validate_train_options(o, world);
+  const ParamCounts pc = count_params(o.model);
+  std::printf("params: total=%lld active=%lld\n", static_cast<long long>(pc.total),
+              static_cast<long long>(pc.active));
+  const bool cuda = o.device.kind != DeviceKind::kCpu;
+  const MemoryPlan plan = plan_memory(o, layout_of(o, world), cuda);
+  const int64_t device = planned_device_bytes(o, visible_device_bytes(o, 0));
+  std::fputs(format_plan(plan, device).c_str(), stdout);
+  std::fflush(stdout);
+  require_plan_fits(o, plan, device, /*with_plan=*/false);
+  return 0;
+}
 
 int run(std::vector<std::string> args, int* argc, char*** argv) {
   if (args.empty() || args[0] == "--help" || args[0] == "-h" || args[0] == "help") {
@@ -67,13 +86,7 @@ int run(std::vector<std::string> args, int* argc, char*** argv) {
   }
   TrainOptions o;
   if (!parse_train_options(args, scenario.empty() ? cmd : "bench " + scenario, o)) return 0;
-  if (cmd == "train" && o.dry_run) {
-    validate_train_options(o, 1);
-    const ParamCounts pc = count_params(o.model);
-    std::printf("params: total=%lld active=%lld\n", static_cast<long long>(pc.total),
-                static_cast<long long>(pc.active));
-    return 0;
-  }
+  if (cmd == "train" && o.dry_run) return dry_run(o);
   Job job(o, argc, argv);  // this process as one rank: launch, rendezvous, process groups
   try {
     if (cmd == "train") return run_train(o, job.context());

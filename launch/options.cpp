@@ -24,6 +24,8 @@ struct RawEnums {
   std::string resume = "none";
   std::string window_layers = "none";
   std::string activation = "swiglu";
+  std::string optimizer_sharding = "none";
+  std::string grad_reduce_dtype = "fp32";
 };
 
 template <typename E>
@@ -64,6 +66,11 @@ void parse_enums(const RawEnums& raw, TrainOptions& o) {
   o.model.window_layers = parse_enum<WindowLayers>(
       "window_layers", raw.window_layers,
       {{"none", WindowLayers::kNone}, {"even", WindowLayers::kEven}, {"all", WindowLayers::kAll}});
+  o.optimizer.sharding = parse_enum<OptimizerSharding>(
+      "optimizer_sharding", raw.optimizer_sharding,
+      {{"none", OptimizerSharding::kNone}, {"zero1", OptimizerSharding::kZero1}});
+  o.optimizer.grad_reduce_dtype = parse_enum<DType>(
+      "grad_reduce_dtype", raw.grad_reduce_dtype, {{"fp32", DType::kF32}, {"bf16", DType::kBF16}});
   if (raw.resume.empty())
     HP_USER_ERROR(ErrorKind::kConfig,
                   "config key 'resume': must be none, auto or the path of a checkpoint");
@@ -244,8 +251,18 @@ po::options_description describe_options(TrainOptions& o, RawEnums& raw) {
       "load-balancing loss coefficient (0: off)")("init_std",
                                                   po::value(&m.init_std)->default_value(m.init_std),
                                                   "init standard deviation of weights");
+  po::options_description memory("Memory and optimizer state");
+  memory.add_options()(
+      "optimizer_sharding", po::value(&raw.optimizer_sharding)->default_value(raw.optimizer_sharding),
+      "none | zero1 (fp32 master weights and AdamW moments split over the ranks that share them)")(
+      "grad_reduce_dtype", po::value(&raw.grad_reduce_dtype)->default_value(raw.grad_reduce_dtype),
+      "gradient reductions on the wire: fp32 | bf16 (accumulated in fp32)")(
+      "device_memory_gib", po::value(&o.device.memory)->default_value(o.device.memory),
+      "device memory a rank plans with: auto (the visible GPU's), off, a number of GiB, or "
+      "h100 | h200 | b200; a layout whose memory plan does not fit is refused before it "
+      "allocates");
   po::options_description all;
-  all.add(run).add(ckpt).add(data).add(model);
+  all.add(run).add(ckpt).add(data).add(model).add(memory);
   return all;
 }
 
@@ -258,7 +275,10 @@ bool parse_train_options(const std::vector<std::string>& args, const std::string
   po::options_description cli("Command line");
   cli.add_options()("help,h", "print this help")("config", po::value(&o.config_path),
                                                  "INI file of key = value lines (# comments)")(
-      "dry-run", po::bool_switch(&o.dry_run), "validate, print parameter counts, exit");
+      "dry-run", po::bool_switch(&o.dry_run),
+      "validate, print parameter counts and the memory plan per rank, exit (2: does not fit)")(
+      "plan_world", po::value(&o.plan_world)->default_value(o.plan_world),
+      "--dry-run: plan a layout of this many ranks from one process (0: one rank)");
   po::options_description all;
   all.add(cli).add(keys);
 
@@ -369,6 +389,8 @@ void validate_train_options(const TrainOptions& o, int world) {
   require(ck.resume.kind != ResumeSpec::Kind::kAuto || !ck.dir.empty(), "resume",
           "auto needs checkpoint_dir (the directory to resume from)");
   require(o.eval.batches >= 1, "batches", "must be >= 1");
+  require(o.plan_world >= 0 && o.plan_world <= (1 << 20), "plan_world",
+          str_cat("must be in [0, 1048576], got ", o.plan_world));
   require(o.bench.warmup >= 0 && o.bench.steps >= 1, "bench_steps",
           "bench_warmup must be >= 0 and bench_steps >= 1");
 }

@@ -35,6 +35,9 @@ struct DeviceOptions {
   DType cpu_dtype = DType::kF32;        // key `cpu_dtype`: f32 | f64 (reference checks)
   std::string attention = "auto";       // CUDA: auto | cudnn | tiled (cuda_backend.h)
   bool deterministic = false;           // CUDA: bitwise-reproducible attention backward
+  // key device_memory_gib: the device memory a rank may plan with: auto (the visible GPU's),
+  // off (no check), a number of GiB, or a GPU type (h100, h200, b200).
+  std::string memory = "auto";
 };
 
 // How the model computes (its shape is ModelConfig).
@@ -59,7 +62,12 @@ struct DataOptions {
   int64_t rows_per_batch() const { return batch_tokens / seq_len; }
 };
 
+// optimizer_sharding=none|zero1: where the fp32 master weights and AdamW moments live.
+enum class OptimizerSharding { kNone, kZero1 };
+
 struct OptimizerOptions {
+  OptimizerSharding sharding = OptimizerSharding::kNone;  // key optimizer_sharding
+  DType grad_reduce_dtype = DType::kF32;                  // key grad_reduce_dtype: fp32 | bf16
   double lr = 3e-4;
   double min_lr = 3e-5;
   int64_t warmup_steps = 10;
@@ -123,6 +131,7 @@ struct TrainOptions {
   std::string config_text;   // the INI file as read, for records
   std::string command_line;  // the options after the subcommand, for records (overrides)
   bool dry_run = false;
+  int plan_world = 0;  // --plan_world: --dry-run plans this many ranks (0: this launch's world)
   RunOptions run;
   ModelConfig model;
   ComputeOptions compute;

@@ -104,6 +104,9 @@ class Backend {
 
   // ---- memory -----------------------------------------------------------------------------
   virtual Allocator& allocator() = 0;
+  // Most device memory in use at once since the backend started, in allocator blocks (0 on the
+  // host backend).
+  virtual int64_t device_peak_bytes() const { return 0; }
   Tensor empty(Shape shape, DType dtype) {
     return Tensor::empty(allocator(), std::move(shape), dtype);
   }

@@ -73,9 +73,48 @@ ParamCounts count_params(const ModelConfig& c) {
   const int64_t unembed = c.tie_embeddings ? 0 : c.vocab_size * d;
   ParamCounts pc;
   pc.total = c.n_layers * (attn + norms + ffn_total) + d + embed + unembed;
+  if (c.is_moe())
+    pc.expert = static_cast<int64_t>(c.n_layers) * c.n_experts *
+                (d * 2 * c.expert_ffn_dim + 2 * c.expert_ffn_dim + c.expert_ffn_dim * d + d);
   // A tied table still multiplies every token at the output, so it counts as active once.
   pc.active = c.n_layers * (attn + norms + ffn_active) + d + c.vocab_size * d;
   return pc;
+}
+
+std::vector<ParamTensor> param_tensors(const ModelConfig& c) {
+  const int64_t d = c.d_model, hd = c.head_dim, hq = c.n_heads, hkv = c.n_kv_heads;
+  const int64_t qkv_out = (hq + 2 * hkv) * hd;
+  std::vector<ParamTensor> t;
+  auto dense = [&](int64_t n) { t.push_back({n, 0}); };
+  dense(c.vocab_size * d);  // tok_embeddings
+  for (int l = 0; l < c.n_layers; ++l) {
+    dense(d);  // attn_norm
+    dense(d * qkv_out);
+    if (c.attn_bias) dense(qkv_out);
+    if (c.qk_norm) {
+      dense(hd);
+      dense(hd);
+    }
+    dense(hq * hd * d);
+    if (c.attn_bias) dense(d);
+    if (c.attn_sinks) dense(hq);
+    dense(d);  // ffn_norm
+    if (c.is_moe()) {
+      const int64_t e = c.n_experts, f = c.expert_ffn_dim;
+      dense(d * e);
+      dense(e);
+      t.push_back({e * d * 2 * f, e});
+      t.push_back({e * 2 * f, e});
+      t.push_back({e * f * d, e});
+      t.push_back({e * d, e});
+    } else {
+      dense(d * 2 * c.ffn_dim);
+      dense(static_cast<int64_t>(c.ffn_dim) * d);
+    }
+  }
+  dense(d);  // final_norm
+  if (!c.tie_embeddings) dense(d * c.vocab_size);
+  return t;
 }
 
 }  // namespace hp

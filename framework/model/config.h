@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace hp {
 
@@ -52,7 +53,16 @@ struct ParamCounts {
   int64_t total = 0;   // every parameter
   int64_t active = 0;  // what one token multiplies: attention, router, top-k experts or dense FFN,
                        // norms, unembedding (not the embedding table)
+  int64_t expert = 0;  // the stacked expert weights (split over the ep group); the rest is dense
 };
 ParamCounts count_params(const ModelConfig& c);
+
+// The parameter tensors of a model by global element count, in the order the model allocates
+// them, for plans that count bytes tensor by tensor (allocators round each one).
+struct ParamTensor {
+  int64_t numel = 0;     // global
+  int64_t experts = 0;   // > 0: stacked [experts, ...], split over the ep group
+};
+std::vector<ParamTensor> param_tensors(const ModelConfig& c);
 
 }  // namespace hp

@@ -11,6 +11,7 @@
 #include "launch/bench/bench_util.h"
 #include "launch/bench/bench_model.h"
 #include "launch/bench/bench_offload.h"
+#include "launch/train/memory_plan.h"
 #include "launch/train/trainer.h"
 #if HOTPATH_HAVE_CUDA
 #include "framework/backend/cuda/cuda_backend.h"
@@ -40,6 +41,9 @@ BenchStepResult measure_bench_step(const TrainOptions& o, const RankContext& ctx
   r.world = ctx.world();
   r.steps = o.bench.steps;
   r.warmup = o.bench.warmup;
+  r.startup_s = seconds_since_process_start();
+  if (be.device() == Device::kCUDA)
+    r.memory_plan_bytes = plan_memory(o, layout_of(o, ctx.world()), true).total;
   for (int64_t i = 0; i < o.bench.warmup; ++i) trainer.step();
   std::vector<double> ms, tps, syncs, flops;
   for (int64_t i = 0; i < o.bench.steps; ++i) {
@@ -84,6 +88,7 @@ BenchStepResult measure_bench_step(const TrainOptions& o, const RankContext& ctx
   r.profile.kernels = static_cast<int64_t>(r.profile.kernels / n);
   // The host backend computes on the calling thread: always busy.
   const bool device = be.device() == Device::kCUDA;
+  r.device_peak_bytes = be.device_peak_bytes();
   r.busy_fraction = !device ? 1.0 : r.ms > 0 ? std::min(1.0, r.profile.busy_ms / r.ms) : 0;
   r.idle_ms = device ? std::max(0.0, r.ms - r.profile.busy_ms) : 0.0;
   for (auto* a : {&r.profile.by_phase, &r.profile.idle_by_phase})
@@ -118,6 +123,14 @@ std::string bench_step_table(const BenchStepResult& r) {
                 p.idle_ms, static_cast<long long>(p.kernels),
                 static_cast<long long>(p.device_mallocs), static_cast<long long>(p.plans_built));
   out += buf;
+  std::snprintf(buf, sizeof(buf), "start-up %.2f s (process start to the first step)", r.startup_s);
+  out += buf;
+  if (r.memory_plan_bytes > 0) {
+    std::snprintf(buf, sizeof(buf), "; device memory peak %.2f GiB, planned %.2f GiB",
+                  r.device_peak_bytes / 1073741824.0, r.memory_plan_bytes / 1073741824.0);
+    out += buf;
+  }
+  out += "\n";
   out += "  by phase (ms):";
   for (int k = 0; k < kNumStepPhases; ++k) {
     std::snprintf(buf, sizeof(buf), " %s %.2f", step_phase_name(static_cast<StepPhase>(k)),
@@ -167,6 +180,9 @@ std::string bench_step_json(const BenchStepResult& r) {
   prof["idle_ms"] = p.idle_ms;
   prof["kernels_per_step"] = p.kernels;
   prof["device_mallocs"] = p.device_mallocs;
+  j["startup_s"] = r.startup_s;
+  j["device_peak_bytes"] = r.device_peak_bytes;
+  j["memory_plan_bytes"] = r.memory_plan_bytes;
   prof["plans_built"] = p.plans_built;
   for (int k = 0; k < kNumStepPhases; ++k) {
     const char* name = step_phase_name(static_cast<StepPhase>(k));

@@ -27,6 +27,9 @@ struct BenchStepResult {
   // median timed step, at most 1. The profiled steps' own ratio is profile.busy_ms / profile.wall_ms.
   double busy_fraction = 0;
   double idle_ms = 0;  // ms - profile.busy_ms, at least 0
+  double startup_s = 0;             // process start to the first step
+  int64_t device_peak_bytes = 0;    // device memory high-water mark (allocator blocks; CUDA)
+  int64_t memory_plan_bytes = 0;    // what the memory plan expected per rank (CUDA)
 };
 
 BenchStepResult measure_bench_step(const TrainOptions& o, const RankContext& ctx);

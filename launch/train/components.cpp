@@ -32,6 +32,16 @@ std::unique_ptr<Backend> make_backend(const TrainOptions& o, int local_rank) {
   return make_cpu_backend(o.device.cpu_dtype);
 }
 
+int64_t visible_device_bytes(const TrainOptions& o, int local_rank) {
+#if HOTPATH_HAVE_CUDA
+  if (o.device.kind == DeviceKind::kCpu) return 0;
+  const int gpus = cuda_device_count();
+  return gpus > 0 ? cuda_device_total_bytes(local_rank % gpus) : 0;
+#else
+  return 0;
+#endif
+}
+
 DataConfig make_data_config(const TrainOptions& o, int rank, int world) {
   DataConfig d;
   d.source = o.data.source;

@@ -14,6 +14,9 @@ namespace hp {
 // Picks the backend for options.device ("auto": CUDA when a GPU is present).
 std::unique_ptr<Backend> make_backend(const TrainOptions& o, int local_rank);
 
+// Total memory of the GPU this rank would use (0: CPU backend or no GPU visible).
+int64_t visible_device_bytes(const TrainOptions& o, int local_rank);
+
 DataConfig make_data_config(const TrainOptions& o, int rank, int world);
 ModelOptions make_model_options(const TrainOptions& o);
 

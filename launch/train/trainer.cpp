@@ -10,6 +10,7 @@
 #include "framework/backend/profile.h"
 #include "framework/core/log.h"
 #include "launch/train/fault_injection.h"
+#include "launch/train/memory_plan.h"
 #include "launch/train/preemption.h"
 #include "parallel/lane_arbiter.h"
 #include "parallel/moe_exchange.h"
@@ -22,6 +23,14 @@ namespace hp {
 
 using Clock = std::chrono::steady_clock;
 
+namespace {
+const Clock::time_point kProcessStart = Clock::now();  // static initialization, before main
+}  // namespace
+
+double seconds_since_process_start() {
+  return std::chrono::duration<double>(Clock::now() - kProcessStart).count();
+}
+
 Trainer::Trainer(const TrainOptions& o, const RankContext& ctx)
     : o_(o),
       ctx_(ctx),
@@ -32,6 +41,19 @@ Trainer::Trainer(const TrainOptions& o, const RankContext& ctx)
            ctx_.groups.ep_size, " but options say ", o_.parallel.ep_size);
   injected_fault();  // a malformed HOTPATH_FAULT fails here, before any work
   be_ = make_backend(o_, ctx_.launch.local_rank);
+  if (be_->device() == Device::kCUDA) {
+    // Every rank plans the same layout, so a layout that cannot fit is refused everywhere before
+    // the model allocates or any collective runs.
+    const MemoryPlan plan = plan_memory(o_, layout_of(o_, ctx_.world()), true);
+    const int64_t device = planned_device_bytes(o_, visible_device_bytes(o_, ctx_.launch.local_rank));
+    require_plan_fits(o_, plan, device);
+    log_info("memory plan: ", fmt_sig(plan.total / 1073741824.0, 4), " GiB per rank of ",
+             device > 0 ? fmt_sig(device / 1073741824.0, 4) : std::string("(unchecked)"),
+             " GiB (parameters ", fmt_sig(plan.params / 1073741824.0, 4), ", gradients ",
+             fmt_sig(plan.grads / 1073741824.0, 4), ", optimizer ",
+             fmt_sig(plan.optimizer / 1073741824.0, 4), ", activations ",
+             fmt_sig(plan.activations / 1073741824.0, 4), ")");
+  }
   loader_ = DataLoader::open(make_data_config(o_, ctx_.rank(), ctx_.world()));
   // Device tensors move over NCCL groups that mirror the host groups; scalars (valid-target
   // counts, loss sums) stay on the host communicators of ctx_.groups.

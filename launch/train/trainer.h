@@ -62,4 +62,7 @@ class Trainer {
 // kRequeueExitCode after a preemption).
 int run_train(const TrainOptions& o, const RankContext& ctx);
 
+// Seconds since this process started (static initialization), for start-up times in logs.
+double seconds_since_process_start();
+
 }  // namespace hp

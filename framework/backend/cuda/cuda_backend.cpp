@@ -35,6 +35,12 @@ int cuda_device_count() {
   return n;
 }
 
+int64_t cuda_device_total_bytes(int ordinal) {
+  cudaDeviceProp prop{};
+  CUDA_CHECK(cudaGetDeviceProperties(&prop, ordinal));
+  return static_cast<int64_t>(prop.totalGlobalMem);
+}
+
 namespace {
 
 using cuda::AttnTile;
@@ -288,6 +294,10 @@ class CudaBackend final : public Backend {
     if (arbiter_) wait_issued(issue_enqueued());
     for (cudaStream_t s : streams_) CUDA_CHECK(cudaStreamSynchronize(s));
     syncs_.add(cause);
+  }
+
+  int64_t device_peak_bytes() const override {
+    return static_cast<int64_t>(alloc_->stats().peak_in_use);
   }
 
   // Device-time profiles from CUPTI activity records (cuda_profiler.h).

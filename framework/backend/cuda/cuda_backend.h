@@ -15,6 +15,8 @@ namespace hp {
 
 // Number of usable CUDA devices; 0 when there is no driver or no GPU. Never throws.
 int cuda_device_count();
+// Total memory of device `ordinal` in bytes (cudaDeviceProp::totalGlobalMem).
+int64_t cuda_device_total_bytes(int ordinal);
 
 // Which attention kernels the backend runs.
 enum class AttentionImpl {

@@ -1,0 +1,256 @@
+#include "launch/train/memory_plan.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cstdio>
+#include <cstdlib>
+
+#include "framework/core/error.h"
+#include "launch/train/metrics.h"
+
+namespace hp {
+namespace {
+
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+
+// What the CUDA caching allocator hands out for a request (framework/backend/cuda/
+// cuda_allocator.cpp): 512-byte steps up to 1 MiB, then quarters of the power of two below.
+int64_t cuda_bucket(int64_t bytes) {
+  if (bytes <= 0) bytes = 1;
+  constexpr int64_t kSmall = 1 << 20;
+  if (bytes <= kSmall) return (bytes + 511) / 512 * 512;
+  int64_t p = 1;
+  while (p * 2 <= bytes) p *= 2;
+  const int64_t step = p / 4;
+  return (bytes + step - 1) / step * step;
+}
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Bytes one layer keeps from forward for backward with `n` tokens on the rank (framework/model/
+// model.cpp, LayerActs): a = activation bytes, m = master bytes (norm statistics, LSE).
+int64_t layer_act_bytes(const ModelConfig& c, int64_t n, int ep, int64_t a, int64_t m) {
+  const int64_t d = c.d_model, hq = c.n_heads, hkv = c.n_kv_heads, hd = c.head_dim;
+  const int64_t qkv = n * (hq + 2 * hkv) * hd;
+  int64_t b = n * d * a;                                   // x, the block input
+  b += n * d * a + n * m;                                  // xn, rstd1
+  b += qkv * a * (c.qk_norm ? 2 : 1);                      // qkv (and qkv before the q/k norm)
+  if (c.qk_norm) b += n * (hq + hkv) * m;                  // q/k 1/rms
+  b += n * hq * hd * a + n * hq * m;                       // attention output, LSE
+  b += 2 * n * d * a + n * m;                              // h, hn, rstd2
+  if (c.is_moe()) {
+    const int64_t e = c.n_experts, k = c.top_k, f = c.expert_ffn_dim;
+    const int64_t rows = n * k;  // routed rows; balanced routing gives each rank as many back
+    b += n * e * a + n * k * (4 + a) + 2 * rows * 4 + 2 * (e + 1) * 4;  // logits, top-k, perms
+    b += rows * d * a;                                                  // sorted rows
+    if (ep > 1) b += 2 * rows * d * a;  // rows received for this rank's experts, and sent back
+    b += rows * 2 * f * a + rows * f * a + rows * d * a;  // expert FFN in, activation, out
+  } else {
+    b += n * 2 * c.ffn_dim * a + n * c.ffn_dim * a;
+  }
+  return b;
+}
+
+struct GpuType {
+  const char* name;
+  double gib;  // what the device reports as its total memory
+};
+constexpr GpuType kGpuTypes[] = {{"h100", 79.6}, {"h200", 140.4}, {"b200", 179.0}};
+
+}  // namespace
+
+std::string PlanLayout::describe() const {
+  std::string s = str_cat("world=", world, " (dp=", world / std::max(ep, 1), " x ep=", ep, ")");
+  s += str_cat(", optimizer_sharding=", sharding == OptimizerSharding::kZero1 ? "zero1" : "none");
+  if (offload != OffloadMode::kNone)
+    s += str_cat(", offload=", offload == OffloadMode::kDouble ? "double" : "single");
+  else if (checkpoint_activations)
+    s += ", checkpoint_activations=true";
+  return s;
+}
+
+PlanLayout layout_of(const TrainOptions& o, int world) {
+  PlanLayout l;
+  l.world = world;
+  l.ep = o.parallel.ep_size;
+  l.sharding = o.optimizer.sharding;
+  l.offload = o.offload.mode;
+  l.checkpoint_activations = o.compute.checkpoint_activations || l.offload != OffloadMode::kNone;
+  return l;
+}
+
+MemoryPlan plan_memory(const TrainOptions& o, const PlanLayout& layout, bool cuda) {
+  const ModelConfig& c = o.model;
+  MemoryPlan p;
+  p.layout = layout;
+  p.cuda = cuda;
+  const int world = std::max(layout.world, 1), ep = std::max(layout.ep, 1);
+  const int dp = world / ep;
+  const int64_t a = cuda ? 2 : dtype_size(o.device.cpu_dtype);  // activations, working copies
+  const int64_t m = cuda ? 4 : dtype_size(o.device.cpu_dtype);  // master, grads, moments
+  // Allocator blocks beyond the bytes asked for (CUDA's caching allocator rounds every tensor).
+  int64_t rounding = 0;
+  auto count = [&](int64_t bytes) {
+    if (cuda) rounding += cuda_bucket(bytes) - bytes;
+    return bytes;
+  };
+  const bool zero1 = layout.sharding == OptimizerSharding::kZero1;
+
+  // Parameters, gradients and optimizer state, tensor by tensor as the model allocates them.
+  // Dense tensors' optimizer state is split over the world, experts' over their dp replicas.
+  int64_t params = 0, grads = 0, optimizer = 0;
+  for (const ParamTensor& t : param_tensors(c)) {
+    const int64_t local = t.experts > 0 ? t.numel / ep : t.numel;
+    const int64_t owners = t.experts > 0 ? dp : world;
+    const int64_t shard = zero1 ? ceil_div(local, owners) : local;
+    if (t.experts > 0)
+      p.expert_numel_local += local;
+    else
+      p.dense_numel += local;
+    p.shard_numel += shard;
+    params += count(local * a);  // CPU: the master itself
+    grads += count(local * m);
+    optimizer += 2 * count(shard * m);        // AdamW moments
+    if (cuda) optimizer += count(shard * m);  // fp32 master beside the bf16 working copy
+  }
+  p.params = params;
+  p.grads = grads;
+  p.optimizer = optimizer;
+
+  // Activations: tokens per rank = the global batch over the world.
+  const int64_t n = o.data.batch_tokens / world;
+  p.tokens_per_rank = n;
+  const int64_t layer = layer_act_bytes(c, n, ep, a, m);
+  const int64_t block_in = n * c.d_model * a;
+  const int64_t head = 3 * n * c.d_model * a + n * m;  // final norm in/out, d(hidden)
+  // Backward of one layer holds its gradients of activations next to what it reads: about one
+  // more layer's worth.
+  p.act_full = c.n_layers * layer + layer + head;
+  p.act_checkpointed = c.n_layers * block_in + 2 * layer + head;
+  p.act_offloaded = std::min<int64_t>(o.offload.buffers, c.n_layers) * block_in + 2 * layer + head;
+  p.activations = layout.offload != OffloadMode::kNone ? p.act_offloaded
+                  : layout.checkpoint_activations       ? p.act_checkpointed
+                                                        : p.act_full;
+  if (layout.offload != OffloadMode::kNone) p.host_pinned = (c.n_layers - 1) * block_in;
+
+  // Logits of one cross-entropy chunk (activation dtype, their gradient written in place) and
+  // bf16 copies of gradient buckets on the wire.
+  const int64_t chunk = std::min<int64_t>(o.compute.ce_chunk_tokens, n);
+  p.staging = count(chunk * c.vocab_size * a);
+  if (o.optimizer.grad_reduce_dtype == DType::kBF16 && world > 1)
+    p.staging += count(std::max<int64_t>(p.dense_numel, p.expert_numel_local) * 2);
+  if (cuda) {
+    // Activation tensors are many and short-lived: an eighth for their rounding. The CUDA
+    // context and libraries, cuBLASLt / cuDNN workspaces and NCCL's buffers take the rest.
+    p.rounding = rounding + p.activations / 8;
+    p.reserve = static_cast<int64_t>(1.5 * kGiB) + (world > 1 ? (int64_t{1} << 29) : 0);
+  }
+  p.total = p.params + p.grads + p.optimizer + p.activations + p.staging + p.rounding + p.reserve;
+  return p;
+}
+
+int64_t planned_device_bytes(const TrainOptions& o, int64_t visible_bytes) {
+  std::string v = o.device.memory;
+  std::transform(v.begin(), v.end(), v.begin(), [](unsigned char ch) { return std::tolower(ch); });
+  if (v == "auto") return visible_bytes;
+  if (v == "off") return 0;
+  for (const GpuType& g : kGpuTypes)
+    if (v == g.name) return static_cast<int64_t>(g.gib * kGiB);
+  char* end = nullptr;
+  const double gib = std::strtod(v.c_str(), &end);
+  if (v.empty() || end != v.c_str() + v.size() || !(gib > 0) || gib > 1e6)
+    HP_USER_ERROR(ErrorKind::kConfig, "config key 'device_memory_gib': must be auto, off, a number "
+                  "of GiB in (0, 1e6] or one of h100, h200, b200; got '", o.device.memory, "'");
+  return static_cast<int64_t>(gib * kGiB);
+}
+
+PlanLayout smallest_fitting_layout(const TrainOptions& o, const PlanLayout& from,
+                                   int64_t device_bytes, bool cuda) {
+  const int64_t rows = o.data.rows_per_batch();
+  const int experts = o.model.is_moe() ? o.model.n_experts : 1;
+  for (int world = 1; world <= 4096; world *= 2) {
+    if (world < from.world) continue;  // fewer ranks only hold more each
+    if (rows % world != 0) continue;  // the batch must split over the ranks
+    PlanLayout best;
+    int best_changes = 1 << 30;
+    // Largest ep first: more ranks to hold the experts is what shrinks an MoE rank most.
+    for (int ep = std::min(world, experts); ep >= 1; --ep) {
+      if (world % ep != 0 || experts % ep != 0) continue;
+      for (const OptimizerSharding sh : {from.sharding, OptimizerSharding::kZero1}) {
+        for (const int mode : {0, 1, 2}) {  // as configured, checkpointing, double offload
+          PlanLayout l = from;
+          l.world = world;
+          l.ep = ep;
+          l.sharding = sh;
+          if (mode == 1) l.checkpoint_activations = true;
+          if (mode == 2) {
+            l.checkpoint_activations = true;
+            l.offload = OffloadMode::kDouble;
+          }
+          if (plan_memory(o, l, cuda).total > device_bytes) continue;
+          const int changes = (ep != from.ep) + (sh != from.sharding) +
+                              (l.checkpoint_activations != from.checkpoint_activations) +
+                              (l.offload != from.offload);
+          if (changes < best_changes) {
+            best = l;
+            best_changes = changes;
+          }
+        }
+      }
+    }
+    if (best_changes < (1 << 30)) return best;
+  }
+  PlanLayout none;
+  none.world = 0;
+  return none;
+}
+
+std::string format_plan(const MemoryPlan& p, int64_t device_bytes) {
+  auto gib = [](int64_t b) {
+    char buf[32];
+    if (b >= kGiB / 4)
+      std::snprintf(buf, sizeof buf, "%9.2f GiB", b / kGiB);
+    else
+      std::snprintf(buf, sizeof buf, "%9.2f MiB", b / (1024.0 * 1024.0));
+    return std::string(buf);
+  };
+  std::string s = str_cat("memory plan per rank: ", p.layout.describe(), ", ",
+                          p.tokens_per_rank, " tokens per rank", p.cuda ? ", CUDA (bf16)" : ", CPU",
+                          "\n");
+  s += str_cat("  parameters       ", gib(p.params), "  (", p.dense_numel, " dense + ",
+               p.expert_numel_local, " expert elements)\n");
+  s += str_cat("  gradients        ", gib(p.grads), "\n");
+  s += str_cat("  optimizer state  ", gib(p.optimizer), "  (", p.shard_numel,
+               " elements owned by this rank)\n");
+  s += str_cat("  activations      ", gib(p.activations), "  (all kept ", gib(p.act_full),
+               "; recompute ", gib(p.act_checkpointed), "; offload ", gib(p.act_offloaded), ")\n");
+  s += str_cat("  staging buffers  ", gib(p.staging), "\n");
+  if (p.rounding) s += str_cat("  block rounding   ", gib(p.rounding), "\n");
+  if (p.reserve)
+    s += str_cat("  reserve          ", gib(p.reserve), "  (CUDA context, workspaces, NCCL)\n");
+  s += str_cat("  total            ", gib(p.total), "\n");
+  if (p.host_pinned) s += str_cat("  host (pinned)    ", gib(p.host_pinned), "\n");
+  if (device_bytes > 0)
+    s += str_cat("  device           ", gib(device_bytes),
+                 p.total <= device_bytes ? "  fits" : "  DOES NOT FIT", "\n");
+  else
+    s += "  device           not checked (no GPU visible; set device_memory_gib)\n";
+  return s;
+}
+
+void require_plan_fits(const TrainOptions& o, const MemoryPlan& p, int64_t device_bytes,
+                       bool with_plan) {
+  if (device_bytes <= 0 || p.total <= device_bytes) return;
+  const PlanLayout fit = smallest_fitting_layout(o, p.layout, device_bytes, p.cuda);
+  const std::string advice =
+      fit.world > 0
+          ? str_cat("the smallest layout that fits: ", fit.describe(), " (",
+                    fmt_sig(plan_memory(o, fit, p.cuda).total / kGiB, 4), " GiB per rank)")
+          : std::string("no layout up to 4096 ranks fits; lower batch_tokens");
+  HP_USER_ERROR(ErrorKind::kConfig, "this layout needs ", fmt_sig(p.total / kGiB, 4),
+                " GiB per rank, the device has ", fmt_sig(device_bytes / kGiB, 4),
+                " GiB (device_memory_gib=", o.device.memory, "); ", advice, ".",
+                with_plan ? "\n" + format_plan(p, device_bytes) : std::string());
+}
+
+}  // namespace hp
