@@ -6,6 +6,8 @@
 #include <nlohmann/json.hpp>
 #include <vector>
 
+#include <sys/resource.h>
+
 #include "framework/core/error.h"
 #include "launch/bench/bench_comm.h"
 #include "launch/bench/bench_util.h"
@@ -18,6 +20,17 @@
 #endif
 
 namespace hp {
+namespace {
+
+// This rank's memory figure and what it measures (see BenchStepResult::memory_bytes).
+std::pair<std::string, int64_t> rank_memory(Backend& be) {
+  if (be.device() != Device::kCPU) return {"device_peak_allocated", be.device_peak_bytes()};
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return {"host_peak_rss", static_cast<int64_t>(u.ru_maxrss) * 1024};  // ru_maxrss is in KiB
+}
+
+}  // namespace
 int run_bench(const std::string& scenario, const TrainOptions& o, const RankContext& ctx) {
   if (scenario == "metadata") return run_bench_metadata(o, ctx);
   if (scenario == "routing") return run_bench_routing(o, ctx);
@@ -88,13 +101,23 @@ BenchStepResult measure_bench_step(const TrainOptions& o, const RankContext& ctx
   r.profile.kernels = static_cast<int64_t>(r.profile.kernels / n);
   // The host backend computes on the calling thread: always busy.
   const bool device = be.device() == Device::kCUDA;
-  r.device_peak_bytes = be.device_peak_bytes();
   r.busy_fraction = !device ? 1.0 : r.ms > 0 ? std::min(1.0, r.profile.busy_ms / r.ms) : 0;
   r.idle_ms = device ? std::max(0.0, r.ms - r.profile.busy_ms) : 0.0;
   for (auto* a : {&r.profile.by_phase, &r.profile.idle_by_phase})
     for (double& v : *a) v /= n;
   for (auto* a : {&r.profile.by_family, &r.profile.idle_by_family})
     for (double& v : *a) v /= n;
+  // Every rank's memory, gathered: each rank fills its own slot, a MAX all-reduce joins them.
+  const auto [kind, bytes] = rank_memory(be);
+  r.memory_kind = kind;
+  std::vector<int64_t> slots(static_cast<size_t>(ctx.world()), 0);
+  slots[static_cast<size_t>(ctx.rank())] = bytes;
+  if (ctx.world() > 1) {
+    Tensor t = Tensor::host_from(slots, DType::kI64);
+    ctx.groups.world->all_reduce(t, ReduceOp::kMax);
+    for (size_t i = 0; i < slots.size(); ++i) slots[i] = t.data<int64_t>()[i];
+  }
+  r.memory_bytes = slots;
   return r;
 }
 
@@ -126,11 +149,19 @@ std::string bench_step_table(const BenchStepResult& r) {
   std::snprintf(buf, sizeof(buf), "start-up %.2f s (process start to the first step)", r.startup_s);
   out += buf;
   if (r.memory_plan_bytes > 0) {
-    std::snprintf(buf, sizeof(buf), "; device memory peak %.2f GiB, planned %.2f GiB",
-                  r.device_peak_bytes / 1073741824.0, r.memory_plan_bytes / 1073741824.0);
+    std::snprintf(buf, sizeof(buf), "; memory plan %.1f MiB per rank",
+                  r.memory_plan_bytes / 1048576.0);
     out += buf;
   }
   out += "\n";
+  if (!r.memory_bytes.empty()) {
+    out += "  memory per rank (" + r.memory_kind + ", MiB):";
+    for (int64_t b : r.memory_bytes) {
+      std::snprintf(buf, sizeof(buf), " %.1f", static_cast<double>(b) / 1048576.0);
+      out += buf;
+    }
+    out += "\n";
+  }
   out += "  by phase (ms):";
   for (int k = 0; k < kNumStepPhases; ++k) {
     std::snprintf(buf, sizeof(buf), " %s %.2f", step_phase_name(static_cast<StepPhase>(k)),
@@ -173,6 +204,12 @@ std::string bench_step_json(const BenchStepResult& r) {
   j["mfu"] = r.mfu;
   j["gpu_busy_fraction"] = r.busy_fraction;
   j["idle_ms"] = r.idle_ms;
+  nlohmann::ordered_json mem;
+  mem["kind"] = r.memory_kind;
+  mem["per_rank_bytes"] = r.memory_bytes;
+  mem["max_bytes"] =
+      r.memory_bytes.empty() ? 0 : *std::max_element(r.memory_bytes.begin(), r.memory_bytes.end());
+  j["memory"] = mem;
   nlohmann::ordered_json prof;
   prof["steps"] = r.profiled_steps;
   prof["wall_ms"] = p.wall_ms;
@@ -181,7 +218,6 @@ std::string bench_step_json(const BenchStepResult& r) {
   prof["kernels_per_step"] = p.kernels;
   prof["device_mallocs"] = p.device_mallocs;
   j["startup_s"] = r.startup_s;
-  j["device_peak_bytes"] = r.device_peak_bytes;
   j["memory_plan_bytes"] = r.memory_plan_bytes;
   prof["plans_built"] = p.plans_built;
   for (int k = 0; k < kNumStepPhases; ++k) {

@@ -28,8 +28,14 @@ struct BenchStepResult {
   double busy_fraction = 0;
   double idle_ms = 0;  // ms - profile.busy_ms, at least 0
   double startup_s = 0;             // process start to the first step
-  int64_t device_peak_bytes = 0;    // device memory high-water mark (allocator blocks; CUDA)
   int64_t memory_plan_bytes = 0;    // what the memory plan expected per rank (CUDA)
+  // Memory of every rank after the profiled steps, gathered to each rank (index = world rank).
+  // On a device backend: the peak of device bytes the caching allocator has handed out to
+  // tensors since the process started ("device_peak_allocated"; the allocator's cached free
+  // blocks and the libraries' own workspaces are not in it). On the host backend, whose device
+  // memory is host memory: the process's peak resident set ("host_peak_rss").
+  std::string memory_kind;
+  std::vector<int64_t> memory_bytes;
 };
 
 BenchStepResult measure_bench_step(const TrainOptions& o, const RankContext& ctx);

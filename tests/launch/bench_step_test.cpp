@@ -1,5 +1,6 @@
 // `bench step`'s breakdown on the CPU backend: every field is there and the parts add up to the
-// whole (phases and op families each sum to the busy time; busy + idle is the wall time).
+// whole (phases and op families each sum to the busy time; busy + idle is the wall time), and
+// the memory of every rank.
 #include "launch/bench/bench_step.h"
 
 #include <gtest/gtest.h>
@@ -69,6 +70,20 @@ TEST(BenchStep, JsonCarriesTheBreakdown) {
   EXPECT_NEAR(families, busy, 1e-6 * wall);
   EXPECT_NEAR(busy + prof.at("idle_ms").get<double>(), wall, 1e-6 * wall);
   EXPECT_NE(bench_step_table(r).find("busy"), std::string::npos);
+}
+
+// One rank: one memory figure, the process's peak resident set on the host backend, also printed
+// in the table.
+TEST(BenchStep, JsonCarriesMemoryPerRank) {
+  const BenchStepResult& r = measured();
+  const auto j = nlohmann::json::parse(bench_step_json(r));
+  const auto& mem = j.at("memory");
+  EXPECT_EQ(mem.at("kind").get<std::string>(), "host_peak_rss");
+  ASSERT_EQ(mem.at("per_rank_bytes").size(), 1u);
+  const int64_t bytes = mem.at("per_rank_bytes")[0].get<int64_t>();
+  EXPECT_EQ(mem.at("max_bytes").get<int64_t>(), bytes);
+  EXPECT_GT(bytes, 0);
+  EXPECT_NE(bench_step_table(r).find("memory per rank"), std::string::npos);
 }
 
 }  // namespace
