@@ -9,7 +9,7 @@ set -euo pipefail
 HP_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 HP_PACKAGES=(g++ cmake ninja-build pkg-config libopenmpi-dev openmpi-bin libhdf5-openmpi-dev
              hdf5-tools libboost-program-options-dev libgtest-dev libopenblas-openmp-dev
-             nlohmann-json3-dev python3 python3-pip)
+             nlohmann-json3-dev python3 python3-pip python3-matplotlib)
 
 hp_log() { echo "[setup] $*" >&2; }
 
@@ -20,16 +20,25 @@ hp_install_deps() {
   done
   if [ ${#missing[@]} -eq 0 ]; then
     hp_log "all packages present"
-    return 0
+  else
+    local sudo=""
+    if [ "$(id -u)" -ne 0 ]; then
+      command -v sudo >/dev/null || { hp_log "need root or sudo to install: ${missing[*]}"; return 1; }
+      sudo="sudo"
+    fi
+    hp_log "installing: ${missing[*]}"
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
   fi
-  local sudo=""
-  if [ "$(id -u)" -ne 0 ]; then
-    command -v sudo >/dev/null || { hp_log "need root or sudo to install: ${missing[*]}"; return 1; }
-    sudo="sudo"
-  fi
-  hp_log "installing: ${missing[*]}"
-  $sudo apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  hp_python_matplotlib
+}
+
+# The scaling sweeps plot with matplotlib: Debian's python3-matplotlib serves /usr/bin/python3;
+# a python3 of its own first on PATH (a virtual environment, pyenv) gets it from PyPI.
+hp_python_matplotlib() {
+  python3 -c 'import matplotlib' 2>/dev/null && return 0
+  hp_log "python3 ($(command -v python3)) lacks matplotlib: pip install matplotlib"
+  python3 -m pip install -q matplotlib >&2 || hp_log "could not install matplotlib: the sweeps write no plots"
 }
 
 hp_nvcc() {
