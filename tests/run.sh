@@ -2,10 +2,13 @@
 # Builds hotpath and runs the whole test suite through ctest. When nvcc is present the CUDA
 # preset is built as well, so CUDA compile errors fail here, and its `gpu` tests run (they skip,
 # each saying so, on machines without a GPU). Then the CPU suite: every label -- unit, mpi (the
-# multi-rank cases under mpirun), cli (the hotpath executable end to end). The CPU suite runs
-# last and its summary line ends the output.
+# multi-rank cases under mpirun), cli (the hotpath executable end to end), sweep (the scaling
+# sweep runner), slurm (real jobs on a single-node Slurm cluster this script starts as root,
+# tests/slurm/cluster.sh, and stops by pid when done; without one those tests skip, saying why).
+# The CPU suite runs last and its summary line ends the output.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/../launch/setup.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/slurm/cluster.sh"
 hp_install_deps
 hp_build cpu
 cd "$HP_ROOT"
@@ -23,7 +26,15 @@ summary() {
 }
 
 log=$(mktemp)
-trap 'rm -f "$log"' EXIT
+slurm_dir=$(mktemp -d /tmp/hp-slurm.XXXXXX)
+slurm_started=0
+cleanup() {
+  rm -f "$log"
+  [ "$slurm_started" = 1 ] && hp_slurm_stop "$slurm_dir"
+  rm -rf "$slurm_dir"
+  return 0
+}
+trap cleanup EXIT
 
 gpu_summary="CUDA backend not built (nvcc not found)"
 nvcc=$(hp_nvcc)
@@ -42,10 +53,20 @@ if [ -n "$nvcc" ]; then
 fi
 
 echo "[tests] $gpu_summary"
-echo "[tests] CPU suite (labels unit, mpi, cli):"
+# The slurm tests' cluster: up in seconds where it can be (every wait in it is bounded).
+slurm_summary="no Slurm cluster: the slurm tests skip"
+if hp_slurm_start "$slurm_dir"; then
+  slurm_started=1
+  slurm_summary="Slurm cluster up ($SLURM_CONF)"
+else
+  unset SLURM_CONF
+fi
+echo "[tests] $slurm_summary"
+echo "[tests] CPU suite (labels unit, mpi, cli, sweep, slurm):"
 rc=0
 ctest --preset cpu -j "$(nproc)" --timeout 900 2>&1 | tee "$log" || rc=$?
 # Summaries last, so the end of the log says what ran.
 echo "[tests] $gpu_summary"
+echo "[tests] $slurm_summary"
 echo "[tests] CPU suite: $(summary "$log")"
 exit $rc

@@ -1,0 +1,160 @@
+#!/usr/bin/env python3
+"""The `slurm` tests: real jobs on the single-node cluster of tests/slurm/cluster.sh.
+
+  pmix HOTPATH MPIEXEC WORK    srun --mpi=pmix -n 2 tiny-moe: the same losses and gradient norms,
+                               step for step, as mpirun -np 2
+  plain HOTPATH WORK           srun -n 2 without MPI: every rank finds its place from SLURM_* and
+                               the CPU backend refuses, exit status 2, saying how to launch
+
+The cluster is found through SLURM_CONF (tests/run.sh exports it) or HP_SLURM_DIR/slurm.conf.
+Without one the test exits 77 (skipped) and says why. Every command has a time limit.
+"""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+TINY = ["train", "--config", os.path.join(ROOT, "examples", "configs", "tiny-moe.ini"),
+        "--seq_len=128", "--batch_tokens=1024", "--log_every=1"]
+failures = []
+
+
+def check(cond, *msg):
+    if not cond:
+        failures.append(" ".join(str(m) for m in msg))
+        print("[check_slurm] FAILED:", *msg, flush=True)
+    return cond
+
+
+def done(what):
+    if failures:
+        print(f"[check_slurm] {len(failures)} failed checks", flush=True)
+        return 1
+    print(f"[check_slurm] ok: {what}", flush=True)
+    return 0
+
+
+def skip(why):
+    print(f"[check_slurm] SKIPPED: {why}", flush=True)
+    sys.exit(77)
+
+
+def cluster_env():
+    """The environment for Slurm commands, or a skip saying why there is no cluster."""
+    env = dict(os.environ)
+    conf = env.get("SLURM_CONF")
+    if not conf and env.get("HP_SLURM_DIR"):
+        conf = os.path.join(env["HP_SLURM_DIR"], "slurm.conf")
+    if not conf or not os.path.isfile(conf):
+        skip("no Slurm cluster (SLURM_CONF unset or missing); tests/run.sh starts one as root, "
+             "or: tests/slurm/cluster.sh start DIR && export SLURM_CONF=DIR/slurm.conf")
+    env["SLURM_CONF"] = conf
+    if not shutil.which("srun"):
+        skip("srun not found (Debian: slurm-client)")
+    try:
+        r = subprocess.run(["sinfo", "-h", "-o", "%T"], env=env, capture_output=True, text=True,
+                           timeout=15)
+    except subprocess.TimeoutExpired:
+        skip(f"sinfo did not answer in 15 s (cluster of {conf} down?)")
+    states = r.stdout.split()
+    if r.returncode != 0 or not any(s.rstrip("*") in ("idle", "mixed", "allocated")
+                                    for s in states):
+        skip(f"the cluster of {conf} has no usable node: {(r.stdout + r.stderr).strip()[:200]}")
+    for k in list(env):
+        # A test run inside a Slurm job must not hand its own allocation to the new job steps.
+        if k.startswith("SLURM_") and k != "SLURM_CONF":
+            del env[k]
+    env.setdefault("OMP_NUM_THREADS", "1")
+    return env
+
+
+def run(cmd, env, timeout, log):
+    print("$", " ".join(cmd), flush=True)
+    try:
+        r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as e:
+        out = (e.stdout or b"").decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
+        with open(log, "w") as f:
+            f.write(out)
+        check(False, " ".join(cmd[:3]), f"did not end within {timeout} s")
+        return None
+    with open(log, "w") as f:
+        f.write(r.stdout + r.stderr)
+    return r
+
+
+def metrics(path):
+    out = {}
+    if not os.path.exists(path):
+        return out
+    with open(path) as f:
+        for line in f:
+            j = json.loads(line)
+            out[j["step"]] = (j["loss"], j["grad_norm"], j.get("aux_loss"))
+    return out
+
+
+def cmd_pmix(hotpath, mpiexec, work):
+    env = cluster_env()
+    os.makedirs(work, exist_ok=True)
+    steps = 4
+    a, b = os.path.join(work, "srun.jsonl"), os.path.join(work, "mpirun.jsonl")
+    for p in (a, b):
+        if os.path.exists(p):
+            os.remove(p)
+    r = run(["srun", "--mpi=pmix", "-n", "2", "--kill-on-bad-exit=1", hotpath, *TINY,
+             f"--steps={steps}", "--ep_size=2", f"--metrics_path={a}"], env, 180,
+            os.path.join(work, "srun.log"))
+    if r is not None:
+        check(r.returncode == 0, "srun --mpi=pmix exited", r.returncode, (r.stdout + r.stderr)[-800:])
+        check("srun-pmix" in r.stdout + r.stderr or "pmix" in (r.stdout + r.stderr).lower(),
+              "the srun run does not say it was launched through PMIx")
+    mflags = ["--oversubscribe", "--bind-to", "none"] + (["--allow-run-as-root"]
+                                                       if os.geteuid() == 0 else [])
+    menv = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "PMIX_"))}
+    menv.setdefault("OMP_NUM_THREADS", "1")
+    r = run([mpiexec, "-np", "2", *mflags, hotpath, *TINY, f"--steps={steps}", "--ep_size=2",
+             f"--metrics_path={b}"], menv, 180, os.path.join(work, "mpirun.log"))
+    if r is not None:
+        check(r.returncode == 0, "mpirun exited", r.returncode, (r.stdout + r.stderr)[-800:])
+    ma, mb = metrics(a), metrics(b)
+    check(sorted(ma) == list(range(1, steps + 1)), "srun steps", sorted(ma))
+    check(sorted(mb) == list(range(1, steps + 1)), "mpirun steps", sorted(mb))
+    for s in sorted(mb):
+        check(ma.get(s) == mb[s], "step", s, "srun", ma.get(s), "mpirun", mb[s])
+    return done(f"srun --mpi=pmix -n 2 = mpirun -np 2, {steps} steps bitwise")
+
+
+def cmd_plain(hotpath, work):
+    env = cluster_env()
+    os.makedirs(work, exist_ok=True)
+    r = run(["srun", "-n", "2", hotpath, *TINY, "--steps=2"], env, 120,
+            os.path.join(work, "plain.log"))
+    if r is None:
+        return done("")
+    text = r.stdout + r.stderr
+    check(r.returncode == 2, "srun -n 2 without MPI exited", r.returncode, "expected 2")
+    for rank in (0, 1):
+        check(f"rank {rank} of 2 (local {rank} of 2) via slurm-env" in text,
+              f"rank {rank} does not report its place from SLURM_*:", text[-600:])
+    check("the cpu backend moves tensors between ranks over MPI" in text and
+          "srun --mpi=pmix" in text, "the refusal does not say how to launch:", text[-600:])
+    check("step=" not in text, "a rank trained without MPI")
+    return done("srun -n 2 without MPI: both ranks from SLURM_*, refused with exit 2")
+
+
+def main():
+    cmd = sys.argv[1] if len(sys.argv) > 1 else ""
+    if cmd == "pmix":
+        return cmd_pmix(os.path.abspath(sys.argv[2]), sys.argv[3], sys.argv[4])
+    if cmd == "plain":
+        return cmd_plain(os.path.abspath(sys.argv[2]), sys.argv[3])
+    print(__doc__)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
