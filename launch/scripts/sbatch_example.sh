@@ -15,9 +15,10 @@
 # Host cores for each rank's data loader and copy threads.
 #SBATCH --cpus-per-task=12
 #SBATCH --time=04:00:00
-# SIGUSR1 to every task 120 s before the time limit: hotpath finishes its step, saves a
-# checkpoint and exits with status 75 (requeue), which this script turns into a requeue.
-#SBATCH --signal=USR1@120
+# SIGUSR1 to this script 120 s before the time limit (B:); it passes the signal on to srun, which
+# hands it to every task: hotpath finishes its step, saves a checkpoint and exits with status 75
+# (requeue), which this script turns into a requeue. (Without B:, Slurm signals the tasks itself.)
+#SBATCH --signal=B:USR1@120
 # The job may go back to the queue (this script requeues it; Slurm may after a node failure).
 #SBATCH --requeue
 # A requeued run keeps the job id and appends to the same log.
@@ -42,8 +43,16 @@ echo "job $SLURM_JOB_ID (restart ${SLURM_RESTART_COUNT:-0}): $SLURM_NNODES nodes
 # them pass a barrier after the commit, so --kill-on-bad-exit cannot cut the save short); this
 # script requeues the job. Any other failure ends it (Slurm requeues after a node failure).
 srun --mpi=pmix --kill-on-bad-exit=1 --cpu-bind=cores "$hotpath" train --config "$config" \
-  --checkpoint_dir="$ckpt_dir" --checkpoint_every=500 --keep_last=3 --resume=auto
-status=$?
+  --checkpoint_dir="$ckpt_dir" --checkpoint_every=500 --keep_last=3 --resume=auto &
+srun_pid=$!
+trap 'kill -USR1 "$srun_pid" 2>/dev/null' USR1
+trap 'kill -TERM "$srun_pid" 2>/dev/null' TERM
+while :; do
+  wait "$srun_pid"
+  status=$?
+  # wait returns early (status > 128) when a trapped signal arrives; srun still runs then.
+  kill -0 "$srun_pid" 2>/dev/null || break
+done
 if [ $status -eq 75 ]; then
   echo "preempted: checkpoint saved; requeueing job $SLURM_JOB_ID"
   scontrol requeue "$SLURM_JOB_ID"

@@ -5,6 +5,10 @@
                                step for step, as mpirun -np 2
   plain HOTPATH WORK           srun -n 2 without MPI: every rank finds its place from SLURM_* and
                                the CPU backend refuses, exit status 2, saying how to launch
+  requeue HOTPATH MPIEXEC WORK sbatch of launch/scripts/sbatch_cpu_example.sh with
+                               --signal=B:USR1@110 --requeue: signalled, saves, exits 75, is
+                               requeued, resumes (SLURM_RESTART_COUNT unset, then 1) and ends with
+                               the losses of an uninterrupted run
 
 The cluster is found through SLURM_CONF (tests/run.sh exports it) or HP_SLURM_DIR/slurm.conf.
 Without one the test exits 77 (skipped) and says why. Every command has a time limit.
@@ -12,9 +16,11 @@ Without one the test exits 77 (skipped) and says why. Every command has a time l
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
+import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TINY = ["train", "--config", os.path.join(ROOT, "examples", "configs", "tiny-moe.ini"),
@@ -146,10 +152,101 @@ def cmd_plain(hotpath, work):
     return done("srun -n 2 without MPI: both ranks from SLURM_*, refused with exit 2")
 
 
+# The requeued job: tiny-moe on 2 ranks, 60 steps. Its first start copies its activations over a
+# slow simulated host link (the numbers do not change, the steps take about a second), so Slurm's
+# signal, due 10 s after the start and sent within its next periodic check, lands mid-run; the
+# second start runs at full speed.
+REQUEUE_STEPS = 60
+REQUEUE_ARGS = ["--seq_len=64", "--batch_tokens=256", "--n_layers=2", "--log_every=10",
+                f"--steps={REQUEUE_STEPS}"]
+SLOW_FIRST_START = "--offload=double --sim_link_gbps=0.0002"
+
+
+def job_state(job, env):
+    r = subprocess.run(["scontrol", "show", "job", job], env=env, capture_output=True, text=True,
+                       timeout=15)
+    fields = dict(kv.split("=", 1) for kv in r.stdout.split() if "=" in kv)
+    return fields
+
+
+def cmd_requeue(hotpath, mpiexec, work):
+    env = cluster_env()
+    shutil.rmtree(work, ignore_errors=True)
+    os.makedirs(work)
+    config = os.path.join(ROOT, "examples", "configs", "tiny-moe.ini")
+    script = os.path.join(ROOT, "launch", "scripts", "sbatch_cpu_example.sh")
+    jenv = dict(env, HOTPATH=hotpath, CHECKPOINT_DIR=os.path.join(work, "ckpt"), METRICS_DIR=work,
+                FIRST_START_ARGS=SLOW_FIRST_START)
+    out = os.path.join(work, "job.out")
+    r = run(["sbatch", "--parsable", "--signal=B:USR1@110", "--time=2", "--requeue",
+             f"--output={out}", f"--chdir={ROOT}", script, config, *REQUEUE_ARGS], jenv, 30,
+            os.path.join(work, "sbatch.log"))
+    if r is None or not check(r.returncode == 0, "sbatch failed:", r.stderr[-500:]):
+        return done("")
+    job = r.stdout.strip().split(";")[0]
+    print(f"[check_slurm] job {job} submitted; waiting for it to end (at most 400 s)", flush=True)
+    # The reference meanwhile: the same 60 steps in one uninterrupted run.
+    ref = os.path.join(work, "straight.jsonl")
+    mflags = ["--oversubscribe", "--bind-to", "none"] + (["--allow-run-as-root"]
+                                                       if os.geteuid() == 0 else [])
+    menv = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "PMIX_"))}
+    menv.setdefault("OMP_NUM_THREADS", "1")
+    rr = run([mpiexec, "-np", "2", *mflags, hotpath, "train", "--config", config, *REQUEUE_ARGS,
+              f"--metrics_path={ref}"], menv, 300, os.path.join(work, "straight.log"))
+    check(rr is not None and rr.returncode == 0, "the uninterrupted run failed")
+    deadline = time.time() + 400
+    state = {}
+    while time.time() < deadline:
+        state = job_state(job, env)
+        if state.get("JobState") in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL",
+                                     "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE", "PREEMPTED"):
+            break
+        time.sleep(2)
+    else:
+        subprocess.run(["scancel", job], env=env, timeout=15)
+        check(False, f"job {job} did not end within 400 s; last state {state.get('JobState')}")
+    text = open(out).read() if os.path.exists(out) else ""
+    print(text[-4000:], flush=True)
+    check(state.get("JobState") == "COMPLETED", "job state", state.get("JobState"),
+          state.get("Reason"))
+    starts = re.findall(r"start: SLURM_RESTART_COUNT=(\S+),", text)
+    check(len(starts) >= 2 and starts[0] == "unset" and starts[1] == "1",
+          "starts of the job (SLURM_RESTART_COUNT):", starts, "expected unset, then 1")
+    check(int(state.get("Restarts", "0")) == len(starts) - 1, "Slurm counts",
+          state.get("Restarts"), "restarts for", len(starts), "starts")
+    check("signal USR1: passing it to the ranks" in text, "the script was not signalled")
+    check("exit status 75" in text and "Exited with exit code 75" in text,
+          "the ranks did not stop with status 75")
+    check("requeueing job" in text, "the script did not requeue")
+    check(re.search(r"resumed from .*step_0*(\d+)\.h5 at step", text) is not None,
+          "the second start did not resume from the checkpoint")
+    check(text.rstrip().endswith("ended: status 0"), "the last start did not end with status 0")
+    # Losses: the starts' metrics, joined, are the uninterrupted run's, step for step.
+    joined = {}
+    for i in range(len(starts)):
+        part = metrics(os.path.join(work, f"metrics-start{i}.jsonl"))
+        check(part, "start", i, "wrote no metrics")
+        check(not set(part) & set(joined), "starts overlap at steps", sorted(set(part) & set(joined)))
+        joined.update(part)
+    straight = metrics(ref)
+    check(sorted(joined) == list(range(1, REQUEUE_STEPS + 1)), "steps of the requeued job",
+          sorted(joined)[:3], "...", len(joined))
+    check(sorted(straight) == list(range(1, REQUEUE_STEPS + 1)), "uninterrupted steps",
+          len(straight))
+    diff = [s for s in straight if joined.get(s) != straight[s]]
+    check(not diff, "losses differ from the uninterrupted run at steps", diff[:10])
+    first = metrics(os.path.join(work, "metrics-start0.jsonl"))
+    return done(f"sbatch job signalled after step {max(first) if first else '?'}, saved, exited "
+                f"75, requeued, resumed (starts: {', '.join(starts)}), {REQUEUE_STEPS} steps "
+                "bitwise the uninterrupted run")
+
+
 def main():
     cmd = sys.argv[1] if len(sys.argv) > 1 else ""
     if cmd == "pmix":
         return cmd_pmix(os.path.abspath(sys.argv[2]), sys.argv[3], sys.argv[4])
+    if cmd == "requeue":
+        return cmd_requeue(os.path.abspath(sys.argv[2]), sys.argv[3], sys.argv[4])
     if cmd == "plain":
         return cmd_plain(os.path.abspath(sys.argv[2]), sys.argv[3])
     print(__doc__)
