@@ -224,8 +224,9 @@ def read_sweep(path):
 
 
 def point_key(p):
-    """A point's identity in the CSV: everything that changes what runs."""
-    parts = [p["model"], p["launcher"], f"g{p['gpus']}", p["layout"], f"dp{p['dp']}",
+    """A point's identity in the CSV: everything that changes what is measured (not the launcher,
+    so `submit`, which runs the points through srun, resumes a sweep `run` started)."""
+    parts = [p["model"], f"g{p['gpus']}", p["layout"], f"dp{p['dp']}",
              f"ep{p['ep']}", f"e{p['n_experts']}", f"k{p['top_k']}", f"t{p['global_tokens']}"]
     if p["args"]:
         parts.append("a" + hashlib.sha1(" ".join(p["args"]).encode()).hexdigest()[:8])
@@ -605,7 +606,7 @@ def plot(csv_path, out_dir):
             axs[1].plot(xs, [100 * num(r, "mfu") for r in g], "o-", color=line.get_color())
             axs[2].plot(xs, [100 * v / tpg[0] for v in tpg], "o-", color=line.get_color())
         axs[2].axhline(100, ls=":", color="gray", lw=1, label="ideal")
-        for ax, t in zip(axs, ("tokens/s per GPU (dotted: ideal)", "MFU (%)",
+        for ax, t in zip(axs, ("tokens/s per GPU (dotted: ideal)", mfu_title(rows),
                                "scaling efficiency (%)")):
             ax.set_xscale("log", base=2)
             ax.set_xlabel("GPUs (ranks)")
@@ -675,11 +676,11 @@ def plot(csv_path, out_dir):
             xs = [int(r[axis]) for r in g]
             line, = axs[0].plot(xs, [num(r, "tok_s_per_gpu") for r in g], "o-", label=label)
             axs[1].plot(xs, [100 * num(r, "mfu") for r in g], "o-", color=line.get_color())
-        for ax, t in zip(axs, ("tokens/s per GPU", "MFU (%)")):
+        for ax, t in zip(axs, ("tokens/s per GPU", mfu_title(rows))):
             if axis != "top_k":
                 ax.set_xscale("log", base=2)
             ax.set_xlabel(xlabel)
-            ax.set_title(f"{t} vs {xlabel}")
+            ax.set_title(t if t.startswith("MFU (%):") else f"{t} vs {xlabel}")
             ax.grid(alpha=0.3)
         axs[0].legend(fontsize=7)
         save_fig(fig, os.path.join(out_dir, fname))
@@ -693,6 +694,12 @@ def plot(csv_path, out_dir):
     write_atomic(os.path.join(out_dir, "plots.json"), json.dumps(made, indent=1) + "\n")
     log(f"plots in {out_dir}: " + ", ".join(f"{k} ({v['series']} series)" for k, v in made.items()))
     return made
+
+
+def mfu_title(rows):
+    if rows and all(num(r, "mfu") == 0 for r in rows):
+        return "MFU (%): not measured on the CPU backend"
+    return "MFU (%)"
 
 
 def short_label(r):

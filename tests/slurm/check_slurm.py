@@ -9,6 +9,8 @@
                                --signal=B:USR1@110 --requeue: signalled, saves, exits 75, is
                                requeued, resumes (SLURM_RESTART_COUNT unset, then 1) and ends with
                                the losses of an uninterrupted run
+  sweep HOTPATH WORK           examples/scaling/sweep.py with the srun and sbatch launchers: a
+                               2-rank point each, in the CSV with the JSON of a 2-rank job
 
 The cluster is found through SLURM_CONF (tests/run.sh exports it) or HP_SLURM_DIR/slurm.conf.
 Without one the test exits 77 (skipped) and says why. Every command has a time limit.
@@ -241,12 +243,77 @@ def cmd_requeue(hotpath, mpiexec, work):
                 "bitwise the uninterrupted run")
 
 
+SWEEP_FILE = """
+[sweep]
+name = slurm
+config = examples/configs/tiny-moe.ini
+args = --seq_len=128 --log_every=1000 --n_layers=1
+gpus = 2
+top_k = 2
+n_experts = 8
+tokens_per_gpu = 256
+bench_steps = 1
+bench_warmup = 0
+timeout_s = 240
+env = OMP_NUM_THREADS=1
+
+[series srun]
+launcher = srun
+layout = ep
+
+[series sbatch]
+launcher = sbatch
+layout = dp
+sbatch_args = --time=5
+"""
+
+
+def cmd_sweep(hotpath, work):
+    env = cluster_env()
+    shutil.rmtree(work, ignore_errors=True)
+    os.makedirs(work)
+    sweep_file = os.path.join(work, "slurm.ini")
+    with open(sweep_file, "w") as f:
+        f.write(SWEEP_FILE)
+    out = os.path.join(work, "out")
+    r = run([sys.executable, os.path.join(ROOT, "examples", "scaling", "sweep.py"), "run",
+             sweep_file, "--out", out, "--hotpath", hotpath, "--no-plots"], env, 400,
+            os.path.join(work, "sweep.log"))
+    if r is None:
+        return done("")
+    print(r.stderr[-2000:], flush=True)
+    check(r.returncode == 0, "the sweep exited", r.returncode)
+    import csv
+    with open(os.path.join(out, "results.csv"), newline="") as f:
+        rows = list(csv.DictReader(f))
+    check(sorted(row["launcher"] for row in rows) == ["sbatch", "srun"], "rows:",
+          [(row["launcher"], row["status"], row["error"]) for row in rows])
+    for row in rows:
+        check(row["status"] == "ok", row["key"], row["status"], row["error"])
+        jpath = os.path.join(out, "points", row["key"] + ".json")
+        if not check(os.path.exists(jpath), "no JSON for", row["key"]):
+            continue
+        with open(jpath) as f:
+            j = json.load(f)
+        check(j["world"] == 2 and len(j["memory"]["per_rank_bytes"]) == 2, row["key"], "world",
+              j["world"], "memory of", len(j["memory"]["per_rank_bytes"]), "ranks")
+        check(float(row["tok_s"]) == j["tokens_per_s"], row["key"], "tok_s", row["tok_s"],
+              j["tokens_per_s"])
+        with open(os.path.join(out, "points", row["key"] + ".log")) as f:
+            cmdline = f.readline()
+        want = "sbatch --wait" if row["launcher"] == "sbatch" else "srun --mpi=pmix"
+        check(cmdline.startswith("$ " + want), row["key"], "ran", cmdline.strip()[:120])
+    return done("sweep points through srun --mpi=pmix and sbatch: 2 rows, 2-rank JSON")
+
+
 def main():
     cmd = sys.argv[1] if len(sys.argv) > 1 else ""
     if cmd == "pmix":
         return cmd_pmix(os.path.abspath(sys.argv[2]), sys.argv[3], sys.argv[4])
     if cmd == "requeue":
         return cmd_requeue(os.path.abspath(sys.argv[2]), sys.argv[3], sys.argv[4])
+    if cmd == "sweep":
+        return cmd_sweep(os.path.abspath(sys.argv[2]), sys.argv[3])
     if cmd == "plain":
         return cmd_plain(os.path.abspath(sys.argv[2]), sys.argv[3])
     print(__doc__)
