@@ -9,8 +9,9 @@
                                --signal=B:USR1@110 --requeue: signalled, saves, exits 75, is
                                requeued, resumes (SLURM_RESTART_COUNT unset, then 1) and ends with
                                the losses of an uninterrupted run
-  sweep HOTPATH WORK           examples/scaling/sweep.py with the srun and sbatch launchers: a
-                               2-rank point each, in the CSV with the JSON of a 2-rank job
+  sweep HOTPATH WORK           examples/scaling/sweep.py with the srun and sbatch launchers (a
+                               2-rank point each), and `submit` (the sweep as one job): every row
+                               in the CSV with the JSON of a 2-rank job
 
 The cluster is found through SLURM_CONF (tests/run.sh exports it) or HP_SLURM_DIR/slurm.conf.
 Without one the test exits 77 (skipped) and says why. Every command has a time limit.
@@ -303,7 +304,32 @@ def cmd_sweep(hotpath, work):
             cmdline = f.readline()
         want = "sbatch --wait" if row["launcher"] == "sbatch" else "srun --mpi=pmix"
         check(cmdline.startswith("$ " + want), row["key"], "ran", cmdline.strip()[:120])
-    return done("sweep points through srun --mpi=pmix and sbatch: 2 rows, 2-rank JSON")
+    # The whole sweep as one job (`submit`): the runner inside the allocation, points by srun.
+    out2 = os.path.join(work, "submitted")
+    r = run([sys.executable, os.path.join(ROOT, "examples", "scaling", "sweep.py"), "submit",
+             sweep_file, "--out", out2, "--hotpath", hotpath, "--sbatch-args=--time=5"], env, 60,
+            os.path.join(work, "submit.log"))
+    if r is not None and check(r.returncode == 0, "submit failed:", r.stderr[-500:]):
+        job = r.stdout.strip().split(";")[0]
+        deadline, state = time.time() + 300, {}
+        while time.time() < deadline:
+            state = job_state(job, env)
+            if state.get("JobState") not in (None, "PENDING", "RUNNING", "CONFIGURING",
+                                             "COMPLETING"):
+                break
+            time.sleep(1)
+        check(state.get("JobState") == "COMPLETED", "the sweep job", job, "ended",
+              state.get("JobState"))
+        csv_path = os.path.join(out2, "results.csv")
+        rows2 = []
+        if os.path.exists(csv_path):
+            with open(csv_path, newline="") as f:
+                rows2 = list(csv.DictReader(f))
+        check(len(rows2) == 2 and all(r2["status"] == "ok" and r2["launcher"] == "srun"
+                                      for r2 in rows2),
+              "the submitted sweep's rows:", [(r2["launcher"], r2["status"]) for r2 in rows2])
+    return done("sweep points through srun --mpi=pmix and sbatch, and the whole sweep as one "
+                "sbatch job: 2-rank JSON in every row")
 
 
 def main():
