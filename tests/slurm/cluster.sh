@@ -67,7 +67,7 @@ hp_slurm_start() {
   ctl_port=$(hp_slurm_free_port) && d_port=$(hp_slurm_free_port) || return 1
 
   dd if=/dev/urandom of="$d/munge/munge.key" bs=1024 count=1 2>/dev/null && chmod 400 "$d/munge/munge.key"
-  /usr/sbin/munged --force --key-file="$d/munge/munge.key" --socket="$d/munge/munge.socket" \
+  timeout 30 /usr/sbin/munged --force --key-file="$d/munge/munge.key" --socket="$d/munge/munge.socket" \
     --pid-file="$d/munge/munged.pid" --log-file="$d/log/munged.log" --seed-file="$d/munge/seed" \
     2>>"$d/log/munged.log" || { hp_slurm_log "munged did not start ($d/log/munged.log)"; return 1; }
   hp_slurm_wait 10 test -S "$d/munge/munge.socket" ||
@@ -106,9 +106,9 @@ NodeName=${host} NodeAddr=127.0.0.1 CPUs=${cpus} RealMemory=${mem} State=UNKNOWN
 PartitionName=hp Nodes=${host} Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:4
 EOF
   export SLURM_CONF="$d/slurm.conf"
-  /usr/sbin/slurmctld -f "$d/slurm.conf" -i 2>>"$d/log/slurmctld.log" ||
+  timeout 30 /usr/sbin/slurmctld -f "$d/slurm.conf" -i 2>>"$d/log/slurmctld.log" ||
     { hp_slurm_log "slurmctld did not start ($d/log/slurmctld.log)"; hp_slurm_stop "$d"; return 1; }
-  /usr/sbin/slurmd -f "$d/slurm.conf" 2>>"$d/log/slurmd.log" ||
+  timeout 30 /usr/sbin/slurmd -f "$d/slurm.conf" 2>>"$d/log/slurmd.log" ||
     { hp_slurm_log "slurmd did not start ($d/log/slurmd.log)"; hp_slurm_stop "$d"; return 1; }
   if ! hp_slurm_wait 30 bash -c "timeout 5 sinfo -h -o %T -n $host | grep -qE '^(idle|mixed|allocated)'"; then
     hp_slurm_log "the node did not come up within 30 s: $(timeout 5 sinfo -h -N 2>&1 | head -1)"
