@@ -253,7 +253,8 @@ po::options_description describe_options(TrainOptions& o, RawEnums& raw) {
                                                   "init standard deviation of weights");
   po::options_description memory("Memory and optimizer state");
   memory.add_options()(
-      "optimizer_sharding", po::value(&raw.optimizer_sharding)->default_value(raw.optimizer_sharding),
+      "optimizer_sharding",
+      po::value(&raw.optimizer_sharding)->default_value(raw.optimizer_sharding),
       "none | zero1 (fp32 master weights and AdamW moments split over the ranks that share them)")(
       "grad_reduce_dtype", po::value(&raw.grad_reduce_dtype)->default_value(raw.grad_reduce_dtype),
       "gradient reductions on the wire: fp32 | bf16 (accumulated in fp32)")(

@@ -60,8 +60,8 @@ ParamCounts count_params(const ModelConfig& c);
 // The parameter tensors of a model by global element count, in the order the model allocates
 // them, for plans that count bytes tensor by tensor (allocators round each one).
 struct ParamTensor {
-  int64_t numel = 0;     // global
-  int64_t experts = 0;   // > 0: stacked [experts, ...], split over the ep group
+  int64_t numel = 0;    // global
+  int64_t experts = 0;  // > 0: stacked [experts, ...], split over the ep group
 };
 std::vector<ParamTensor> param_tensors(const ModelConfig& c);
 

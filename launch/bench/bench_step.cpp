@@ -1,18 +1,18 @@
 #include "launch/bench/bench_step.h"
 
+#include <sys/resource.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <vector>
 
-#include <sys/resource.h>
-
 #include "framework/core/error.h"
 #include "launch/bench/bench_comm.h"
-#include "launch/bench/bench_util.h"
 #include "launch/bench/bench_model.h"
 #include "launch/bench/bench_offload.h"
+#include "launch/bench/bench_util.h"
 #include "launch/train/memory_plan.h"
 #include "launch/train/trainer.h"
 #if HOTPATH_HAVE_CUDA

@@ -24,11 +24,12 @@ struct BenchStepResult {
   int64_t profiled_steps = 0;
   // Device time with work running over the timed step: the profiled steps' busy time (kernel
   // and copy durations do not change under the profiler, its host overhead does) over the
-  // median timed step, at most 1. The profiled steps' own ratio is profile.busy_ms / profile.wall_ms.
+  // median timed step, at most 1. The profiled steps' own ratio is profile.busy_ms /
+  // profile.wall_ms.
   double busy_fraction = 0;
-  double idle_ms = 0;  // ms - profile.busy_ms, at least 0
-  double startup_s = 0;             // process start to the first step
-  int64_t memory_plan_bytes = 0;    // what the memory plan expected per rank (CUDA)
+  double idle_ms = 0;             // ms - profile.busy_ms, at least 0
+  double startup_s = 0;           // process start to the first step
+  int64_t memory_plan_bytes = 0;  // what the memory plan expected per rank (CUDA)
   // Memory of every rank after the profiled steps, gathered to each rank (index = world rank).
   // On a device backend: the peak of device bytes the caching allocator has handed out to
   // tensors since the process started ("device_peak_allocated"; the allocator's cached free

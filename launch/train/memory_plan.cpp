@@ -32,12 +32,12 @@ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 int64_t layer_act_bytes(const ModelConfig& c, int64_t n, int ep, int64_t a, int64_t m) {
   const int64_t d = c.d_model, hq = c.n_heads, hkv = c.n_kv_heads, hd = c.head_dim;
   const int64_t qkv = n * (hq + 2 * hkv) * hd;
-  int64_t b = n * d * a;                                   // x, the block input
-  b += n * d * a + n * m;                                  // xn, rstd1
-  b += qkv * a * (c.qk_norm ? 2 : 1);                      // qkv (and qkv before the q/k norm)
-  if (c.qk_norm) b += n * (hq + hkv) * m;                  // q/k 1/rms
-  b += n * hq * hd * a + n * hq * m;                       // attention output, LSE
-  b += 2 * n * d * a + n * m;                              // h, hn, rstd2
+  int64_t b = n * d * a;                   // x, the block input
+  b += n * d * a + n * m;                  // xn, rstd1
+  b += qkv * a * (c.qk_norm ? 2 : 1);      // qkv (and qkv before the q/k norm)
+  if (c.qk_norm) b += n * (hq + hkv) * m;  // q/k 1/rms
+  b += n * hq * hd * a + n * hq * m;       // attention output, LSE
+  b += 2 * n * d * a + n * m;              // h, hn, rstd2
   if (c.is_moe()) {
     const int64_t e = c.n_experts, k = c.top_k, f = c.expert_ffn_dim;
     const int64_t rows = n * k;  // routed rows; balanced routing gives each rank as many back
@@ -129,8 +129,8 @@ MemoryPlan plan_memory(const TrainOptions& o, const PlanLayout& layout, bool cud
   p.act_checkpointed = c.n_layers * block_in + 2 * layer + head;
   p.act_offloaded = std::min<int64_t>(o.offload.buffers, c.n_layers) * block_in + 2 * layer + head;
   p.activations = layout.offload != OffloadMode::kNone ? p.act_offloaded
-                  : layout.checkpoint_activations       ? p.act_checkpointed
-                                                        : p.act_full;
+                  : layout.checkpoint_activations      ? p.act_checkpointed
+                                                       : p.act_full;
   if (layout.offload != OffloadMode::kNone) p.host_pinned = (c.n_layers - 1) * block_in;
 
   // Logits of one cross-entropy chunk (activation dtype, their gradient written in place) and
@@ -159,8 +159,10 @@ int64_t planned_device_bytes(const TrainOptions& o, int64_t visible_bytes) {
   char* end = nullptr;
   const double gib = std::strtod(v.c_str(), &end);
   if (v.empty() || end != v.c_str() + v.size() || !(gib > 0) || gib > 1e6)
-    HP_USER_ERROR(ErrorKind::kConfig, "config key 'device_memory_gib': must be auto, off, a number "
-                  "of GiB in (0, 1e6] or one of h100, h200, b200; got '", o.device.memory, "'");
+    HP_USER_ERROR(ErrorKind::kConfig,
+                  "config key 'device_memory_gib': must be auto, off, a number "
+                  "of GiB in (0, 1e6] or one of h100, h200, b200; got '",
+                  o.device.memory, "'");
   return static_cast<int64_t>(gib * kGiB);
 }
 
@@ -170,7 +172,7 @@ PlanLayout smallest_fitting_layout(const TrainOptions& o, const PlanLayout& from
   const int experts = o.model.is_moe() ? o.model.n_experts : 1;
   for (int world = 1; world <= 4096; world *= 2) {
     if (world < from.world) continue;  // fewer ranks only hold more each
-    if (rows % world != 0) continue;  // the batch must split over the ranks
+    if (rows % world != 0) continue;   // the batch must split over the ranks
     PlanLayout best;
     int best_changes = 1 << 30;
     // Largest ep first: more ranks to hold the experts is what shrinks an MoE rank most.
@@ -214,9 +216,8 @@ std::string format_plan(const MemoryPlan& p, int64_t device_bytes) {
       std::snprintf(buf, sizeof buf, "%9.2f MiB", b / (1024.0 * 1024.0));
     return std::string(buf);
   };
-  std::string s = str_cat("memory plan per rank: ", p.layout.describe(), ", ",
-                          p.tokens_per_rank, " tokens per rank", p.cuda ? ", CUDA (bf16)" : ", CPU",
-                          "\n");
+  std::string s = str_cat("memory plan per rank: ", p.layout.describe(), ", ", p.tokens_per_rank,
+                          " tokens per rank", p.cuda ? ", CUDA (bf16)" : ", CPU", "\n");
   s += str_cat("  parameters       ", gib(p.params), "  (", p.dense_numel, " dense + ",
                p.expert_numel_local, " expert elements)\n");
   s += str_cat("  gradients        ", gib(p.grads), "\n");

@@ -29,7 +29,7 @@ struct PlanLayout {
 
 struct MemoryPlan {
   PlanLayout layout;
-  bool cuda = true;          // bf16 working copies and activations (else the CPU's dtype)
+  bool cuda = true;  // bf16 working copies and activations (else the CPU's dtype)
   int64_t tokens_per_rank = 0;
   int64_t dense_numel = 0;         // replicated on every rank
   int64_t expert_numel_local = 0;  // this rank's experts
@@ -39,7 +39,7 @@ struct MemoryPlan {
   int64_t params = 0;     // the weights the model computes with (bf16 on CUDA; CPU: the master)
   int64_t grads = 0;      // fp32 gradients of every local parameter
   int64_t optimizer = 0;  // AdamW moments (+ the fp32 master where it is a separate copy)
-  int64_t act_full = 0;          // every layer's activations kept for backward
+  int64_t act_full = 0;   // every layer's activations kept for backward
   int64_t act_checkpointed = 0;  // block inputs kept, one layer recomputed at a time
   int64_t act_offloaded = 0;     // block inputs on the host, a ring of staging buffers here
   int64_t activations = 0;       // the one of the three the layout uses

@@ -45,7 +45,8 @@ Trainer::Trainer(const TrainOptions& o, const RankContext& ctx)
     // Every rank plans the same layout, so a layout that cannot fit is refused everywhere before
     // the model allocates or any collective runs.
     const MemoryPlan plan = plan_memory(o_, layout_of(o_, ctx_.world()), true);
-    const int64_t device = planned_device_bytes(o_, visible_device_bytes(o_, ctx_.launch.local_rank));
+    const int64_t device =
+        planned_device_bytes(o_, visible_device_bytes(o_, ctx_.launch.local_rank));
     require_plan_fits(o_, plan, device);
     log_info("memory plan: ", fmt_sig(plan.total / 1073741824.0, 4), " GiB per rank of ",
              device > 0 ? fmt_sig(device / 1073741824.0, 4) : std::string("(unchecked)"),
