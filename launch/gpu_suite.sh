@@ -11,6 +11,8 @@
 #   attention  attention forward+backward per path (tiled, cuDNN) next to PyTorch's varlen_attn
 #   step       `hotpath bench step` next to the PyTorch anchor (torch_ref.py with torch.compile)
 #              on one HDF5 token file of documents uniform in 64..4095 tokens, 16,384 tokens a step
+#   sweep      the one-GPU scaling sweep (examples/scaling/sweeps/gpu-1x.ini) into LOG_DIR/scaling,
+#              with its report (not in the default set: a few minutes)
 # Environment: GPU_BIN (default .gpu/bin), LOG_DIR, ANCHOR_DIR (default .gpu/anchors: the
 # anchor's torch_ref.py and make_uniform_docs.py), STEP_MODELS (default "gptoss llama qwen"),
 # STEP_ARGS (extra hotpath flags for every bench step).
@@ -99,6 +101,13 @@ if want step; then
   done
 fi
 
+if want sweep; then
+  run sweep_gpu_1x python3 examples/scaling/sweep.py run examples/scaling/sweeps/gpu-1x.ini \
+    --out "$log_dir/scaling" --hotpath "$bin/hotpath"
+  run sweep_report python3 examples/scaling/sweep.py report "$log_dir/scaling/results.csv" \
+    --md "$log_dir/scaling/scaling.md"
+fi
+
 echo
 echo "== summary"
 printf '%s\n' "${rows[@]}"
@@ -125,6 +134,9 @@ for m in sys.argv[2:]:
     p = j["profile"]
     fam = sorted(p["by_family_ms"].items(), key=lambda kv: -kv[1])
     print("         " + " ".join(f"{k}={v:.1f}" for k, v in fam if v >= 0.5) + f" idle={p['idle_ms']:.1f} (ms)")
+    mem = j.get("memory", {}).get("max_bytes", 0) / 2**30
+    print(f"         start-up {j.get('startup_s', 0):.1f} s; memory peak {mem:.2f} GiB, "
+          f"plan {j.get('memory_plan_bytes', 0) / 2**30:.2f} GiB")
 PY
 fi
 exit $failed
