@@ -37,6 +37,8 @@ constexpr const char* kUsage =
     "  inspect CHECKPOINT                      step, layout, tensors and checksums of a "
     "checkpoint\n"
     "  data synth --out FILE.{bin,h5} [...]     write synthetic documents as a token file\n"
+    "  import-hf DIR --out FILE.h5              a Hugging Face checkpoint as a hotpath one\n"
+    "  export-hf CKPT --out DIR [--dtype bf16]  a hotpath checkpoint as a Hugging Face one\n"
     "  --version                                print the version\n"
     "\n"
     "'hotpath <command> --help' lists every option with its default.\n";
@@ -71,6 +73,8 @@ int run(std::vector<std::string> args, int* argc, char*** argv) {
   args.erase(args.begin());
   if (cmd == "data") return data_tool_main(args);
   if (cmd == "inspect") return inspect_main(args);
+  if (cmd == "import-hf") return import_hf_main(args);
+  if (cmd == "export-hf") return export_hf_main(args);
   if (cmd != "train" && cmd != "eval" && cmd != "bench") {
     std::cerr << "hotpath: unknown command '" << cmd << "'\n\n" << kUsage;
     return 2;

@@ -184,7 +184,13 @@ po::options_description describe_options(TrainOptions& o, RawEnums& raw) {
                         po::value(&o.eval.checkpoint)->default_value(o.eval.checkpoint),
                         "eval: checkpoint file (or directory: its newest) to evaluate")(
       "batches", po::value(&o.eval.batches)->default_value(o.eval.batches),
-      "eval: global batches from the start of the data");
+      "eval: global batches from the start of the data")(
+      "dump_logits", po::value(&o.eval.dump_logits)->default_value(o.eval.dump_logits),
+      "eval: write the logits of every position of the evaluated batches to this safetensors "
+      "file (\"logits\" F32 [tokens, vocab], \"targets\" and the mean loss in its metadata)")(
+      "init_from", po::value(&o.checkpoint.init_from)->default_value(o.checkpoint.init_from),
+      "start from these weights with fresh optimizer state: a checkpoint (file or directory) "
+      "or a Hugging Face directory (config.json + safetensors); resume wins when it finds one");
   po::options_description data("Data");
   data.add_options()(
       "data", po::value(&d.source)->default_value(d.source),
@@ -245,7 +251,10 @@ po::options_description describe_options(TrainOptions& o, RawEnums& raw) {
                                po::value(&m.rope_beta_fast)->default_value(m.rope_beta_fast),
                                "YaRN beta_fast")(
       "rope_beta_slow", po::value(&m.rope_beta_slow)->default_value(m.rope_beta_slow),
-      "YaRN beta_slow")("norm_eps", po::value(&m.norm_eps)->default_value(m.norm_eps),
+      "YaRN beta_slow")("rope_truncate",
+                        po::value(&m.rope_truncate)->default_value(m.rope_truncate),
+                        "YaRN: round the ramp ends to whole pairs (Hugging Face default true; "
+                        "GPT-OSS false)")("norm_eps", po::value(&m.norm_eps)->default_value(m.norm_eps),
                         "RMSNorm epsilon")(
       "moe_aux_coef", po::value(&m.moe_aux_coef)->default_value(m.moe_aux_coef),
       "load-balancing loss coefficient (0: off)")("init_std",
@@ -322,6 +331,34 @@ bool parse_train_options(const std::vector<std::string>& args, const std::string
   }
   parse_enums(raw, o);
   return true;
+}
+
+void parse_recorded_options(const std::string& config_text, const std::string& command_line,
+                            TrainOptions& o) {
+  std::vector<std::string> args;
+  std::istringstream words(command_line);
+  for (std::string w; words >> w;) {
+    if (w == "--config") {
+      words >> w;  // the file it named; its text is config_text
+      continue;
+    }
+    if (w.rfind("--config=", 0) == 0 || w == "--dry-run") continue;
+    args.push_back(w);
+  }
+  RawEnums raw;
+  po::options_description keys = describe_options(o, raw);
+  po::variables_map vm;
+  try {
+    po::store(po::command_line_parser(args).options(keys).run(), vm);
+    std::istringstream in(config_text);
+    po::store(po::parse_config_file(in, keys, false), vm);
+    po::notify(vm);
+  } catch (const po::error& e) {
+    HP_USER_ERROR(ErrorKind::kConfig, "the configuration recorded in the checkpoint: ", e.what());
+  }
+  parse_enums(raw, o);
+  o.config_text = config_text;
+  o.command_line = command_line;
 }
 
 namespace {

@@ -113,11 +113,16 @@ struct CheckpointOptions {
   int64_t every = 0;      // checkpoint_every: steps between saves (0: at the end, on preemption)
   int64_t keep_last = 0;  // committed checkpoints kept (0: all)
   ResumeSpec resume;
+  // init_from: a checkpoint file or directory (its newest), or a Hugging Face checkpoint
+  // directory (config.json + safetensors), whose parameters start a fresh run: new optimizer
+  // state, step 0, this run's schedule. A checkpoint found by `resume` wins over it.
+  std::string init_from;
 };
 
 struct EvalOptions {
   std::string checkpoint;  // --checkpoint: a file or a checkpoint directory
   int64_t batches = 10;    // --batches: global batches from the start of the data
+  std::string dump_logits;  // --dump_logits: write every position's logits here (safetensors)
 };
 
 struct BenchOptions {
@@ -149,6 +154,11 @@ struct TrainOptions {
 // Throws UserError(kConfig) with the key and rule on any mistake.
 bool parse_train_options(const std::vector<std::string>& args, const std::string& subcommand,
                          TrainOptions& out);
+
+// The options a checkpoint records: its `config` text and `command_line` (overrides win; a
+// --config in it is skipped, the text standing for that file).
+void parse_recorded_options(const std::string& config_text, const std::string& command_line,
+                            TrainOptions& out);
 
 // Checks the value and cross-key rules (ranges, divisibility) for a given world size.
 void validate_train_options(const TrainOptions& o, int world_size);

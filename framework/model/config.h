@@ -39,6 +39,8 @@ struct ModelConfig {
   double rope_original_max_positions = 4096;
   double rope_beta_fast = 32;
   double rope_beta_slow = 1;
+  // YaRN: round the ramp's ends outward to whole pairs (Hugging Face's default; GPT-OSS: false).
+  bool rope_truncate = false;
   double norm_eps = 1e-5;
   double moe_aux_coef = 0.0;
   double init_std = 0.02;

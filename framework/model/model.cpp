@@ -115,6 +115,7 @@ Model::Model(const ModelConfig& cfg, const ModelOptions& opts, Backend& be,
   yarn.original_max_positions = cfg_.rope_original_max_positions;
   yarn.beta_fast = cfg_.rope_beta_fast;
   yarn.beta_slow = cfg_.rope_beta_slow;
+  yarn.truncate = cfg_.rope_truncate;
   rope_ = make_rope_table(be_, cfg_.head_dim, opts_.max_positions, cfg_.rope_theta, yarn);
   set_offload(opts_.offload);
 }
@@ -570,6 +571,19 @@ LossSums Model::forward_backward(const BatchMeta& meta, double grad_scale, LossS
   loss(grad_scale, into.lm);
   backward(nullptr);
   return into;
+}
+
+Tensor Model::logits(const BatchMeta& meta) {
+  Tensor aux = be_.zeros({1}, be_.master_dtype());
+  forward(meta, aux, Pass::kEval);
+  const int64_t n = pass_->hidden.dim(0);
+  Tensor out = new_act({n, cfg_.vocab_size});
+  if (lm_head_)
+    matmul(be_, pass_->hidden, lm_head_->work, out);
+  else
+    matmul(be_, pass_->hidden, embed_->work, out, false, true);
+  pass_.reset();
+  return out;
 }
 
 LossSums Model::evaluate(const BatchMeta& meta, LossSums into) {

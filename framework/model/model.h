@@ -96,6 +96,9 @@ class Model {
   LossSums forward_backward(const BatchMeta& meta, double grad_scale, LossSums into = {});
   // forward(Pass::kEval) + loss (evaluation).
   LossSums evaluate(const BatchMeta& meta, LossSums into = {});
+  // forward(Pass::kEval) and the unembedding of every position: [N, vocab] in the act dtype
+  // (evaluation tools; the loss path never materializes these).
+  Tensor logits(const BatchMeta& meta);
 
   int expert_begin() const { return expert_begin_; }
   int local_experts() const { return local_experts_; }

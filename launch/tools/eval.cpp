@@ -2,6 +2,7 @@
 #include <vector>
 
 #include "framework/core/error.h"
+#include "launch/hf/safetensors.h"
 #include "launch/tools/tools.h"
 #include "launch/train/checkpoint.h"
 #include "launch/train/trainer.h"
@@ -23,6 +24,10 @@ int run_eval(const TrainOptions& o, const RankContext& ctx) {
   Tensor host = Tensor::host({2}, be.master_dtype());
   double lm = 0;
   int64_t valid = 0;
+  const bool dump = !o.eval.dump_logits.empty();
+  if (dump && ctx.world() > 1)
+    HP_USER_ERROR(ErrorKind::kUser, "hotpath eval: --dump_logits runs on one rank");
+  std::vector<float> logits, targets;
   for (int64_t b = 0; b < o.eval.batches; ++b) {
     PackedBatch batch = t.loader().next();
     BatchMeta meta = be.upload_batch(batch);
@@ -31,6 +36,14 @@ int run_eval(const TrainOptions& o, const RankContext& ctx) {
     be.read_to_host(acc, host, SyncCause::kLoss);
     lm += to_double_vector(host)[0];
     valid += batch.num_valid_targets;
+    if (dump) {
+      const Tensor l = t.model().logits(meta);
+      Tensor h = Tensor::host(l.shape(), l.dtype());
+      be.read_to_host(l, h, SyncCause::kOther);
+      const std::vector<double> v = to_double_vector(h);
+      logits.insert(logits.end(), v.begin(), v.end());
+      targets.insert(targets.end(), batch.targets.begin(), batch.targets.end());
+    }
   }
   if (ctx.world() > 1) {
     Tensor s = Tensor::host_from(std::vector<double>{lm}, DType::kF64);
@@ -39,6 +52,15 @@ int run_eval(const TrainOptions& o, const RankContext& ctx) {
     Tensor n = Tensor::host_from(std::vector<int64_t>{valid}, DType::kI64);
     ctx.groups.world->all_reduce(n, ReduceOp::kSum);
     valid = n.data<int64_t>()[0];
+  }
+  if (dump) {
+    const int64_t n = static_cast<int64_t>(targets.size());
+    char loss[64];
+    std::snprintf(loss, sizeof loss, "%.17g", valid > 0 ? lm / static_cast<double>(valid) : 0.0);
+    write_safetensors(o.eval.dump_logits,
+                      {{"logits", {n, o.model.vocab_size}, logits.data()},
+                       {"targets", {n}, targets.data()}},
+                      "F32", {{"loss", loss}, {"tokens", std::to_string(valid)}});
   }
   if (ctx.rank() == 0)
     std::printf("eval_loss=%.6f tokens=%lld\n", valid > 0 ? lm / static_cast<double>(valid) : 0.0,

@@ -18,6 +18,12 @@ int inspect_main(const std::vector<std::string>& args);
 // mean is over). Collective over the world.
 int run_eval(const TrainOptions& o, const RankContext& ctx);
 
+// `hotpath import-hf DIR --out FILE.h5`: a Hugging Face checkpoint as a hotpath checkpoint
+// (fresh optimizer state, step 0) and config file (docs/hf.md).
+int import_hf_main(const std::vector<std::string>& args);
+// `hotpath export-hf CKPT --out DIR [--dtype bf16|f32] [--shard_mib N]`: the reverse.
+int export_hf_main(const std::vector<std::string>& args);
+
 // `hotpath data synth --out FILE.{bin,h5} --docs N [--vocab_size V --seed S ...]`.
 int data_tool_main(const std::vector<std::string>& args);
 

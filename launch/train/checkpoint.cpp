@@ -14,6 +14,7 @@
 
 #include "framework/checkpoint/checkpoint.h"
 #include "framework/core/log.h"
+#include "launch/hf/hf_convert.h"
 #include "launch/train/fault_injection.h"
 #include "parallel/mpi_checkpoint_group.h"
 
@@ -403,6 +404,70 @@ bool load_checkpoint_agreed(const RunState& run, const std::string& path, bool p
     log_error("cannot load checkpoint ", path, ": ", e.what());
   }
   return !any_rank(run.ctx, failed);
+}
+
+namespace {
+// An imported Hugging Face checkpoint's parameters into the model (this rank's rows).
+void load_hf_params(const RunState& run, const std::string& dir) {
+  const HfImport imp = read_hf_checkpoint(dir);
+  Backend& be = run.backend;
+  std::vector<Tensor> staged;
+  for (auto& p : run.model.params().all()) {
+    const NamedTensor* t = nullptr;
+    for (const NamedTensor& x : imp.params)
+      if (x.name == p->name) t = &x;
+    if (t == nullptr || t->shape != p->global_shape)
+      HP_USER_ERROR(ErrorKind::kConfig, "config key 'init_from': ", dir, " (", imp.architecture,
+                    ") ", t == nullptr ? "has no tensor for parameter " : "has another shape for ",
+                    p->name, " ", t ? shape_str(t->shape) : std::string(), " than this model's ",
+                    shape_str(p->global_shape), " (import it and train with its config file)");
+    const RowRange rows = held_rows(*p);
+    const int64_t row = p->global_numel() / p->global_shape[0];
+    Tensor host = Tensor::host(p->shape, p->master.dtype());
+    const float* src = t->data.data() + rows.begin * row;
+    for (int64_t i = 0; i < p->numel(); ++i) {
+      if (host.dtype() == DType::kF64)
+        host.data<double>()[i] = src[i];
+      else
+        host.data<float>()[i] = src[i];
+    }
+    be.copy(host, p->master);
+    staged.push_back(host);
+  }
+  be.synchronize(SyncCause::kOther);
+  run.model.refresh_working_copies();
+}
+}  // namespace
+
+bool init_from_options(const RunState& run) {
+  const std::string& from = run.options.checkpoint.init_from;
+  if (from.empty()) return false;
+  std::error_code ec;
+  if (!fs::exists(from, ec))
+    HP_USER_ERROR(ErrorKind::kConfig, "config key 'init_from': '", from, "' does not exist");
+  if (fs::is_directory(from, ec) && fs::exists(fs::path(from) / "config.json", ec)) {
+    bool failed = false;
+    std::string error;
+    try {
+      load_hf_params(run, from);
+    } catch (const std::exception& e) {
+      failed = true;
+      error = e.what();
+    }
+    if (any_rank(run.ctx, failed))
+      HP_USER_ERROR(ErrorKind::kConfig, "init_from: ",
+                    error.empty() ? "it failed on another rank (see its message)" : error);
+    log_info("init_from: parameters from the Hugging Face checkpoint ", from);
+    return true;
+  }
+  const std::string path = resolve_checkpoint_arg(from);
+  std::string error;
+  RunPosition pos;
+  if (!load_checkpoint_agreed(run, path, true, &pos, &error))
+    HP_USER_ERROR(ErrorKind::kData, "init_from: checkpoint ", path, " cannot be loaded: ",
+                  error.empty() ? "it failed on another rank (see its message)" : error);
+  log_info("init_from: parameters from ", path, " (fresh optimizer state, step 0)");
+  return true;
 }
 
 std::string resolve_checkpoint_arg(const std::string& path) {

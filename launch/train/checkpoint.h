@@ -92,6 +92,13 @@ bool load_checkpoint_agreed(const RunState& run, const std::string& path, bool p
 // 0: a fresh start).
 RunPosition resume_from_options(const RunState& run);
 
+// Collective: applies options.checkpoint.init_from, when set: the parameters of a hotpath
+// checkpoint (file, or directory: its newest) or of a Hugging Face checkpoint directory
+// (config.json + safetensors, mapped as `hotpath import-hf` maps them), whose shapes must match
+// this run's model. Optimizer state, step and data position stay fresh. Returns true when it
+// loaded something.
+bool init_from_options(const RunState& run);
+
 // A checkpoint argument: a file, or a directory meaning its newest committed checkpoint.
 std::string resolve_checkpoint_arg(const std::string& path);
 

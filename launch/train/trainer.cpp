@@ -247,6 +247,8 @@ int run_train(const TrainOptions& o, const RankContext& ctx) {
   install_preemption_handlers();
   Trainer trainer(o, ctx);
   log_run_header(o, ctx, trainer);
+  // ---- init_from: start from given weights; a checkpoint found by resume wins ----
+  init_from_options(trainer.run_state());
   // ---- resume: --resume=none|auto|PATH ----
   trainer.set_position(resume_from_options(trainer.run_state()));
   int64_t saved_step = trainer.steps_done();
