@@ -27,6 +27,16 @@ class DocumentSource {
   // (document, offset) order are the fast path; any order is correct.
   virtual void read(int64_t i, int64_t offset, int64_t count, int32_t* out) = 0;
 
+  // Whether the source carries a per-token loss mask (SFT data: only answer tokens count).
+  virtual bool has_loss_mask() const { return false; }
+  // Writes the mask of tokens [offset, offset + count) of document i to out[0:count]: 1 where
+  // the token is a target the loss counts, 0 where it is context only. Default: all 1.
+  virtual void read_loss_mask(int64_t i, int64_t offset, int64_t count, uint8_t* out) {
+    (void)i;
+    (void)offset;
+    for (int64_t k = 0; k < count; ++k) out[k] = 1;
+  }
+
   // One line for logs: what the source is and how big.
   virtual std::string describe() const = 0;
   // Identifies the data (files' document and token counts, or the synthetic parameters), so a

@@ -21,6 +21,7 @@ namespace {
 
 constexpr const char* kTokens = "/tokens";
 constexpr const char* kOffsets = "/doc_offsets";
+constexpr const char* kLossMask = "/loss_mask";
 constexpr const char* kLayout =
     "an HDF5 token file holds /tokens (uint32, 1-D) and /doc_offsets (int64, n_docs + 1 entries "
     "starting at 0, non-decreasing, last == len(/tokens))";
@@ -46,9 +47,12 @@ class H5TokenFile final : public DocumentSource {
     return offsets_[i + 1] - offsets_[i] + append_eot_[i];
   }
   void read(int64_t i, int64_t offset, int64_t count, int32_t* out) override;
+  bool has_loss_mask() const override { return !mask_.empty(); }
+  void read_loss_mask(int64_t i, int64_t offset, int64_t count, uint8_t* out) override;
   std::string describe() const override {
     return str_cat(
         path_, " (HDF5 tokens: ", num_documents(), " documents, ", n_tokens_, " tokens",
+        mask_.empty() ? "" : str_cat(", loss mask counting ", mask_ones_, " of them"),
         raw_ != nullptr || n_tokens_ == 0
             ? ")"
             : "; read through HDF5, slower: /tokens is chunked, filtered or not 16/32-bit "
@@ -77,6 +81,8 @@ class H5TokenFile final : public DocumentSource {
   std::vector<uint8_t> append_eot_;  // 1 where a document does not end with EOT
   int64_t appended_ = 0;
   uint64_t fingerprint_ = 0;
+  std::vector<uint8_t> mask_;  // /loss_mask, one 0/1 per stored token; empty: none
+  int64_t mask_ones_ = 0;
   void* map_ = nullptr;
   size_t map_bytes_ = 0;
   const char* raw_ = nullptr;  // first token inside the mapping
@@ -159,6 +165,40 @@ H5TokenFile::H5TokenFile(const std::string& path, int64_t vocab_size, int32_t eo
   fingerprint_ =
       hash64(std::to_string(sum),
              hash64(std::to_string(n_docs), hash64(std::to_string(n_tokens_), hash64("h5"))));
+
+  // The optional loss mask: as many uint8 entries as /tokens, each 0 or 1.
+  if (H5Lexists(file_.get(), kLossMask, H5P_DEFAULT) > 0) {
+    int64_t n_mask = 0;
+    H5Handle mask_ds = open_dataset(kLossMask, &n_mask);
+    if (n_mask != n_tokens_)
+      HP_USER_ERROR(ErrorKind::kData, kLossMask, " in ", path, " has ", n_mask,
+                    " entries; it needs one per token of ", kTokens, " (", n_tokens_, ")");
+    mask_.resize(static_cast<size_t>(n_mask));
+    read_range(kLossMask, mask_ds, 0, n_mask, H5T_NATIVE_UINT8, mask_.data());
+    uint64_t mask_sum = 0;
+    for (int64_t k = 0; k < n_mask; ++k) {
+      if (mask_[static_cast<size_t>(k)] > 1)
+        HP_USER_ERROR(ErrorKind::kData, kLossMask, "[", k, "] = ", int(mask_[static_cast<size_t>(k)]),
+                      " in ", path, "; entries must be 0 (context only) or 1 (a target the loss "
+                      "counts)");
+      mask_ones_ += mask_[static_cast<size_t>(k)];
+      mask_sum = mask_sum * 0x100000001B3ull + mask_[static_cast<size_t>(k)];
+    }
+    fingerprint_ = hash64(std::to_string(mask_sum), fingerprint_);
+  }
+}
+
+void H5TokenFile::read_loss_mask(int64_t i, int64_t offset, int64_t count, uint8_t* out) {
+  HP_CHECK(i >= 0 && i < num_documents() && offset >= 0 && count >= 0 &&
+               offset + count <= document_length(i),
+           path_, ": read_loss_mask(", i, ", ", offset, ", ", count, ")");
+  const int64_t stored = offsets_[i + 1] - offsets_[i];
+  const int64_t n = std::max<int64_t>(0, std::min(count, stored - offset));
+  const uint8_t* m = mask_.data() + offsets_[i];
+  for (int64_t k = 0; k < n; ++k) out[k] = m[offset + k];
+  // An appended EOT counts as the document's last stored token does.
+  const uint8_t tail = stored > 0 ? m[stored - 1] : 0;
+  for (int64_t k = n; k < count; ++k) out[k] = tail;
 }
 
 H5Handle H5TokenFile::open_dataset(const char* name, int64_t* length) const {
@@ -286,7 +326,7 @@ void H5TokenFile::read(int64_t i, int64_t offset, int64_t count, int32_t* out) {
 }
 
 void write_h5_file(const std::string& path, const std::vector<int32_t>& tokens,
-                   const std::vector<int64_t>& doc_offsets) {
+                   const std::vector<int64_t>& doc_offsets, const std::vector<uint8_t>* mask) {
   H5Handle file(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), H5Fclose);
   if (!file.valid()) h5_fail("H5Fcreate", path, "/");
   std::vector<uint32_t> u32(tokens.begin(), tokens.end());
@@ -303,6 +343,7 @@ void write_h5_file(const std::string& path, const std::vector<int32_t>& tokens,
   };
   write(kTokens, H5T_STD_U32LE, H5T_NATIVE_UINT32, u32.data(), u32.size());
   write(kOffsets, H5T_STD_I64LE, H5T_NATIVE_INT64, doc_offsets.data(), doc_offsets.size());
+  if (mask) write(kLossMask, H5T_STD_U8LE, H5T_NATIVE_UINT8, mask->data(), mask->size());
   file.reset();  // H5Fclose flushes HDF5's buffers to the file
 }
 
@@ -315,6 +356,12 @@ std::unique_ptr<DocumentSource> open_h5_tokens(const std::string& path, int64_t 
 
 void write_h5_tokens(const std::string& path, const std::vector<int32_t>& tokens,
                      const std::vector<int64_t>& doc_offsets) {
+  write_h5_tokens(path, tokens, doc_offsets, nullptr);
+}
+
+void write_h5_tokens(const std::string& path, const std::vector<int32_t>& tokens,
+                     const std::vector<int64_t>& doc_offsets,
+                     const std::vector<uint8_t>* loss_mask) {
   for (size_t k = 0; k < tokens.size(); ++k) {
     if (tokens[k] < 0)
       HP_USER_ERROR(ErrorKind::kData, "cannot write ", path, ": token ", tokens[k], " at offset ",
@@ -323,7 +370,7 @@ void write_h5_tokens(const std::string& path, const std::vector<int32_t>& tokens
   const std::string tmp = path + ".tmp";
   try {
     H5Quiet quiet;
-    write_h5_file(tmp, tokens, doc_offsets);
+    write_h5_file(tmp, tokens, doc_offsets, loss_mask);
     const int fd = ::open(tmp.c_str(), O_RDONLY | O_CLOEXEC);
     const bool synced = fd >= 0 && ::fsync(fd) == 0;
     if (fd >= 0) ::close(fd);

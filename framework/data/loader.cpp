@@ -170,9 +170,12 @@ PackedRow DataLoader::materialize(const RowPlan& plan) {
   PackedRow row;
   row.tokens.resize(static_cast<size_t>(config_.seq_len + 1));
   row.segments.reserve(plan.pieces.size());
+  const bool masked = source_->has_loss_mask();
+  if (masked) row.loss_mask.assign(row.tokens.size(), 0);  // padding is never a target
   int64_t pos = 0;
   for (const Piece& p : plan.pieces) {
     source_->read(p.doc, p.offset, p.count, row.tokens.data() + pos);
+    if (masked) source_->read_loss_mask(p.doc, p.offset, p.count, row.loss_mask.data() + pos);
     row.segments.push_back(p.count);
     pos += p.count;
   }

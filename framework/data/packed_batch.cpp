@@ -26,6 +26,10 @@ PackedBatch PackedBatch::from_rows(const std::vector<PackedRow>& rows, int64_t s
     HP_CHECK(static_cast<int64_t>(row.tokens.size()) == seq_len + 1, "row ", r, " holds ",
              row.tokens.size(), " tokens, expected seq_len + 1 = ", seq_len + 1);
     HP_CHECK(row.pad >= 0, "row ", r, " has pad ", row.pad);
+    HP_CHECK(row.loss_mask.empty() || static_cast<int64_t>(row.loss_mask.size()) == seq_len + 1,
+             "row ", r, " has a loss mask of ", row.loss_mask.size(), " entries, expected ",
+             seq_len + 1);
+    const bool masked = !row.loss_mask.empty();
     int64_t covered = row.pad;
     for (int32_t len : row.segments) {
       HP_CHECK(len > 0, "row ", r, " has a segment of length ", len);
@@ -48,7 +52,8 @@ PackedBatch PackedBatch::from_rows(const std::vector<PackedRow>& rows, int64_t s
         // The token after the last one of a segment belongs to another segment (or is pad), so
         // it is not a prediction the model can make from this segment's context.
         const bool last = i == end - 1;
-        b.targets[base + i] = (is_pad || last) ? -1 : row.tokens[i + 1];
+        const bool counted = !masked || row.loss_mask[static_cast<size_t>(i + 1)] != 0;
+        b.targets[base + i] = (is_pad || last || !counted) ? -1 : row.tokens[i + 1];
       }
       b.cu_seqlens.push_back(static_cast<int32_t>(base + clipped));
       b.max_seqlen = std::max(b.max_seqlen, static_cast<int32_t>(clipped - start));

@@ -18,6 +18,9 @@ struct PackedRow {
   std::vector<int32_t> tokens;    // T + 1 tokens
   std::vector<int32_t> segments;  // lengths of the document pieces, in order
   int32_t pad = 0;                // trailing padding tokens
+  // Empty, or T + 1 entries: 0 where the token must not be a target (the prediction of it is
+  // ignored like a padding target), 1 where it counts. From the source's loss mask.
+  std::vector<uint8_t> loss_mask;
 };
 
 struct PackedBatch {
@@ -25,7 +28,8 @@ struct PackedBatch {
   int64_t seq_len = 0;  // T
   // Flattened over rows: token t = row * T + i.
   std::vector<int32_t> inputs;      // row[0:T]
-  std::vector<int32_t> targets;     // row[1:T+1]; -1 where ignored (EOT position, piece end, pad)
+  std::vector<int32_t> targets;     // row[1:T+1]; -1 where ignored (EOT position, piece end, pad,
+                                    // a target whose loss mask is 0)
   std::vector<int32_t> positions;   // position within the document piece, restarting at 0
   std::vector<int32_t> cu_seqlens;  // n_seqs + 1 offsets into the flattened tokens
   int32_t max_seqlen = 0;

@@ -176,6 +176,7 @@ class FileListSource final : public DocumentSource {
       first_doc_.push_back(first_doc_.back() + f->num_documents());
       tokens_ += f->num_tokens();
       fingerprint_ = hash64(std::to_string(f->fingerprint()), fingerprint_);
+      any_mask_ = any_mask_ || f->has_loss_mask();
     }
   }
 
@@ -184,6 +185,11 @@ class FileListSource final : public DocumentSource {
   int64_t document_length(int64_t i) const override {
     const auto [f, j] = locate(i);
     return files_[f]->document_length(j);
+  }
+  bool has_loss_mask() const override { return any_mask_; }
+  void read_loss_mask(int64_t i, int64_t offset, int64_t count, uint8_t* out) override {
+    const auto [f, j] = locate(i);
+    files_[f]->read_loss_mask(j, offset, count, out);
   }
   void read(int64_t i, int64_t offset, int64_t count, int32_t* out) override {
     const auto [f, j] = locate(i);
@@ -212,6 +218,7 @@ class FileListSource final : public DocumentSource {
   std::vector<int64_t> first_doc_;
   int64_t tokens_ = 0;
   uint64_t fingerprint_ = 0;
+  bool any_mask_ = false;  // files without a mask count every target
   mutable size_t last_ = 0;
 };
 

@@ -6,7 +6,10 @@
 //         after every EOT token; a trailing run without EOT becomes a document with EOT appended.
 //   .h5 / .hdf5  dataset /tokens (unsigned 32-bit integers, 1-D) and /doc_offsets (int64, 1-D,
 //         n_docs + 1 entries, starting at 0, non-decreasing, last == len(/tokens)); document i is
-//         tokens[off[i]:off[i+1]], with EOT appended if it does not end with one.
+//         tokens[off[i]:off[i+1]], with EOT appended if it does not end with one. Optional
+//         /loss_mask (uint8, 1-D, len(/tokens) entries of 0 or 1): 0 marks a token the loss
+//         must not predict (SFT prompts); the loader turns such targets into ignored ones (-1),
+//         like padding. An appended EOT takes the mask of its document's last token.
 //
 // Every file is validated when opened: header or datasets, offsets, and every token id against
 // vocab_size (a scan in bounded memory: .bin shards are memory-mapped, HDF5 tokens are read in
@@ -55,5 +58,9 @@ void write_h5_tokens(const std::string& path, const std::vector<std::vector<int3
 // produce malformed files). Tokens must be >= 0.
 void write_h5_tokens(const std::string& path, const std::vector<int32_t>& tokens,
                      const std::vector<int64_t>& doc_offsets);
+// The same with a /loss_mask dataset (one entry per token; null: none).
+void write_h5_tokens(const std::string& path, const std::vector<int32_t>& tokens,
+                     const std::vector<int64_t>& doc_offsets,
+                     const std::vector<uint8_t>* loss_mask);
 
 }  // namespace hp
