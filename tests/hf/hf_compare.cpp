@@ -5,6 +5,12 @@
 //       and reference.json loss: |loss - ref| <= R |ref|, max |logit - ref| <= A.
 //   hp_hf_compare params A.h5 B.h5
 //       every /params/ dataset of two hotpath checkpoints bitwise equal (same names, shapes).
+//   hp_hf_compare sft-data A.h5 B.h5 --vocab V --eot E --docs N --seed S
+//       two SFT token files: documents of prompt (mask 0), answer (mask 1), trailer (mask 0) and
+//       EOT (mask 0); B differs from A only in the trailer tokens, which no counted target
+//       sees or predicts.
+//   hp_hf_compare decreases METRICS.jsonl --by D
+//       the last step's loss is below the first step's by more than D.
 //
 // Prints the numbers and "[hp_hf_compare] FAILED ..." with exit status 1 on a mismatch.
 #include <cmath>
@@ -16,7 +22,10 @@
 #include <string>
 #include <vector>
 
+#include <random>
+
 #include "framework/checkpoint/checkpoint.h"
+#include "framework/data/token_files.h"
 #include "launch/hf/safetensors.h"
 
 namespace {
@@ -94,10 +103,65 @@ int compare_params(char** argv) {
   return 0;
 }
 
+int arg_int(int argc, char** argv, const char* name, int dflt) {
+  for (int i = 2; i + 1 < argc; ++i)
+    if (std::string(argv[i]) == name) return std::atoi(argv[i + 1]);
+  return dflt;
+}
+
+int sft_data(int argc, char** argv) {
+  const int vocab = arg_int(argc, argv, "--vocab", 96), eot = arg_int(argc, argv, "--eot", 95);
+  const int docs = arg_int(argc, argv, "--docs", 16);
+  std::mt19937 rng(static_cast<unsigned>(arg_int(argc, argv, "--seed", 1)));
+  const auto id = [&] { return static_cast<int32_t>(rng() % static_cast<unsigned>(eot)); };
+  std::vector<int32_t> a, b;
+  std::vector<uint8_t> mask;
+  std::vector<int64_t> offsets{0};
+  for (int d = 0; d < docs; ++d) {
+    const int prompt = 3 + static_cast<int>(rng() % 4), answer = 4 + static_cast<int>(rng() % 4);
+    for (int k = 0; k < prompt + answer; ++k) {
+      const int32_t t = id();
+      a.push_back(t);
+      b.push_back(t);
+      mask.push_back(k >= prompt ? 1 : 0);
+    }
+    for (int k = 0; k < 3; ++k) {  // the trailer: different ids in B
+      a.push_back(id());
+      b.push_back(id());
+      mask.push_back(0);
+    }
+    a.push_back(eot);
+    b.push_back(eot);
+    mask.push_back(0);
+    offsets.push_back(static_cast<int64_t>(a.size()));
+  }
+  (void)vocab;
+  hp::write_h5_tokens(argv[2], a, offsets, &mask);
+  hp::write_h5_tokens(argv[3], b, offsets, &mask);
+  std::printf("wrote %s and %s: %d documents, %zu tokens\n", argv[2], argv[3], docs, a.size());
+  return 0;
+}
+
+int decreases(int argc, char** argv) {
+  double by = 0;
+  for (int i = 3; i + 1 < argc; ++i)
+    if (std::string(argv[i]) == "--by") by = std::atof(argv[i + 1]);
+  std::ifstream f(argv[2]);
+  std::vector<double> losses;
+  for (std::string line; std::getline(f, line);)
+    if (!line.empty()) losses.push_back(nlohmann::json::parse(line)["loss"].get<double>());
+  if (losses.size() < 2) return fail(std::string(argv[2]) + " holds fewer than 2 steps");
+  std::printf("loss first=%.6f last=%.6f over %zu steps (must drop by more than %g)\n",
+              losses.front(), losses.back(), losses.size(), by);
+  return losses.back() < losses.front() - by ? 0 : fail("the loss did not drop");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   try {
+    if (argc >= 4 && std::string(argv[1]) == "sft-data") return sft_data(argc, argv);
+    if (argc >= 3 && std::string(argv[1]) == "decreases") return decreases(argc, argv);
     if (argc >= 4 && std::string(argv[1]) == "logits") return compare_logits(argc, argv);
     if (argc == 4 && std::string(argv[1]) == "params") return compare_params(argv);
   } catch (const std::exception& e) {
