@@ -40,19 +40,22 @@ def configs():
     return {
         "llama": LlamaConfig(**common, intermediate_size=96, tie_word_embeddings=False,
                              rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),
-        # Tied embeddings, q/k norm, YaRN with HF's default truncate (true).
-        "qwen3": Qwen3Config(**common, intermediate_size=80, tie_word_embeddings=True,
-                             rope_parameters={"rope_type": "yarn", "rope_theta": 1000000.0,
-                                              "factor": 4.0, "original_max_position_embeddings": 8,
+        # Tied embeddings, q/k norm, YaRN with HF's default truncate (true). theta, the original
+        # context and beta_fast put the ramp's ends between whole pairs (0.42 and 4.03), so
+        # truncating them changes the frequencies of pairs 1..4.
+        "qwen3": Qwen3Config(**{**common, "max_position_embeddings": 256}, intermediate_size=80,
+                             tie_word_embeddings=True,
+                             rope_parameters={"rope_type": "yarn", "rope_theta": 100.0,
+                                              "factor": 4.0, "original_max_position_embeddings": 64,
                                               "beta_fast": 8.0, "beta_slow": 1.0}),
         # Sinks, biases, a window of 4 on even layers, clamped SwiGLU, YaRN with truncate=false.
-        "gptoss": GptOssConfig(**common, intermediate_size=32, num_local_experts=4,
-                               num_experts_per_tok=2, sliding_window=4,
+        "gptoss": GptOssConfig(**{**common, "max_position_embeddings": 256}, intermediate_size=32,
+                               num_local_experts=4, num_experts_per_tok=2, sliding_window=4,
                                tie_word_embeddings=False, swiglu_limit=7.0,
-                               rope_parameters={"rope_type": "yarn", "rope_theta": 150000.0,
+                               rope_parameters={"rope_type": "yarn", "rope_theta": 100.0,
                                                 "factor": 4.0, "beta_fast": 8.0,
                                                 "beta_slow": 1.0, "truncate": False,
-                                                "original_max_position_embeddings": 8}),
+                                                "original_max_position_embeddings": 64}),
     }
 
 
