@@ -254,8 +254,8 @@ po::options_description describe_options(TrainOptions& o, RawEnums& raw) {
       "YaRN beta_slow")("rope_truncate",
                         po::value(&m.rope_truncate)->default_value(m.rope_truncate),
                         "YaRN: round the ramp ends to whole pairs (Hugging Face default true; "
-                        "GPT-OSS false)")("norm_eps", po::value(&m.norm_eps)->default_value(m.norm_eps),
-                        "RMSNorm epsilon")(
+                        "GPT-OSS false)")(
+      "norm_eps", po::value(&m.norm_eps)->default_value(m.norm_eps), "RMSNorm epsilon")(
       "moe_aux_coef", po::value(&m.moe_aux_coef)->default_value(m.moe_aux_coef),
       "load-balancing loss coefficient (0: off)")("init_std",
                                                   po::value(&m.init_std)->default_value(m.init_std),

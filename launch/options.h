@@ -120,8 +120,8 @@ struct CheckpointOptions {
 };
 
 struct EvalOptions {
-  std::string checkpoint;  // --checkpoint: a file or a checkpoint directory
-  int64_t batches = 10;    // --batches: global batches from the start of the data
+  std::string checkpoint;   // --checkpoint: a file or a checkpoint directory
+  int64_t batches = 10;     // --batches: global batches from the start of the data
   std::string dump_logits;  // --dump_logits: write every position's logits here (safetensors)
 };
 

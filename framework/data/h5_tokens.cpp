@@ -26,7 +26,6 @@ constexpr const char* kLayout =
     "an HDF5 token file holds /tokens (uint32, 1-D) and /doc_offsets (int64, n_docs + 1 entries "
     "starting at 0, non-decreasing, last == len(/tokens))";
 
-
 // A failed HDF5 call on a file we validated is a library or I/O failure, not the user's input.
 [[noreturn]] void h5_fail(const char* call, const std::string& path, const char* dataset) {
   HP_FAIL(ErrorKind::kHdf5, call, " failed on ", dataset, " of ", path, ": ", h5_error_text());
@@ -63,8 +62,8 @@ class H5TokenFile final : public DocumentSource {
  private:
   // Opens a 1-D integer dataset and returns it with its length.
   H5Handle open_dataset(const char* name, int64_t* length) const;
-  void read_range(const char* name, const H5Handle& ds, int64_t start, int64_t count, hid_t mem_type,
-                  void* out) const;
+  void read_range(const char* name, const H5Handle& ds, int64_t start, int64_t count,
+                  hid_t mem_type, void* out) const;
   // Maps /tokens into memory when HDF5 stores it as one contiguous, unfiltered little-endian
   // block of 16- or 32-bit integers (what write_h5_tokens produces); false: read through HDF5.
   bool map_tokens();
@@ -178,8 +177,9 @@ H5TokenFile::H5TokenFile(const std::string& path, int64_t vocab_size, int32_t eo
     uint64_t mask_sum = 0;
     for (int64_t k = 0; k < n_mask; ++k) {
       if (mask_[static_cast<size_t>(k)] > 1)
-        HP_USER_ERROR(ErrorKind::kData, kLossMask, "[", k, "] = ", int(mask_[static_cast<size_t>(k)]),
-                      " in ", path, "; entries must be 0 (context only) or 1 (a target the loss "
+        HP_USER_ERROR(ErrorKind::kData, kLossMask, "[", k,
+                      "] = ", int(mask_[static_cast<size_t>(k)]), " in ", path,
+                      "; entries must be 0 (context only) or 1 (a target the loss "
                       "counts)");
       mask_ones_ += mask_[static_cast<size_t>(k)];
       mask_sum = mask_sum * 0x100000001B3ull + mask_[static_cast<size_t>(k)];

@@ -29,8 +29,8 @@ const char* const kQwen3 = "Qwen3ForCausalLM";
 // Fields that describe tokenization, serving or the file itself: they change nothing hotpath
 // computes. eos_token_id is read for the end-of-text id.
 const std::set<std::string> kMetadata = {
-    "architectures", "model_type",   "dtype",     "torch_dtype", "transformers_version",
-    "bos_token_id",  "eos_token_id", "pad_token_id", "use_cache", "_name_or_path",
+    "architectures",          "model_type",   "dtype",        "torch_dtype", "transformers_version",
+    "bos_token_id",           "eos_token_id", "pad_token_id", "use_cache",   "_name_or_path",
     "max_position_embeddings"};
 
 // Reads config.json fields one by one, remembering which were used, so that every field not
@@ -67,7 +67,8 @@ class ConfigFields {
   void expect(const std::string& k, const Json& want, const std::string& why) {
     use(k);
     if (has(k) && j_[k] != want)
-      fail(k, str_cat("is ", j_[k].dump(), "; hotpath supports only ", want.dump(), " (", why, ")"));
+      fail(k,
+           str_cat("is ", j_[k].dump(), "; hotpath supports only ", want.dump(), " (", why, ")"));
   }
   [[noreturn]] void fail(const std::string& k, const std::string& rule) const {
     HP_USER_ERROR(ErrorKind::kConfig, file_, ": field '", k, "' ", rule);
@@ -131,7 +132,8 @@ void read_rope(ConfigFields& f, const Json& j, double default_theta, int64_t max
     m.rope_truncate = true;
     if (const Json* t = take("truncate")) m.rope_truncate = t->get<bool>();
     if (const Json* a = take("attention_factor")) {
-      const double want = m.rope_scaling_factor <= 1 ? 1.0 : 0.1 * std::log(m.rope_scaling_factor) + 1;
+      const double want =
+          m.rope_scaling_factor <= 1 ? 1.0 : 0.1 * std::log(m.rope_scaling_factor) + 1;
       if (std::abs(a->get<double>() - want) > 1e-12)
         f.fail(str_cat(key, ".attention_factor"),
                str_cat("is ", a->dump(), "; hotpath's YaRN uses 0.1 ln(factor) + 1 = ", want));
@@ -139,15 +141,15 @@ void read_rope(ConfigFields& f, const Json& j, double default_theta, int64_t max
     for (const char* k : {"mscale", "mscale_all_dim"})
       if (const Json* v = take(k))
         if (v->get<double>() != 0)
-          f.fail(str_cat(key, ".", k), "is not supported (hotpath's YaRN attention factor is "
-                                       "0.1 ln(factor) + 1)");
+          f.fail(str_cat(key, ".", k),
+                 "is not supported (hotpath's YaRN attention factor is "
+                 "0.1 ln(factor) + 1)");
   } else if (type != "default") {
     f.fail(str_cat(key, ".rope_type"),
            str_cat("is '", type, "'; hotpath implements 'default' and 'yarn' RoPE only"));
   }
   for (auto it = rope.begin(); it != rope.end(); ++it)
-    if (!used.count(it.key()))
-      f.fail(str_cat(key, ".", it.key()), "has no hotpath equivalent");
+    if (!used.count(it.key())) f.fail(str_cat(key, ".", it.key()), "has no hotpath equivalent");
   (void)j;
 }
 
@@ -157,8 +159,8 @@ void read_windows(ConfigFields& f, const std::string& arch, ModelConfig& m) {
   if (f.has("layer_types")) {
     for (const auto& t : f.get("layer_types")) types.push_back(t.get<std::string>());
     if (static_cast<int>(types.size()) != m.n_layers)
-      f.fail("layer_types", str_cat("lists ", types.size(), " layers; num_hidden_layers is ",
-                                    m.n_layers));
+      f.fail("layer_types",
+             str_cat("lists ", types.size(), " layers; num_hidden_layers is ", m.n_layers));
   } else {
     f.use("layer_types");
     for (int l = 0; l < m.n_layers; ++l)
@@ -181,8 +183,9 @@ void read_windows(ConfigFields& f, const std::string& arch, ModelConfig& m) {
   }
   m.window_layers = all ? WindowLayers::kAll : even ? WindowLayers::kEven : WindowLayers::kNone;
   if (!all && !even)
-    f.fail("layer_types", "mixes sliding and full attention in a pattern hotpath cannot express "
-                          "(none, all, or even layers sliding)");
+    f.fail("layer_types",
+           "mixes sliding and full attention in a pattern hotpath cannot express "
+           "(none, all, or even layers sliding)");
   m.sliding_window = f.integer("sliding_window");
 }
 
@@ -230,9 +233,10 @@ HfImport read_hf_config(const std::string& dir) {
   m.norm_eps = f.number_or("rms_norm_eps", 1e-6);
   m.init_std = f.number_or("initializer_range", 0.02);
   m.tie_embeddings = f.boolean_or("tie_word_embeddings", false);
-  imp.max_positions = j.contains("max_position_embeddings") && j["max_position_embeddings"].is_number_integer()
-                          ? j["max_position_embeddings"].get<int64_t>()
-                          : 0;
+  imp.max_positions =
+      j.contains("max_position_embeddings") && j["max_position_embeddings"].is_number_integer()
+          ? j["max_position_embeddings"].get<int64_t>()
+          : 0;
   imp.eot_token = read_eos(j);
   f.expect("hidden_act", "silu", "SwiGLU with SiLU");
   f.use("attention_dropout");
@@ -255,8 +259,8 @@ HfImport read_hf_config(const std::string& dir) {
     if (f.has("quantization_config")) {
       const Json& q = f.get("quantization_config");
       if (!q.is_object() || !q.contains("quant_method") || q["quant_method"] != "mxfp4")
-        f.fail("quantization_config", str_cat("is ", q.dump(),
-                                              "; hotpath dequantizes quant_method \"mxfp4\" only"));
+        f.fail("quantization_config",
+               str_cat("is ", q.dump(), "; hotpath dequantizes quant_method \"mxfp4\" only"));
       imp.mxfp4 = true;
     }
   } else {
@@ -269,8 +273,9 @@ HfImport read_hf_config(const std::string& dir) {
     } else {
       m.qk_norm = true;
       if (f.boolean_or("use_sliding_window", false))
-        f.fail("use_sliding_window", "must be false for Qwen3 (windowed layers from "
-                                     "max_window_layers on are not supported)");
+        f.fail("use_sliding_window",
+               "must be false for Qwen3 (windowed layers from "
+               "max_window_layers on are not supported)");
       f.use("max_window_layers");
       f.use("sliding_window");
       read_windows(f, arch, m);
@@ -406,7 +411,8 @@ HfImport read_hf_checkpoint(const std::string& dir) {
       add(pre + "attn.q_norm", {hd}, read(hf + "self_attn.q_norm.weight", {hd}));
       add(pre + "attn.k_norm", {hd}, read(hf + "self_attn.k_norm.weight", {hd}));
     }
-    add(pre + "attn.wo", {hq * hd, d}, transpose(read(hf + "self_attn.o_proj.weight", {d, hq * hd}), d, hq * hd));
+    add(pre + "attn.wo", {hq * hd, d},
+        transpose(read(hf + "self_attn.o_proj.weight", {d, hq * hd}), d, hq * hd));
     if (m.attn_bias) add(pre + "attn.bo", {d}, read(hf + "self_attn.o_proj.bias", {d}));
     if (m.attn_sinks) add(pre + "attn.sinks", {hq}, read(hf + "self_attn.sinks", {hq}));
     add(pre + "ffn_norm", {d}, read(hf + "post_attention_layernorm.weight", {d}));
@@ -418,10 +424,12 @@ HfImport read_hf_checkpoint(const std::string& dir) {
       std::vector<float> gu, down;
       if (imp.mxfp4) {
         if (d % 32 != 0 || f % 32 != 0)
-          HP_USER_ERROR(ErrorKind::kData, "MXFP4 experts need hidden_size and intermediate_size "
-                        "divisible by 32, got ", d, " and ", f);
-        for (const char* s : {"gate_up_proj_blocks", "gate_up_proj_scales", "down_proj_blocks",
-                              "down_proj_scales"})
+          HP_USER_ERROR(ErrorKind::kData,
+                        "MXFP4 experts need hidden_size and intermediate_size "
+                        "divisible by 32, got ",
+                        d, " and ", f);
+        for (const char* s :
+             {"gate_up_proj_blocks", "gate_up_proj_scales", "down_proj_blocks", "down_proj_scales"})
           used.insert(ex + s);
         const auto gb = st.read_u8(ex + "gate_up_proj_blocks", {e, 2 * f, d / 32, 16});
         const auto gs = st.read_u8(ex + "gate_up_proj_scales", {e, 2 * f, d / 32});
@@ -434,7 +442,8 @@ HfImport read_hf_checkpoint(const std::string& dir) {
         down = read(ex + "down_proj", {e, f, d});
       }
       add(pre + "moe.w1", {e, d, 2 * f}, deinterleave(gu, e * d, f));
-      add(pre + "moe.b1", {e, 2 * f}, deinterleave(read(ex + "gate_up_proj_bias", {e, 2 * f}), e, f));
+      add(pre + "moe.b1", {e, 2 * f},
+          deinterleave(read(ex + "gate_up_proj_bias", {e, 2 * f}), e, f));
       add(pre + "moe.w2", {e, f, d}, down);
       add(pre + "moe.b2", {e, d}, read(ex + "down_proj_bias", {e, d}));
     } else {
@@ -660,7 +669,8 @@ std::vector<NamedTensor> hf_tensors_from_hotpath(
     const char* proj[3] = {"q_proj", "k_proj", "v_proj"};
     int64_t col0 = 0;
     for (int p = 0; p < 3; ++p) {
-      add(hf + "self_attn." + proj[p] + ".weight", {outs[p], d}, split_linear(w, d, qkv, col0, outs[p]));
+      add(hf + "self_attn." + proj[p] + ".weight", {outs[p], d},
+          split_linear(w, d, qkv, col0, outs[p]));
       if (m.attn_bias)
         add(hf + "self_attn." + proj[p] + ".bias", {outs[p]},
             std::vector<float>(b.begin() + col0, b.begin() + col0 + outs[p]));
@@ -670,7 +680,8 @@ std::vector<NamedTensor> hf_tensors_from_hotpath(
       add(hf + "self_attn.q_norm.weight", {hd}, get(pre + "attn.q_norm", {hd}));
       add(hf + "self_attn.k_norm.weight", {hd}, get(pre + "attn.k_norm", {hd}));
     }
-    add(hf + "self_attn.o_proj.weight", {d, hq * hd}, transpose(get(pre + "attn.wo", {hq * hd, d}), hq * hd, d));
+    add(hf + "self_attn.o_proj.weight", {d, hq * hd},
+        transpose(get(pre + "attn.wo", {hq * hd, d}), hq * hd, d));
     if (m.attn_bias) add(hf + "self_attn.o_proj.bias", {d}, get(pre + "attn.bo", {d}));
     if (m.attn_sinks) add(hf + "self_attn.sinks", {hq}, get(pre + "attn.sinks", {hq}));
     add(hf + "post_attention_layernorm.weight", {d}, get(pre + "ffn_norm", {d}));
@@ -679,7 +690,8 @@ std::vector<NamedTensor> hf_tensors_from_hotpath(
       add(hf + "mlp.router.weight", {e, d}, transpose(get(pre + "moe.wr", {d, e}), d, e));
       add(hf + "mlp.router.bias", {e}, get(pre + "moe.br", {e}));
       const std::string ex = hf + "mlp.experts.";
-      add(ex + "gate_up_proj", {e, d, 2 * f}, interleave(get(pre + "moe.w1", {e, d, 2 * f}), e * d, f));
+      add(ex + "gate_up_proj", {e, d, 2 * f},
+          interleave(get(pre + "moe.w1", {e, d, 2 * f}), e * d, f));
       add(ex + "gate_up_proj_bias", {e, 2 * f}, interleave(get(pre + "moe.b1", {e, 2 * f}), e, f));
       add(ex + "down_proj", {e, f, d}, get(pre + "moe.w2", {e, f, d}));
       add(ex + "down_proj_bias", {e, d}, get(pre + "moe.b2", {e, d}));

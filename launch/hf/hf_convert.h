@@ -29,9 +29,9 @@ struct NamedTensor {
 struct HfImport {
   std::string architecture;  // "GptOssForCausalLM", "LlamaForCausalLM", "Qwen3ForCausalLM"
   ModelConfig model;
-  int64_t max_positions = 0;  // config.json max_position_embeddings
-  int32_t eot_token = -1;     // config.json eos_token_id when it is one id; -1 otherwise
-  bool mxfp4 = false;         // experts were stored as MXFP4
+  int64_t max_positions = 0;        // config.json max_position_embeddings
+  int32_t eot_token = -1;           // config.json eos_token_id when it is one id; -1 otherwise
+  bool mxfp4 = false;               // experts were stored as MXFP4
   std::vector<NamedTensor> params;  // in hotpath's registration order
 };
 

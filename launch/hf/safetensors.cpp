@@ -151,8 +151,10 @@ SafetensorsSet::SafetensorsSet(const std::string& dir) : dir_(dir) {
       if (e.path().extension() == ".safetensors") files.push_back(e.path().string());
     std::sort(files.begin(), files.end());
     if (files.empty())
-      HP_USER_ERROR(ErrorKind::kData, "no model.safetensors, model.safetensors.index.json or "
-                    "*.safetensors file in ", dir);
+      HP_USER_ERROR(ErrorKind::kData,
+                    "no model.safetensors, model.safetensors.index.json or "
+                    "*.safetensors file in ",
+                    dir);
   }
   for (const std::string& file : files) {
     auto sf = std::make_unique<SafetensorsFile>(file);
@@ -247,7 +249,8 @@ int64_t write_safetensors(const std::string& path, const std::vector<Safetensors
   int64_t offset = 0;
   for (const auto& t : tensors) {
     const int64_t bytes = shape_numel(t.shape) * es;
-    header[t.name] = {{"dtype", dtype}, {"shape", t.shape}, {"data_offsets", {offset, offset + bytes}}};
+    header[t.name] = {
+        {"dtype", dtype}, {"shape", t.shape}, {"data_offsets", {offset, offset + bytes}}};
     offset += bytes;
   }
   std::string text = header.dump();

@@ -57,10 +57,10 @@ int run_eval(const TrainOptions& o, const RankContext& ctx) {
     const int64_t n = static_cast<int64_t>(targets.size());
     char loss[64];
     std::snprintf(loss, sizeof loss, "%.17g", valid > 0 ? lm / static_cast<double>(valid) : 0.0);
-    write_safetensors(o.eval.dump_logits,
-                      {{"logits", {n, o.model.vocab_size}, logits.data()},
-                       {"targets", {n}, targets.data()}},
-                      "F32", {{"loss", loss}, {"tokens", std::to_string(valid)}});
+    write_safetensors(
+        o.eval.dump_logits,
+        {{"logits", {n, o.model.vocab_size}, logits.data()}, {"targets", {n}, targets.data()}},
+        "F32", {{"loss", loss}, {"tokens", std::to_string(valid)}});
   }
   if (ctx.rank() == 0)
     std::printf("eval_loss=%.6f tokens=%lld\n", valid > 0 ? lm / static_cast<double>(valid) : 0.0,

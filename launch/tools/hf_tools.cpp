@@ -22,8 +22,7 @@ namespace hp {
 namespace {
 
 void parse(const std::vector<std::string>& args, const po::options_description& opts,
-           const po::positional_options_description& pos, const char* cmd,
-           po::variables_map& vm) {
+           const po::positional_options_description& pos, const char* cmd, po::variables_map& vm) {
   try {
     po::store(po::command_line_parser(args).options(opts).positional(pos).run(), vm);
     po::notify(vm);
@@ -86,8 +85,7 @@ int import_hf_main(const std::vector<std::string>& args) {
   int64_t n = 0;
   for (const auto& t : imp.params) n += static_cast<int64_t>(t.data.size());
   std::cout << "imported " << imp.architecture << " from " << dir << ": " << imp.params.size()
-            << " tensors, " << n << " parameters -> " << out << " (config " << config_out
-            << ")\n";
+            << " tensors, " << n << " parameters -> " << out << " (config " << config_out << ")\n";
   return 0;
 }
 
@@ -120,10 +118,9 @@ int export_hf_main(const std::vector<std::string>& args) {
   if (ckpt.empty() || out.empty())
     HP_USER_ERROR(ErrorKind::kUser, "hotpath export-hf: CKPT and --out DIR are required");
   if (dtype != "bf16" && dtype != "f32")
-    HP_USER_ERROR(ErrorKind::kUser, "hotpath export-hf: --dtype must be bf16 or f32, got '",
-                  dtype, "'");
-  if (shard_mib < 1)
-    HP_USER_ERROR(ErrorKind::kUser, "hotpath export-hf: --shard_mib must be >= 1");
+    HP_USER_ERROR(ErrorKind::kUser, "hotpath export-hf: --dtype must be bf16 or f32, got '", dtype,
+                  "'");
+  if (shard_mib < 1) HP_USER_ERROR(ErrorKind::kUser, "hotpath export-hf: --shard_mib must be >= 1");
   std::error_code ec;
   if (fs::exists(out, ec))
     HP_USER_ERROR(ErrorKind::kUser, "hotpath export-hf: --out ", out,
@@ -139,9 +136,10 @@ int export_hf_main(const std::vector<std::string>& args) {
   const ModelConfig& m = o.model;
   m.validate();
   if (max_positions <= 0)
-    max_positions = m.rope_scaling_factor > 1
-                        ? static_cast<int64_t>(m.rope_scaling_factor * m.rope_original_max_positions)
-                        : 4096;
+    max_positions =
+        m.rope_scaling_factor > 1
+            ? static_cast<int64_t>(m.rope_scaling_factor * m.rope_original_max_positions)
+            : 4096;
   if (eot < 0 && o.data.eot_token >= 0) eot = o.data.eot_token;
   const std::string st_dtype = dtype == "bf16" ? "BF16" : "F32";
   std::string arch;

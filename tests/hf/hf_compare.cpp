@@ -19,10 +19,9 @@
 #include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <random>
 #include <string>
 #include <vector>
-
-#include <random>
 
 #include "framework/checkpoint/checkpoint.h"
 #include "framework/data/token_files.h"
@@ -35,8 +34,7 @@ int fail(const std::string& what) {
   return 1;
 }
 
-std::vector<float> tensor(const hp::SafetensorsFile& f, const std::string& name,
-                          hp::Shape* shape) {
+std::vector<float> tensor(const hp::SafetensorsFile& f, const std::string& name, hp::Shape* shape) {
   const auto& e = f.entries().at(name);
   *shape = e.shape;
   std::vector<float> v(static_cast<size_t>(hp::shape_numel(e.shape)));
@@ -70,11 +68,13 @@ int compare_logits(int argc, char** argv) {
   df.read(reinterpret_cast<char*>(&n), 8);
   std::string header(n, ' ');
   df.read(&header[0], static_cast<std::streamsize>(n));
-  const double loss = std::stod(nlohmann::json::parse(header)["__metadata__"]["loss"].get<std::string>());
+  const double loss =
+      std::stod(nlohmann::json::parse(header)["__metadata__"]["loss"].get<std::string>());
   const double rel = std::abs(loss - ref_loss) / std::abs(ref_loss);
-  std::printf("loss=%.9f reference=%.9f rel_diff=%.3g (tol %.1g); max |logit diff|=%.3g (tol %.1g)"
-              " over %zu logits\n",
-              loss, ref_loss, rel, loss_rel, max_abs, logit_abs, w.size());
+  std::printf(
+      "loss=%.9f reference=%.9f rel_diff=%.3g (tol %.1g); max |logit diff|=%.3g (tol %.1g)"
+      " over %zu logits\n",
+      loss, ref_loss, rel, loss_rel, max_abs, logit_abs, w.size());
   if (!(rel <= loss_rel)) return fail("loss");
   if (!(max_abs <= logit_abs)) return fail("logits");
   return 0;
@@ -87,7 +87,8 @@ int compare_params(char** argv) {
   size_t pa = 0, pb = 0;
   for (const auto& d : da) pa += d.name.rfind("/params/", 0) == 0;
   for (const auto& d : db) pb += d.name.rfind("/params/", 0) == 0;
-  if (pa != pb) return fail("parameter counts differ: " + std::to_string(pa) + " vs " + std::to_string(pb));
+  if (pa != pb)
+    return fail("parameter counts differ: " + std::to_string(pa) + " vs " + std::to_string(pb));
   for (const auto& d : da) {
     if (d.name.rfind("/params/", 0) != 0) continue;
     if (!b.has_dataset(d.name)) return fail(d.name + " missing from " + std::string(argv[3]));
@@ -167,7 +168,8 @@ int main(int argc, char** argv) {
   } catch (const std::exception& e) {
     return fail(e.what());
   }
-  std::fprintf(stderr, "usage: hp_hf_compare logits FIXTURE DUMP [--loss_rel R --logit_abs A] | "
-                       "params A.h5 B.h5\n");
+  std::fprintf(stderr,
+               "usage: hp_hf_compare logits FIXTURE DUMP [--loss_rel R --logit_abs A] | "
+               "params A.h5 B.h5\n");
   return 2;
 }

@@ -64,7 +64,8 @@ std::string temp_file(const std::string& bytes) {
 
 std::string with_header(const std::string& json, size_t data_bytes) {
   std::string s(8, '\0');
-  for (int i = 0; i < 8; ++i) s[static_cast<size_t>(i)] = static_cast<char>((json.size() >> (8 * i)) & 0xff);
+  for (int i = 0; i < 8; ++i)
+    s[static_cast<size_t>(i)] = static_cast<char>((json.size() >> (8 * i)) & 0xff);
   return s + json + std::string(data_bytes, '\0');
 }
 
