@@ -1,6 +1,4 @@
 // hotpath import-hf and export-hf (docs/hf.md).
-#include <unistd.h>
-
 #include <boost/program_options.hpp>
 #include <cstdio>
 #include <filesystem>
@@ -105,7 +103,7 @@ int export_hf_main(const std::vector<std::string>& args) {
       "max_positions", po::value(&max_positions)->default_value(0),
       "config.json max_position_embeddings (0: YaRN's factor x original context, else 4096)")(
       "eot_token", po::value(&eot)->default_value(-1),
-      "config.json eos_token_id (-1: the config's eot_token when set)");
+      "config.json eos_token_id (-1: the config's eot_token, whose own -1 means vocab_size - 1)");
   po::positional_options_description pos;
   pos.add("checkpoint", 1);
   po::variables_map vm;
@@ -140,7 +138,7 @@ int export_hf_main(const std::vector<std::string>& args) {
         m.rope_scaling_factor > 1
             ? static_cast<int64_t>(m.rope_scaling_factor * m.rope_original_max_positions)
             : 4096;
-  if (eot < 0 && o.data.eot_token >= 0) eot = o.data.eot_token;
+  if (eot < 0) eot = o.data.eot_token >= 0 ? o.data.eot_token : static_cast<int32_t>(m.vocab_size - 1);
   const std::string st_dtype = dtype == "bf16" ? "BF16" : "F32";
   std::string arch;
   const std::string config_json = hf_config_json(m, max_positions, eot, st_dtype, &arch);
