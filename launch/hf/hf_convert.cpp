@@ -90,8 +90,7 @@ class ConfigFields {
 
 // RoPE: rope_parameters (or the older rope_scaling plus rope_theta). "default" and "yarn" map;
 // every other type (llama3, linear, dynamic, longrope, ...) is refused.
-void read_rope(ConfigFields& f, const Json& j, double default_theta, int64_t max_positions,
-               ModelConfig& m) {
+void read_rope(ConfigFields& f, double default_theta, int64_t max_positions, ModelConfig& m) {
   Json rope = Json::object();
   std::string key = "rope_parameters";
   if (f.has("rope_parameters")) {
@@ -150,7 +149,6 @@ void read_rope(ConfigFields& f, const Json& j, double default_theta, int64_t max
   }
   for (auto it = rope.begin(); it != rope.end(); ++it)
     if (!used.count(it.key())) f.fail(str_cat(key, ".", it.key()), "has no hotpath equivalent");
-  (void)j;
 }
 
 // layer_types (or, without it, the architecture's default pattern) to window_layers.
@@ -243,7 +241,7 @@ HfImport read_hf_config(const std::string& dir) {
   if (f.number_or("attention_dropout", 0.0) != 0.0)
     f.fail("attention_dropout", "must be 0 (hotpath has no dropout)");
   m.attn_bias = f.boolean_or("attention_bias", arch == kGptOss);
-  read_rope(f, j, arch == kGptOss ? 150000.0 : 10000.0, imp.max_positions, m);
+  read_rope(f, arch == kGptOss ? 150000.0 : 10000.0, imp.max_positions, m);
   if (arch == kGptOss) {
     m.n_experts = f.integer("num_local_experts");
     m.top_k = f.integer("num_experts_per_tok");

@@ -138,7 +138,8 @@ int export_hf_main(const std::vector<std::string>& args) {
         m.rope_scaling_factor > 1
             ? static_cast<int64_t>(m.rope_scaling_factor * m.rope_original_max_positions)
             : 4096;
-  if (eot < 0) eot = o.data.eot_token >= 0 ? o.data.eot_token : static_cast<int32_t>(m.vocab_size - 1);
+  if (eot < 0)
+    eot = o.data.eot_token >= 0 ? o.data.eot_token : static_cast<int32_t>(m.vocab_size - 1);
   const std::string st_dtype = dtype == "bf16" ? "BF16" : "F32";
   std::string arch;
   const std::string config_json = hf_config_json(m, max_positions, eot, st_dtype, &arch);
