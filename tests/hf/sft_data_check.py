@@ -15,7 +15,7 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 work = sys.argv[1]
 os.makedirs(work, exist_ok=True)
 words = ["<eot>", "user:", "assistant:", "hi", "there", "how", "are", "you", "fine", "thanks",
-         "system:", "be", "brief", "\n\n"]
+         "system:", "be", "short", "\n\n"]
 vocab = {w: i for i, w in enumerate(words)}
 tok = Tokenizer(models.WordLevel(vocab, unk_token="<eot>"))
 tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
@@ -25,7 +25,7 @@ tok.save(tok_path)
 chats = [
     {"messages": [{"role": "user", "content": "hi there"},
                   {"role": "assistant", "content": "hi"}]},
-    {"messages": [{"role": "system", "content": "be brief"},
+    {"messages": [{"role": "system", "content": "be short"},
                   {"role": "user", "content": "how are you"},
                   {"role": "assistant", "content": "fine thanks"}]},
 ]
@@ -43,7 +43,7 @@ with h5py.File(out, "r") as h:
     mask = h["loss_mask"][...].tolist()
 # WhitespaceSplit drops the "\n\n" separators: each message is its header word and its content.
 want = ["user:", "hi", "there", "assistant:", "hi", "<eot>",
-        "system:", "be", "brief", "user:", "how", "are", "you", "assistant:", "fine", "thanks",
+        "system:", "be", "short", "user:", "how", "are", "you", "assistant:", "fine", "thanks",
         "<eot>"]
 want_mask = [0, 0, 0, 0, 1, 0,
              0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 0]
