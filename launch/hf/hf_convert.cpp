@@ -245,6 +245,11 @@ HfImport read_hf_config(const std::string& dir) {
   if (arch == kGptOss) {
     m.n_experts = f.integer("num_local_experts");
     m.top_k = f.integer("num_experts_per_tok");
+    // The original release's names for two values config.json also gives under their usual ones.
+    if (f.has("experts_per_token") && f.integer("experts_per_token") != m.top_k)
+      f.fail("experts_per_token", str_cat("is ", j["experts_per_token"].dump(),
+                                          " but num_experts_per_tok is ", m.top_k));
+    f.use("experts_per_token");
     m.expert_ffn_dim = f.integer("intermediate_size");
     m.activation = Activation::kGptOss;
     m.attn_sinks = true;
@@ -254,6 +259,12 @@ HfImport read_hf_config(const std::string& dir) {
     const double aux = f.number_or("router_aux_loss_coef", 0.0);
     m.moe_aux_coef = router_logits ? aux : 0.0;
     read_windows(f, arch, m);
+    if (f.has("initial_context_length") && m.rope_scaling_factor > 1 &&
+        f.integer("initial_context_length") != static_cast<int>(m.rope_original_max_positions))
+      f.fail("initial_context_length", str_cat("is ", j["initial_context_length"].dump(),
+                                               " but YaRN's original_max_position_embeddings is ",
+                                               m.rope_original_max_positions));
+    f.use("initial_context_length");
     if (f.has("quantization_config")) {
       const Json& q = f.get("quantization_config");
       if (!q.is_object() || !q.contains("quant_method") || q["quant_method"] != "mxfp4")
