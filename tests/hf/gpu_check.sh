@@ -28,4 +28,14 @@ for m in llama qwen3 gptoss; do
   "$PY" tests/hf/check_export.py "$W/${m}_bf16" "$W/$m.dump.safetensors" "$FX/$m/tokens.h5" \
     --seq_len 16 --tol 0.1 --outliers $outliers --device "$DEVICE" || status=1
 done
+# The loss mask on the device: fine-tune the imported llama on masked SFT rows; the masked loss
+# must drop (hp_hf_compare comes with the test build).
+CMP=${CMP:-$(dirname "$HP")/hp_hf_compare}
+if [ -x "$CMP" ]; then
+  "$CMP" sft-data "$W/sft_a.h5" "$W/sft_b.h5" --vocab 96 --eot 95 --docs 24 --seed 5
+  "$HP" train --config "$W/llama.ini" --init_from="$W/llama.h5" --data="$W/sft_a.h5" \
+    --seq_len=16 --batch_tokens=64 --steps=12 --lr=1e-2 --min_lr=1e-2 --warmup_steps=0 \
+    --eot_token=95 --device="$DEVICE" --log_every=100 --metrics_path="$W/sft.jsonl"
+  "$CMP" decreases "$W/sft.jsonl" --by 0.2 || status=1
+fi
 exit $status
