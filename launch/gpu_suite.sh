@@ -11,6 +11,8 @@
 #   attention  attention forward+backward per path (tiled, cuDNN) next to PyTorch's varlen_attn
 #   step       `hotpath bench step` next to the PyTorch anchor (torch_ref.py with torch.compile)
 #              on one HDF5 token file of documents uniform in 64..4095 tokens, 16,384 tokens a step
+#   hf         Hugging Face fixtures imported, fine-tuned on the GPU, exported in bf16 and loaded by
+#              transformers; logits compared (tests/hf/gpu_check.sh; needs hp_hf_compare bundled)
 #   sweep      the one-GPU scaling sweep (examples/scaling/sweeps/gpu-1x.ini) into LOG_DIR/scaling,
 #              with its report (not in the default set: a few minutes)
 # Environment: GPU_BIN (default .gpu/bin), LOG_DIR, ANCHOR_DIR (default .gpu/anchors: the
@@ -99,6 +101,11 @@ if want step; then
     run "torch_$m" python3 "$anchors/torch_ref.py" --config "${ref[$m]}" --tokens 16384 --compile \
       --steps 6 --h5 "$docs"
   done
+fi
+
+if want hf && [ -x "$bin/hotpath" ]; then
+  run hf_vs_transformers env HP="$bin/hotpath" CMP="$bin/hp_hf_compare" PY=python3 \
+    sh tests/hf/gpu_check.sh "$log_dir/hf"
 fi
 
 if want sweep; then
