@@ -60,17 +60,17 @@ void parse_enums(const RawEnums& raw, TrainOptions& o) {
                                             {"double", OffloadMode::kDouble}});
   o.offload.lane_arbiter =
       parse_enum<bool>("lane_arbiter", raw.lane_arbiter, {{"on", true}, {"off", false}});
+  o.optimizer.sharding = parse_enum<OptimizerSharding>(
+      "optimizer_sharding", raw.optimizer_sharding,
+      {{"none", OptimizerSharding::kNone}, {"zero1", OptimizerSharding::kZero1}});
+  o.optimizer.grad_reduce_dtype = parse_enum<DType>(
+      "grad_reduce_dtype", raw.grad_reduce_dtype, {{"fp32", DType::kF32}, {"bf16", DType::kBF16}});
   o.model.activation =
       parse_enum<Activation>("activation", raw.activation,
                              {{"swiglu", Activation::kSwiGLU}, {"gptoss", Activation::kGptOss}});
   o.model.window_layers = parse_enum<WindowLayers>(
       "window_layers", raw.window_layers,
       {{"none", WindowLayers::kNone}, {"even", WindowLayers::kEven}, {"all", WindowLayers::kAll}});
-  o.optimizer.sharding = parse_enum<OptimizerSharding>(
-      "optimizer_sharding", raw.optimizer_sharding,
-      {{"none", OptimizerSharding::kNone}, {"zero1", OptimizerSharding::kZero1}});
-  o.optimizer.grad_reduce_dtype = parse_enum<DType>(
-      "grad_reduce_dtype", raw.grad_reduce_dtype, {{"fp32", DType::kF32}, {"bf16", DType::kBF16}});
   if (raw.resume.empty())
     HP_USER_ERROR(ErrorKind::kConfig,
                   "config key 'resume': must be none, auto or the path of a checkpoint");
@@ -117,6 +117,12 @@ po::options_description describe_options(TrainOptions& o, RawEnums& raw) {
       "AdamW epsilon")("grad_clip",
                        po::value(&o.optimizer.grad_clip)->default_value(o.optimizer.grad_clip),
                        "global gradient-norm clip (<= 0: off)")(
+      "optimizer_sharding",
+      po::value(&raw.optimizer_sharding)->default_value(raw.optimizer_sharding),
+      "fp32 masters and AdamW moments: none (every rank holds its parameters') | zero1 (sharded: "
+      "dense over the world, experts over their dp group)")(
+      "grad_reduce_dtype", po::value(&raw.grad_reduce_dtype)->default_value(raw.grad_reduce_dtype),
+      "gradient reductions on the wire: fp32 | bf16 (sums still accumulate in fp32)")(
       "metrics_path", po::value(&o.run.metrics_path)->default_value(o.run.metrics_path),
       "JSONL metrics file, one object per step (empty: none)")(
       "log_every", po::value(&o.run.log_every)->default_value(o.run.log_every),
@@ -260,13 +266,8 @@ po::options_description describe_options(TrainOptions& o, RawEnums& raw) {
       "load-balancing loss coefficient (0: off)")("init_std",
                                                   po::value(&m.init_std)->default_value(m.init_std),
                                                   "init standard deviation of weights");
-  po::options_description memory("Memory and optimizer state");
+  po::options_description memory("Memory plan");
   memory.add_options()(
-      "optimizer_sharding",
-      po::value(&raw.optimizer_sharding)->default_value(raw.optimizer_sharding),
-      "none | zero1 (fp32 master weights and AdamW moments split over the ranks that share them)")(
-      "grad_reduce_dtype", po::value(&raw.grad_reduce_dtype)->default_value(raw.grad_reduce_dtype),
-      "gradient reductions on the wire: fp32 | bf16 (accumulated in fp32)")(
       "device_memory_gib", po::value(&o.device.memory)->default_value(o.device.memory),
       "device memory a rank plans with: auto (the visible GPU's), off, a number of GiB, or "
       "h100 | h200 | b200; a layout whose memory plan does not fit is refused before it "
@@ -409,6 +410,16 @@ void validate_train_options(const TrainOptions& o, int world) {
           str_cat("must divide n_experts=", o.model.n_experts, ", got ", par.ep_size));
   require(o.model.is_moe() || par.ep_size == 1, "ep_size", "must be 1 for a dense model");
   require(par.collective_timeout_s > 0, "collective_timeout_s", "must be > 0");
+  if (opt.sharding == OptimizerSharding::kZero1 && o.model.is_moe()) {
+    // Each rank's block of experts is split by whole experts over its dp group.
+    const int64_t local_experts = o.model.n_experts / par.ep_size;
+    const int64_t dp = world / par.ep_size;
+    require(local_experts % dp == 0, "optimizer_sharding",
+            str_cat("zero1 splits each rank's ", local_experts,
+                    " experts (n_experts / ep_size) over its dp group of ", dp,
+                    " ranks, which needs a multiple of ", dp,
+                    "; use a larger ep_size, fewer ranks, or optimizer_sharding=none"));
+  }
   const OffloadSettings& off = o.offload;
   require(off.buffers >= 2, "offload_buffers", str_cat("must be >= 2, got ", off.buffers));
   require(

@@ -62,12 +62,11 @@ struct DataOptions {
   int64_t rows_per_batch() const { return batch_tokens / seq_len; }
 };
 
-// optimizer_sharding=none|zero1: where the fp32 master weights and AdamW moments live.
+// optimizer_sharding=none|zero1: where the fp32 masters and AdamW moments live (docs/design.md,
+// "Sharded optimizer state").
 enum class OptimizerSharding { kNone, kZero1 };
 
 struct OptimizerOptions {
-  OptimizerSharding sharding = OptimizerSharding::kNone;  // key optimizer_sharding
-  DType grad_reduce_dtype = DType::kF32;                  // key grad_reduce_dtype: fp32 | bf16
   double lr = 3e-4;
   double min_lr = 3e-5;
   int64_t warmup_steps = 10;
@@ -76,6 +75,8 @@ struct OptimizerOptions {
   double beta2 = 0.95;
   double adam_eps = 1e-8;
   double grad_clip = 1.0;
+  OptimizerSharding sharding = OptimizerSharding::kNone;  // key optimizer_sharding
+  DType grad_reduce_dtype = DType::kF32;                  // key grad_reduce_dtype: fp32 | bf16
 };
 
 // Activation offload (framework/model/activation_store.h) and the lane arbiter of its copies

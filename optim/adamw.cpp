@@ -18,8 +18,9 @@ double clip_coefficient(double grad_norm, double clip) {
   return std::min(1.0, clip / (grad_norm + 1e-6));
 }
 
-void AdamW::step(Backend& be, ParamRegistry& params, int64_t step, double lr, double grad_scale) {
-  FamilyScope scope(be, OpFamily::kOptimizer);
+void AdamW::update(Backend& be, Tensor& master, const Tensor& grad, Tensor& m, Tensor& v,
+                   bool weight_decay, int64_t step, double lr, double grad_scale,
+                   Tensor& working) const {
   AdamWParams p;
   p.lr = lr;
   p.beta1 = cfg_.beta1;
@@ -27,10 +28,16 @@ void AdamW::step(Backend& be, ParamRegistry& params, int64_t step, double lr, do
   p.eps = cfg_.eps;
   p.step = step;
   p.grad_scale = grad_scale;
+  p.weight_decay = weight_decay ? cfg_.weight_decay : 0.0;
+  be.adamw(master, grad, m, v, p, working);
+}
+
+void AdamW::step(Backend& be, ParamRegistry& params, int64_t step, double lr, double grad_scale) {
+  FamilyScope scope(be, OpFamily::kOptimizer);
   for (auto& prm : params.all()) {
-    p.weight_decay = prm->weight_decay ? cfg_.weight_decay : 0.0;
     Tensor working = prm->work.storage() == prm->master.storage() ? Tensor() : prm->work;
-    be.adamw(prm->master, prm->grad, prm->m, prm->v, p, working);
+    update(be, prm->master, prm->grad, prm->m, prm->v, prm->weight_decay, step, lr, grad_scale,
+           working);
   }
 }
 

@@ -32,6 +32,10 @@ class AdamW {
   // One update of every parameter at `step` (1-based) with learning rate lr; gradients are
   // multiplied by grad_scale first.
   void step(Backend& be, ParamRegistry& params, int64_t step, double lr, double grad_scale);
+  // One update of one tensor: master, grad, m and v of the same numel (a parameter or a shard
+  // of its rows); `working`, when defined, receives master in its dtype.
+  void update(Backend& be, Tensor& master, const Tensor& grad, Tensor& m, Tensor& v,
+              bool weight_decay, int64_t step, double lr, double grad_scale, Tensor& working) const;
 
  private:
   AdamWConfig cfg_;

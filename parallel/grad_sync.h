@@ -16,6 +16,15 @@
 // Gradient tensors are persistent parameter buffers and no temporary memory is used on the comm
 // stream, so the caching allocator (which reuses memory in compute-stream order) never hands
 // out memory that a reduction still uses.
+//
+// With a Zero1 (optimizer_sharding=zero1) a sharded parameter's gradient is reduce-scattered
+// into its shard (Zero1::grad_shard) instead of all-reduced; the sums are the same bits.
+//
+// Wire dtype bf16 (grad_reduce_dtype=bf16): each rank's gradient is rounded to bf16, the bf16
+// chunks are exchanged (all_to_all_v), and each rank sums the chunk it reduces in fp32, in rank
+// order; an all-reduce then sends the fp32 sums back rounded to bf16 again, so every rank holds
+// the same bits (the owner of a chunk too). The scratch buffers this needs are persistent and
+// used only on the reduction stream, in its order.
 #pragma once
 
 #include <map>
@@ -26,14 +35,19 @@
 #include "framework/model/grad_ready.h"
 #include "framework/model/params.h"
 #include "parallel/process_groups.h"
+#include "parallel/zero1.h"
 
 namespace hp {
 
 class GradSync final : public GradReadyHook {
  public:
   // `stream`: the backend stream that the device communicators of `groups` enqueue on.
+  // `zero1`: the sharded optimizer state whose shards receive reduce-scattered gradients (null:
+  // every gradient is all-reduced); it must outlive this object. `wire`: kF32 (the gradients'
+  // own dtype) or kBF16.
   GradSync(Backend& be, ParamRegistry& params, const ProcessGroups& groups,
-           Backend::StreamKind stream = Backend::StreamKind::kCompute);
+           Backend::StreamKind stream = Backend::StreamKind::kCompute, Zero1* zero1 = nullptr,
+           DType wire = DType::kF32);
   // Orders compute after reductions still in flight (a step that ended in an exception), so
   // memory freed afterwards is not reused under them. Never throws.
   ~GradSync() override;
@@ -54,7 +68,12 @@ class GradSync final : public GradReadyHook {
   // not on the gradients' device, else device reductions on stream_, one launch per
   // communicator where that keeps the sums bitwise unchanged.
   void reduce(const std::vector<Param*>& ps);
-  void reduce_via_host(Param& p, Communicator& comm);
+  void reduce_via_host(Param& p, Communicator& comm, Tensor* shard);
+  // One gradient: all-reduced in place, or reduce-scattered into `shard` when given.
+  void reduce_one(Param& p, Communicator& comm, Tensor* shard);
+  // bf16 on the wire, fp32 sums (see the top of this file); on the current backend stream.
+  void wire_reduce_scatter(Communicator& comm, const Tensor& in, Tensor& out);
+  void wire_all_reduce(Communicator& comm, Tensor& t);
 
   Backend& be_;
   ProcessGroups groups_;
@@ -62,6 +81,10 @@ class GradSync final : public GradReadyHook {
   std::map<int, std::vector<Param*>> by_layer_;
   std::vector<bool> done_;
   std::map<const Param*, size_t> index_;
+  Zero1* zero1_ = nullptr;
+  DType wire_ = DType::kF32;
+  Tensor wire_send_, wire_recv_;  // bf16 scratch
+  Tensor sum_, part_;             // gradient-dtype scratch of the bf16 wire
   int64_t bytes_ = 0;
   bool in_flight_ = false;  // reductions on stream_ that compute has not been ordered after yet
 };

@@ -217,8 +217,15 @@ void Model::init_params(uint64_t seed) {
 }
 
 void Model::refresh_working_copies() {
-  for (auto& p : params_.all())
-    if (p->work.storage() != p->master.storage()) be_.convert(p->master, p->work);
+  for (auto& p : params_.all()) {
+    if (p->sharded()) {
+      // Only this rank's rows; the caller gathers the others (parallel/zero1.h).
+      Tensor rows = p->work.slice(p->shard_begin, p->shard_begin + p->shard_rows);
+      be_.convert(p->master, rows);
+    } else if (p->work.storage() != p->master.storage()) {
+      be_.convert(p->master, p->work);
+    }
+  }
 }
 
 void Model::zero_grads() {

@@ -30,6 +30,17 @@ struct Param {
   Tensor grad;    // master dtype, accumulated by backward
   Tensor m, v;    // AdamW moments, master dtype
 
+  // Optimizer-state sharding (optimizer_sharding=zero1): when sharded(), master, m and v hold
+  // only the leading-axis rows [shard_begin, shard_begin + shard_rows) of the local tensor, and
+  // work and grad stay whole (work no longer aliases master). Set by the sharded optimizer
+  // (parallel/zero1.h) after init.
+  int64_t shard_begin = 0;
+  int64_t shard_rows = -1;  // < 0: not sharded
+  bool sharded() const { return shard_rows >= 0; }
+  // Leading-axis rows of the local tensor that master, m and v hold.
+  int64_t state_row_begin() const { return sharded() ? shard_begin : 0; }
+  int64_t state_rows() const { return sharded() ? shard_rows : shape[0]; }
+
   int64_t numel() const { return shape_numel(shape); }
   int64_t global_numel() const { return shape_numel(global_shape); }
 };

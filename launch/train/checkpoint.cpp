@@ -49,14 +49,26 @@ std::vector<Item> checkpoint_items(ParamRegistry& params, bool params_only) {
 
 bool is_expert(const Param& p) { return p.group == ParamGroup::kExpert; }
 
-// Leading-axis rows of the global tensor this rank holds.
+// Leading-axis rows of the global tensor that this rank's master, m and v hold: its experts'
+// rows, and with sharded optimizer state only its shard of them.
 RowRange held_rows(const Param& p) {
-  return is_expert(p) ? RowRange{p.expert_begin, p.shape[0]} : RowRange{0, p.global_shape[0]};
+  const int64_t base = is_expert(p) ? p.expert_begin : 0;
+  return RowRange{base + p.state_row_begin(), p.state_rows()};
 }
 
-// One expert per chunk, so a chunk never straddles two ranks' shards in any layout.
+// One expert per chunk, so a chunk never straddles two ranks' shards in any layout. A dense
+// tensor sharded over the world: chunks that divide the shard, so each rank writes whole chunks.
 int64_t chunk_rows_of(const Param& p, DType dtype) {
-  return is_expert(p) ? 1 : checkpoint_chunk_rows(p.global_shape, dtype);
+  if (is_expert(p)) return 1;
+  int64_t rows = checkpoint_chunk_rows(p.global_shape, dtype);
+  if (p.sharded())
+    while (p.shard_rows % rows != 0) --rows;
+  return rows;
+}
+
+// The host communicator a sharded parameter's state is split over.
+Communicator& shard_group(const RankContext& ctx, const Param& p) {
+  return is_expert(p) ? *ctx.groups.dp : *ctx.groups.world;
 }
 
 size_t row_bytes(const Param& p, DType dtype) {
@@ -247,7 +259,9 @@ SaveStats save_checkpoint(const RunState& run, const std::string& dir, int64_t k
     if (parallel) {
       // Writers: dense chunks split over the world; each expert block over its dp group.
       RowRange rows;
-      if (is_expert(p)) {
+      if (p.sharded()) {
+        rows = held_rows(p);  // the rank holding a shard writes it
+      } else if (is_expert(p)) {
         rows = split_rows_by_chunk(p.shape[0], 1, ctx.groups.dp_size, ctx.groups.dp_rank);
         rows.begin += p.expert_begin;
       } else {
@@ -258,9 +272,14 @@ SaveStats save_checkpoint(const RunState& run, const std::string& dir, int64_t k
       w->write_rows(items[i].name, p.global_shape, md, chunk, rows, data);
     } else {
       Tensor full = host;
+      if (p.sharded()) {
+        full = Tensor::host(p.shape, md);
+        shard_group(ctx, p).all_gather(host, full);
+      }
       if (is_expert(p) && ctx.groups.ep_size > 1) {
+        Tensor block = full;
         full = Tensor::host(p.global_shape, md);
-        ctx.groups.ep->all_gather(host, full);
+        ctx.groups.ep->all_gather(block, full);
       }
       if (writes)
         w->write_rows(items[i].name, p.global_shape, md, chunk, RowRange{0, p.global_shape[0]},
@@ -360,6 +379,7 @@ RunPosition load_checkpoint(const RunState& run, const std::string& path, bool p
   }
   staging.finish();
   run.model.refresh_working_copies();
+  if (run.params_loaded) run.params_loaded();
   if (params_only) return RunPosition{};
 
   const auto one = [&](const char* name) {

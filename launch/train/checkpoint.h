@@ -35,6 +35,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 
 #include "framework/backend/backend.h"
@@ -61,6 +62,9 @@ struct RunState {
   DataLoader& loader;
   const LrSchedule& schedule;
   RunPosition position;
+  // Called after a load has refreshed the working copies from the masters this rank holds
+  // (with sharded optimizer state, only its rows: this gathers the rest). May be empty.
+  std::function<void()> params_loaded;
 };
 
 struct SaveStats {

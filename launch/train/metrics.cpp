@@ -80,6 +80,10 @@ std::string step_json(const StepStats& s, bool moe) {
   j["ms"] = number(s.ms);
   j["tokens"] = s.tokens;
   j["syncs"] = syncs_json(s.syncs);
+  Json opt = Json::object();
+  opt["dense"] = s.optimizer_state_bytes_dense;
+  opt["expert"] = s.optimizer_state_bytes_expert;
+  j["optimizer_state_bytes"] = opt;
   if (s.copies) j["lane"] = copies_json(*s.copies);
   return j.dump();
 }

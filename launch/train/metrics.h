@@ -2,8 +2,10 @@
 // and one JSON object per step in the metrics file (metrics_path, JSON Lines).
 //
 // The JSON object: step, loss, aux_loss (MoE only), lr, grad_norm, tokens_per_s, ms, tokens,
-// syncs {metadata, routing, offload, loss, other}, and with offload a `lane` object (the copy
-// arbiter's stats, CopyArbiterStats). A step whose loss or gradient norm is not finite is
+// syncs {metadata, routing, offload, loss, other}, optimizer_state_bytes {dense, expert} (this
+// rank's fp32 masters and AdamW moments, counted from their allocations: with
+// optimizer_sharding=zero1 its shards), and with offload a `lane` object (the copy arbiter's
+// stats, CopyArbiterStats). A step whose loss or gradient norm is not finite is
 // written with "finite":false and its non-finite numbers as null, so every line of the file
 // stays valid JSON.
 #pragma once
@@ -33,6 +35,9 @@ struct StepStats {
   int64_t valid_targets = 0;  // global
   double model_flops = 0;     // global: 6 * active params * tokens + causal attention FLOPs
   SyncCounter syncs;
+  // Bytes of fp32 masters and AdamW moments this rank holds (dense and expert parameters).
+  int64_t optimizer_state_bytes_dense = 0;
+  int64_t optimizer_state_bytes_expert = 0;
   // The offload copies of this rank through the copy arbiter over the step (offload != none).
   std::optional<CopyArbiterStats> copies;
 };

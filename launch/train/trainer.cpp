@@ -71,6 +71,7 @@ Trainer::Trainer(const TrainOptions& o, const RankContext& ctx)
   }
 #endif
   if (!grad_groups.world) grad_groups = tensor_groups;
+  grad_groups_ = grad_groups;
   std::shared_ptr<ExpertExchange> exchange;
   if (ctx_.world() > 1)
     exchange = std::make_shared<CommExpertExchange>(tensor_groups.ep, tensor_groups.world);
@@ -82,8 +83,13 @@ Trainer::Trainer(const TrainOptions& o, const RankContext& ctx)
     be_->set_copy_arbiter(copy_arbiter_.get());
   }
   model_->init_params(o_.run.seed);
+  // zero1: each rank keeps the masters and moments of its shard only (parallel/zero1.h).
+  if (ctx_.world() > 1 && o_.optimizer.sharding == OptimizerSharding::kZero1)
+    zero1_ = std::make_unique<Zero1>(*be_, model_->params(), grad_groups, grad_stream);
   if (ctx_.world() > 1)
-    grad_sync_ = std::make_unique<GradSync>(*be_, model_->params(), grad_groups, grad_stream);
+    grad_sync_ = std::make_unique<GradSync>(*be_, model_->params(), grad_groups, grad_stream,
+                                            zero1_.get(), o_.optimizer.grad_reduce_dtype);
+  state_bytes_ = hp::optimizer_state_bytes(model_->params());
   sched_.lr = o_.optimizer.lr;
   sched_.min_lr = o_.optimizer.min_lr;
   sched_.warmup_steps = o_.optimizer.warmup_steps;
@@ -92,7 +98,9 @@ Trainer::Trainer(const TrainOptions& o, const RankContext& ctx)
 }
 
 RunState Trainer::run_state() {
-  return RunState{o_, ctx_, *be_, *model_, *loader_, sched_, RunPosition{step_, tokens_seen_}};
+  RunState r{o_, ctx_, *be_, *model_, *loader_, sched_, RunPosition{step_, tokens_seen_}, {}};
+  if (zero1_) r.params_loaded = [this] { zero1_->gather_params(); };
+  return r;
 }
 
 void Trainer::set_position(const RunPosition& p) {
@@ -130,6 +138,7 @@ StepStats Trainer::step() {
   model_->zero_grads();
 
   // ---- forward: embedding, layers, final norm ----
+  if (zero1_) zero1_->wait_params();  // the last step's all-gathers of the updated parameters
   {
     PhaseScope phase(be, StepPhase::kForward);
     model_->forward(meta, sums.aux);
@@ -153,25 +162,29 @@ StepStats Trainer::step() {
   {
     PhaseScope phase(be, StepPhase::kOptimizer);
     // ---- gradient norm and the step's one blocking read (losses and norm together) ----
-    grad_sum_squares(be, model_->params(), grad_sumsq);
+    // Several ranks: each squares the rows it owns under the zero1 partition (sharded or not),
+    // summed over the world below, so none and zero1 fold the same numbers in the same order.
+    if (ctx_.world() > 1)
+      partitioned_grad_sum_squares(be, model_->params(), grad_groups_, zero1_.get(), grad_sumsq);
+    else
+      grad_sum_squares(be, model_->params(), grad_sumsq);
     Tensor host = Tensor::host({4}, be.master_dtype());
     be.read_to_host(scalars_, host, SyncCause::kLoss);
     std::vector<double> s = to_double_vector(host);
     // Loss sums add over all ranks, and so does a count of ranks that saw a non-finite value,
-    // so that every rank takes the same decision below. Dense gradients are identical
-    // everywhere after their all-reduce; expert gradients differ across the ep group only.
+    // so that every rank takes the same decision below; so do the partial sums of squares.
     double nonfinite_ranks =
         std::all_of(s.begin(), s.end(), [](double v) { return std::isfinite(v); }) ? 0.0 : 1.0;
     if (ctx_.world() > 1) {
-      Tensor world_sums =
-          Tensor::host_from(std::vector<double>{s[0], s[1], nonfinite_ranks}, DType::kF64);
+      Tensor world_sums = Tensor::host_from(
+          std::vector<double>{s[0], s[1], nonfinite_ranks, s[2], s[3]}, DType::kF64);
       ctx_.groups.world->all_reduce(world_sums, ReduceOp::kSum);
-      Tensor expert = Tensor::host_from(std::vector<double>{s[3]}, DType::kF64);
-      ctx_.groups.ep->all_reduce(expert, ReduceOp::kSum);
-      s[0] = world_sums.data<double>()[0];
-      s[1] = world_sums.data<double>()[1];
-      nonfinite_ranks = world_sums.data<double>()[2];
-      s[3] = expert.data<double>()[0];
+      const double* w = world_sums.data<double>();
+      s[0] = w[0];
+      s[1] = w[1];
+      nonfinite_ranks = w[2];
+      s[2] = w[3];
+      s[3] = w[4];
     }
     st.loss = st.valid_targets > 0 ? s[0] / static_cast<double>(st.valid_targets) : 0.0;
     st.aux_loss = s[1];
@@ -180,9 +193,16 @@ StepStats Trainer::step() {
     // ---- finite check, agreed by all ranks, before anything changes ----
     st.finite = nonfinite_ranks == 0 && std::isfinite(st.loss) && std::isfinite(st.grad_norm);
     // ---- clip and update ----
-    if (st.finite)
-      opt_.step(be, model_->params(), st.step, st.lr,
-                clip_coefficient(st.grad_norm, o_.optimizer.grad_clip));
+    const double clip = clip_coefficient(st.grad_norm, o_.optimizer.grad_clip);
+    if (st.finite && zero1_) {
+      // This rank's rows, then the all-gathers of the updated parameters (waited for before
+      // the next forward).
+      zero1_->step([&](Param& p, const Tensor& grad, Tensor& working) {
+        opt_.update(be, p.master, grad, p.m, p.v, p.weight_decay, st.step, st.lr, clip, working);
+      });
+    } else if (st.finite) {
+      opt_.step(be, model_->params(), st.step, st.lr, clip);
+    }
   }
 
   // ---- stats of the step ----
@@ -193,6 +213,8 @@ StepStats Trainer::step() {
     tokens_seen_ += st.tokens;
   }
   st.syncs = be.syncs();
+  st.optimizer_state_bytes_dense = state_bytes_.dense;
+  st.optimizer_state_bytes_expert = state_bytes_.expert;
   // Every copy of the step has completed (backward waited for the last reload, which follows
   // the step's offloads on the copy stream) and released its grants.
   if (copy_arbiter_) st.copies = copy_arbiter_->stats();
@@ -223,6 +245,11 @@ void log_run_header(const TrainOptions& o, const RankContext& ctx, Trainer& trai
 #endif
   log_info("launch: ", ctx.launch.describe(), " world=", ctx.world(), " dp=", ctx.groups.dp_size,
            " ep=", ctx.groups.ep_size);
+  const OptimizerStateBytes& sb = trainer.optimizer_state_bytes();
+  log_info("optimizer state: optimizer_sharding=",
+           o.optimizer.sharding == OptimizerSharding::kZero1 ? "zero1" : "none",
+           " grad_reduce_dtype=", o.optimizer.grad_reduce_dtype == DType::kBF16 ? "bf16" : "fp32",
+           " masters+moments on this rank: dense=", sb.dense, " B expert=", sb.expert, " B");
   if (CopyArbiter* a = trainer.copy_arbiter()) {
     const CopyArbiterStats s = a->stats();
     std::string link;

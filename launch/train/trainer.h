@@ -17,6 +17,7 @@
 #include "optim/adamw.h"
 #include "optim/lr_schedule.h"
 #include "parallel/grad_sync.h"
+#include "parallel/zero1.h"
 
 namespace hp {
 
@@ -34,6 +35,8 @@ class Trainer {
   // The arbiter of the offload copies (null with offload=none).
   CopyArbiter* copy_arbiter() { return copy_arbiter_.get(); }
   int64_t steps_done() const { return step_; }
+  // This rank's fp32 masters and AdamW moments (shards with optimizer_sharding=zero1).
+  const OptimizerStateBytes& optimizer_state_bytes() const { return state_bytes_; }
   const TrainOptions& options() const { return o_; }
   const RankContext& context() const { return ctx_; }
   // What a checkpoint saves and restores (launch/train/checkpoint.h).
@@ -48,8 +51,13 @@ class Trainer {
   std::unique_ptr<Backend> be_;
   std::unique_ptr<Model> model_;
   std::unique_ptr<DataLoader> loader_;
+  // optimizer_sharding=zero1 on several ranks: the sharded masters and moments (before
+  // grad_sync_, which points at it).
+  std::unique_ptr<Zero1> zero1_;
   // Multi-rank only: reduces each layer's gradients as backward finishes it.
   std::unique_ptr<GradSync> grad_sync_;
+  OptimizerStateBytes state_bytes_;
+  ProcessGroups grad_groups_;  // the communicators of the gradient reductions
   AdamW opt_;
   LrSchedule sched_;
   int64_t step_ = 0;

@@ -407,10 +407,10 @@ void NcclCommunicator::all_gather(const Tensor& in, Tensor& out) {
   HP_CHECK(in.dtype() == out.dtype() && out.numel() == in.numel() * size(),
            "all_gather: ", in.desc(), " into ", out.desc(), " over ", size(), " ranks");
   std::lock_guard<std::mutex> lk(mu_);
-  HP_CHECK(group_depth_ == 0, "all_gather inside a group");
   HP_NCCL_ENQUEUE("all_gather",
                   ncclAllGather(in.raw(), out.raw(), in.nbytes(), ncclInt8, comm_, stream_));
-  track("all_gather");
+  // Inside a group, group_end launches it and records the group for the watchdog.
+  if (group_depth_ == 0) track("all_gather");
 }
 
 void NcclCommunicator::reduce_scatter(const Tensor& in, Tensor& out, ReduceOp op) {
@@ -420,11 +420,10 @@ void NcclCommunicator::reduce_scatter(const Tensor& in, Tensor& out, ReduceOp op
   HP_CHECK(in.dtype() == out.dtype() && in.numel() == out.numel() * size(),
            "reduce_scatter: ", in.desc(), " into ", out.desc(), " over ", size(), " ranks");
   std::lock_guard<std::mutex> lk(mu_);
-  HP_CHECK(group_depth_ == 0, "reduce_scatter inside a group");
   HP_NCCL_ENQUEUE("reduce_scatter",
                   ncclReduceScatter(in.raw(), out.raw(), static_cast<size_t>(out.numel()),
                                     nccl_type(in.dtype()), nccl_op(op), comm_, stream_));
-  track("reduce_scatter");
+  if (group_depth_ == 0) track("reduce_scatter");
 }
 
 void NcclCommunicator::all_to_all_v(const Tensor& send, const std::vector<int64_t>& send_counts,

@@ -97,9 +97,9 @@ class NcclCommunicator final : public Communicator {
 
   // Reductions: f32, f64, bf16, i32, i64 (bf16 sums in NCCL's own order: identical on every
   // rank, not the host implementations' rank-order fold). Unlike the other collectives,
-  // all_reduce may also be recorded between group_start() and group_end(): the group then
-  // launches the recorded reductions together (NCCL aggregates them; see GradSync for when
-  // that keeps the sums bitwise equal to separate launches).
+  // all_reduce, reduce_scatter and all_gather may also be recorded between group_start() and
+  // group_end(): the group then launches them together (NCCL aggregates them; see GradSync for
+  // when that keeps the sums bitwise equal to separate launches).
   void all_reduce(Tensor& t, ReduceOp op) override;
   void broadcast(Tensor& t, int root) override;
   void all_gather(const Tensor& in, Tensor& out) override;
