@@ -6,8 +6,11 @@ files, `hotpath inspect` dataset digests and layout, checkpoint directories -- n
   hp_check.py run [--clean PATH]... [--exit N|nonzero] [--need-gpus N] -- CMD...
                   (runs CMD and checks its status; exits 77, "skipped", with fewer than N GPUs)
   hp_check.py losses RUN[,RUN...] REF [--rel R] [--steps N] [--first S] [--same-steps]
+                     [--field NAME]   (another per-step number instead of loss, e.g. grad_norm)
   hp_check.py jsonl FILE [--lines N] [--all EXPR]... [--last EXPR]... [--first EXPR]...
   hp_check.py json FILE --expect EXPR...
+  hp_check.py compare FILE_A FILE_B [--step N] --expect EXPR...
+                     (a, b: the last records, or those of step N, of two JSONL files)
   hp_check.py digests --hotpath EXE CKPT_A CKPT_B
   hp_check.py inspect --hotpath EXE CKPT --expect EXPR...
   hp_check.py dir DIR [--latest NAME | --latest-of METRICS [--below N]] [--present NAME]...
@@ -123,15 +126,15 @@ def cmd_run(a):
 
 # ---- metrics ------------------------------------------------------------------------------------
 
-def losses_of(paths):
+def losses_of(paths, field="loss"):
     out = []
     for p in paths:
         for i, r in enumerate(read_jsonl(p), 1):
-            if "step" not in r or "loss" not in r:
-                fail(f"{p}:{i}: no step/loss: {r}")
-            if not isinstance(r["loss"], (int, float)) or isinstance(r["loss"], bool):
-                fail(f"{p}:{i}: loss is {r['loss']!r}")
-            out.append((r["step"], float(r["loss"])))
+            if "step" not in r or field not in r:
+                fail(f"{p}:{i}: no step/{field}: {r}")
+            if not isinstance(r[field], (int, float)) or isinstance(r[field], bool):
+                fail(f"{p}:{i}: {field} is {r[field]!r}")
+            out.append((r["step"], float(r[field])))
     return out
 
 
@@ -139,8 +142,9 @@ def cmd_losses(a):
     if a.need_gpus and gpu_count() < a.need_gpus:
         say(f"skipped: needs {a.need_gpus} CUDA device(s), {gpu_count()} visible")
         sys.exit(SKIP)
-    run = losses_of(a.run.split(","))
-    ref = dict(losses_of([a.ref]))
+    f = a.field
+    run = losses_of(a.run.split(","), f)
+    ref = dict(losses_of([a.ref], f))
     steps = [s for s, _ in run]
     if a.steps is not None and len(run) != a.steps:
         fail(f"{a.run}: {len(run)} steps, expected {a.steps}: {steps}")
@@ -157,15 +161,15 @@ def cmd_losses(a):
         want = ref[s]
         if a.rel == 0:
             if loss != want:
-                fail(f"step {s}: loss {loss!r} differs from {want!r} in {a.ref}")
+                fail(f"step {s}: {f} {loss!r} differs from {want!r} in {a.ref}")
         else:
             rel = abs(loss - want) / max(abs(want), 1e-300)
             worst = max(worst, rel)
             if rel > a.rel:
-                fail(f"step {s}: loss {loss!r} vs {want!r}: relative difference {rel:.3g} > {a.rel}")
+                fail(f"step {s}: {f} {loss!r} vs {want!r}: relative difference {rel:.3g} > {a.rel}")
     how = "bitwise equal" if a.rel == 0 else f"max relative difference {worst:.3g} <= {a.rel}"
     say(f"{len(run)} steps ({steps[0] if steps else '-'}..{steps[-1] if steps else '-'}): "
-        f"losses {how} to {os.path.basename(a.ref)}")
+        f"{f} {how} to {os.path.basename(a.ref)}")
 
 
 def cmd_jsonl(a):
@@ -187,6 +191,21 @@ def cmd_jsonl(a):
     say(f"{a.file}: {len(recs)} records;", "; ".join(
         [f"all: {e}" for e in a.all] + [f"last: {e}" for e in a.last] +
         [f"first: {e}" for e in a.first]))
+
+
+def cmd_compare(a):
+    pair = {}
+    for k, path in (("a", a.a), ("b", a.b)):
+        recs = read_jsonl(path)
+        if a.step is not None:
+            recs = [r for r in recs if r.get("step") == a.step]
+        if not recs:
+            fail(f"{path}: no record" + (f" of step {a.step}" if a.step is not None else "s"))
+        pair[k] = recs[-1]
+    for expr in a.expect:
+        if not evaluate(expr, pair, f"{a.a} vs {a.b}"):
+            fail(f"not {expr}: a={json.dumps(pair['a'])} b={json.dumps(pair['b'])}")
+    say(f"{os.path.basename(a.a)} (a) vs {os.path.basename(a.b)} (b):", "; ".join(a.expect))
 
 
 def cmd_json(a):
@@ -485,6 +504,7 @@ def main():
     p.add_argument("--steps", type=int)
     p.add_argument("--first", type=int)
     p.add_argument("--same-steps", action="store_true")
+    p.add_argument("--field", default="loss")
     p.add_argument("--need-gpus", type=int, default=0)
     p = sub.add_parser("jsonl")
     p.add_argument("file")
@@ -494,6 +514,11 @@ def main():
     p.add_argument("--first", action="append", default=[])
     p = sub.add_parser("json")
     p.add_argument("file")
+    p.add_argument("--expect", action="append", default=[])
+    p = sub.add_parser("compare")
+    p.add_argument("a")
+    p.add_argument("b")
+    p.add_argument("--step", type=int)
     p.add_argument("--expect", action="append", default=[])
     p = sub.add_parser("digests")
     p.add_argument("--hotpath", required=True)
