@@ -68,7 +68,8 @@ class Model {
   // Deterministic init from (seed, parameter name), independent of world size and layout.
   void init_params(uint64_t seed);
   // Copies master -> working copies (after init, load or an optimizer step on backends where
-  // they differ).
+  // they differ). A sharded parameter's master holds its shard only: just those rows of the
+  // working copy are written, the caller gathers the rest.
   void refresh_working_copies();
   void zero_grads();
 

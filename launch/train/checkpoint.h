@@ -12,8 +12,9 @@
 //
 // Writing: with an MPI world, every rank writes its own rows with collective parallel HDF5
 // (dense tensors: their chunks split among the world ranks; expert tensors: each expert block
-// written by one rank of the dp group that holds it). Without MPI (store launches, one process
-// without mpirun), the expert shards are gathered over the ep group and rank 0 writes the file
+// written by one rank of the dp group that holds it; with optimizer_sharding=zero1 every rank
+// writes the rows of its shard of masters and moments). Without MPI (store launches, one process
+// without mpirun), the shards are gathered over their groups and rank 0 writes the file
 // alone. On CUDA the tensors are copied to host memory first (one synchronization); on load the
 // bf16 working copies are regenerated from the fp32 masters.
 //
