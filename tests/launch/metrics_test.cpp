@@ -19,16 +19,21 @@ TEST(StepJson, HasTheDocumentedKeysInOrder) {
   s.tokens = 4096;
   s.syncs.add(SyncCause::kRouting, 4);
   s.syncs.add(SyncCause::kLoss, 1);
+  s.optimizer_state_bytes_dense = 1200;
+  s.optimizer_state_bytes_expert = 3600;
   const nlohmann::ordered_json j = nlohmann::ordered_json::parse(step_json(s, true));
   std::vector<std::string> keys;
   for (auto it = j.begin(); it != j.end(); ++it) keys.push_back(it.key());
-  EXPECT_EQ(keys, (std::vector<std::string>{"step", "loss", "aux_loss", "lr", "grad_norm",
-                                            "tokens_per_s", "ms", "tokens", "syncs"}));
+  EXPECT_EQ(keys,
+            (std::vector<std::string>{"step", "loss", "aux_loss", "lr", "grad_norm", "tokens_per_s",
+                                      "ms", "tokens", "syncs", "optimizer_state_bytes"}));
   EXPECT_EQ(j["step"], 7);
   EXPECT_DOUBLE_EQ(j["loss"].get<double>(), 1.5);
   EXPECT_EQ(j["syncs"]["routing"], 4);
   EXPECT_EQ(j["syncs"]["loss"], 1);
   EXPECT_EQ(j["syncs"].size(), 5u);
+  EXPECT_EQ(j["optimizer_state_bytes"]["dense"], 1200);
+  EXPECT_EQ(j["optimizer_state_bytes"]["expert"], 3600);
   EXPECT_FALSE(nlohmann::json::parse(step_json(s, false)).contains("aux_loss"));
 }
 
