@@ -5,15 +5,6 @@
 #include <utility>
 
 namespace hp {
-namespace {
-// "layers.12.attn.wo" -> 12; anything else -> -1.
-int layer_of(const std::string& name) {
-  const std::string pre = "layers.";
-  if (name.compare(0, pre.size(), pre) != 0) return -1;
-  return std::atoi(name.c_str() + pre.size());
-}
-}  // namespace
-
 GradSync::GradSync(Backend& be, ParamRegistry& params, const ProcessGroups& groups,
                    Backend::StreamKind stream, Zero1* zero1, DType wire)
     : be_(be), groups_(groups), stream_(stream), zero1_(zero1), wire_(wire) {
@@ -22,7 +13,7 @@ GradSync::GradSync(Backend& be, ParamRegistry& params, const ProcessGroups& grou
   size_t i = 0;
   int64_t largest = 0;
   for (auto& p : params.all()) {
-    by_layer_[layer_of(p->name)].push_back(p.get());
+    by_layer_[param_layer(p->name)].push_back(p.get());
     index_[p.get()] = i++;
     largest = std::max(largest, p->grad.numel());
   }

@@ -1,5 +1,7 @@
 #include "parallel/zero1.h"
 
+#include <algorithm>
+
 namespace hp {
 
 OptimizerStateBytes optimizer_state_bytes(const ParamRegistry& params) {
@@ -77,16 +79,17 @@ Zero1::Zero1(Backend& be, ParamRegistry& params, const ProcessGroups& groups,
     // Same dtype: the master rows are what the all-gather sends; else the optimizer writes the
     // updated rows in the working dtype into a buffer of their own.
     s.work = ad == md ? p.master : be.empty(shard, ad);
-    index_[&p] = slots_.size();
     slots_.push_back(std::move(s));
   }
+  std::stable_sort(slots_.begin(), slots_.end(), [](const Slot& a, const Slot& b) {
+    return param_layer(a.p->name) < param_layer(b.p->name);
+  });
+  for (size_t i = 0; i < slots_.size(); ++i) index_[slots_[i].p] = i;
 }
 
 Zero1::~Zero1() {
-  if (!in_flight_) return;
   try {
-    auto done = be_.record_event(stream_);
-    be_.wait_event(Backend::StreamKind::kCompute, *done);
+    wait_params();
   } catch (...) {
     // Already failing: nothing left to order.
   }
@@ -143,21 +146,35 @@ void Zero1::gather(Slot& s) {
 
 void Zero1::gather_params() {
   if (slots_.empty()) return;
-  if (stream_ != Backend::StreamKind::kCompute) {
+  wait_params();  // a gather still pending (no forward since): compute is ordered after it
+  const bool async = stream_ != Backend::StreamKind::kCompute;
+  if (async) {
     // The updated rows are complete once compute has run what it has been given so far.
     auto ready = be_.record_event(Backend::StreamKind::kCompute);
     be_.wait_event(stream_, *ready);
-    in_flight_ = true;
   }
   FamilyScope scope(be_, OpFamily::kComm);
-  for (Slot& s : slots_) gather(s);
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    gather(slots_[i]);
+    const int layer = param_layer(slots_[i].p->name);
+    const bool last_of_layer =
+        i + 1 == slots_.size() || param_layer(slots_[i + 1].p->name) != layer;
+    if (async && last_of_layer) pending_[layer] = be_.record_event(stream_);
+  }
+}
+
+void Zero1::layer_needed(int layer) {
+  auto it = pending_.find(layer);
+  if (it == pending_.end()) return;
+  be_.wait_event(Backend::StreamKind::kCompute, *it->second);
+  pending_.erase(it);
 }
 
 void Zero1::wait_params() {
-  if (!in_flight_) return;
-  auto done = be_.record_event(stream_);
-  be_.wait_event(Backend::StreamKind::kCompute, *done);
-  in_flight_ = false;
+  if (pending_.empty()) return;
+  // The last layer's event follows every gather before it on stream_.
+  be_.wait_event(Backend::StreamKind::kCompute, *pending_.rbegin()->second);
+  pending_.clear();
 }
 
 }  // namespace hp

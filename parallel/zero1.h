@@ -15,7 +15,11 @@
 //    rows; a replicated tensor on group rank 0 only), summed over the world by the caller.
 //  - step: AdamW on the shard (master, m, v, grad_shard), writing the updated rows of the working
 //    copy, then all-gathers the working copies over the shard groups on the reduction stream.
-//  - wait_params (before the next forward): compute waits for those all-gathers, no host sync.
+//  - the next forward: as the model is about to read a layer's weights (layer_needed, the
+//    model's ParamReadyHook), compute waits for an event recorded after that layer's
+//    all-gathers, so the later layers' gathers overlap the forward of the earlier ones; the
+//    gathers are issued in the order forward needs them (-1: embedding, final norm, unembedding;
+//    then 0, 1, ...). No host sync.
 //
 // Streams: as GradSync's; device communicators enqueue on `stream`, events order it against
 // compute. Host communicators (the cpu backend) block, in parameter order.
@@ -27,6 +31,7 @@
 #include <vector>
 
 #include "framework/backend/backend.h"
+#include "framework/model/grad_ready.h"
 #include "framework/model/params.h"
 #include "parallel/process_groups.h"
 
@@ -62,14 +67,14 @@ ShardRows shard_rows(const Param& p, const Communicator* comm);
 void partitioned_grad_sum_squares(Backend& be, ParamRegistry& params, const ProcessGroups& groups,
                                   Zero1* zero1, Tensor& acc);
 
-class Zero1 {
+class Zero1 final : public ParamReadyHook {
  public:
   // Shards `params` (call after init: the masters' rows are copied, the full masters released,
   // the moments reallocated as zeros of the shard's rows). `groups`: the communicators of the
   // gradient reductions (those GradSync uses), on `stream`.
   Zero1(Backend& be, ParamRegistry& params, const ProcessGroups& groups,
         Backend::StreamKind stream = Backend::StreamKind::kCompute);
-  ~Zero1();
+  ~Zero1() override;
   Zero1(const Zero1&) = delete;
   Zero1& operator=(const Zero1&) = delete;
 
@@ -89,7 +94,9 @@ class Zero1 {
   // All-gathers every sharded parameter's working copy from the rows each rank holds (after
   // step(), or after a checkpoint load has refreshed this rank's rows).
   void gather_params();
-  // Orders compute after the all-gathers in flight. Call before the forward reads parameters.
+  // Orders compute after the all-gathers of `layer`'s parameters (Model::forward calls it).
+  void layer_needed(int layer) override;
+  // Orders compute after every all-gather in flight.
   void wait_params();
 
   int sharded_count() const { return static_cast<int>(slots_.size()); }
@@ -108,9 +115,11 @@ class Zero1 {
   ParamRegistry& params_;
   ProcessGroups groups_;
   Backend::StreamKind stream_;
-  std::vector<Slot> slots_;
+  std::vector<Slot> slots_;  // in gather order: by layer (-1 first), then parameter order
   std::map<const Param*, size_t> index_;
-  bool in_flight_ = false;
+  // Layers whose all-gathers compute has not been ordered after yet, with the event recorded
+  // on stream_ after them (comm stream only; host communicators have finished on return).
+  std::map<int, std::shared_ptr<Backend::Event>> pending_;
 };
 
 }  // namespace hp

@@ -356,7 +356,8 @@ void Model::moe_forward(int l, LayerActs& a, bool recompute) {
   }
 }
 
-void Model::forward(const BatchMeta& meta, const Tensor& aux_sum, Pass pass) {
+void Model::forward(const BatchMeta& meta, const Tensor& aux_sum, Pass pass,
+                    ParamReadyHook* param_ready) {
   HP_CHECK(aux_sum.defined(), "Model::forward: aux_sum must be a [1] tensor");
   const int64_t n = meta.inputs.dim(0), d = cfg_.d_model;
   const bool train = pass == Pass::kTrain;
@@ -372,11 +373,13 @@ void Model::forward(const BatchMeta& meta, const Tensor& aux_sum, Pass pass) {
   if (st.store) st.store->begin_step(cfg_.n_layers);
 
   Tensor x = new_act({n, d});
+  if (param_ready) param_ready->layer_needed(-1);
   FamilyScope scope(be_, OpFamily::kEmbedding);
   be_.embedding_fwd(embed_->work, meta.inputs, x);
   for (int l = 0; l < cfg_.n_layers; ++l) {
     LayerActs& a = st.acts[train ? static_cast<size_t>(l) : 0];
     TraceRange range(kLayerFwd[std::min(l, kMaxNamedLayers - 1)]);
+    if (param_ready) param_ready->layer_needed(l);
     a.x = x;
     if (st.store) st.store->save(l, x);  // before the layer, so its offload overlaps the layer
     layer_forward(l, meta, a, false);

@@ -77,8 +77,10 @@ class Model {
   // Embedding, the layers and the final norm of `meta`'s tokens. Adds the MoE load-balancing
   // loss into `aux_sum` ([1], master dtype). Pass::kTrain keeps every layer's activations for
   // backward (with checkpoint_activations only the block inputs, in the activation store, which
-  // may offload them to host memory).
-  void forward(const BatchMeta& meta, const Tensor& aux_sum, Pass pass = Pass::kTrain);
+  // may offload them to host memory). Before reading a layer's weights it calls
+  // param_ready->layer_needed(layer) (-1 first, for the embedding, final norm and unembedding).
+  void forward(const BatchMeta& meta, const Tensor& aux_sum, Pass pass = Pass::kTrain,
+               ParamReadyHook* param_ready = nullptr);
   // Unembedding + cross-entropy of the last forward's final hidden states, in chunks of
   // ce_chunk_tokens rows, so logits for the whole batch never exist. Adds the sum over valid
   // targets of -log p into `lm_sum`. After a Pass::kTrain forward it also computes, chunk by

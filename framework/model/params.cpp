@@ -1,6 +1,14 @@
 #include "framework/model/params.h"
 
+#include <cstdlib>
+
 namespace hp {
+
+int param_layer(const std::string& name) {
+  const std::string pre = "layers.";
+  if (name.compare(0, pre.size(), pre) != 0) return -1;
+  return std::atoi(name.c_str() + pre.size());
+}
 
 Param& ParamRegistry::add(Param p) {
   HP_CHECK(find(p.name) == nullptr, "parameter ", p.name, " registered twice");

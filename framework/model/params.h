@@ -45,6 +45,10 @@ struct Param {
   int64_t global_numel() const { return shape_numel(global_shape); }
 };
 
+// The layer a parameter belongs to: "layers.12.attn.wo" -> 12; anything else (embedding, final
+// norm, unembedding) -> -1.
+int param_layer(const std::string& name);
+
 class ParamRegistry {
  public:
   Param& add(Param p);

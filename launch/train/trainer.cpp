@@ -138,10 +138,12 @@ StepStats Trainer::step() {
   model_->zero_grads();
 
   // ---- forward: embedding, layers, final norm ----
-  if (zero1_) zero1_->wait_params();  // the last step's all-gathers of the updated parameters
   {
     PhaseScope phase(be, StepPhase::kForward);
-    model_->forward(meta, sums.aux);
+    // zero1: compute waits for each layer's all-gathered weights (from the last update) just
+    // before the layer reads them.
+    model_->forward(meta, sums.aux, Pass::kTrain, zero1_.get());
+    if (zero1_) zero1_->wait_params();  // nothing left in flight past the forward
   }
   // ---- loss: chunked unembedding + cross-entropy, and its gradient ----
   {
