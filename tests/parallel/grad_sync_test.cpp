@@ -150,14 +150,15 @@ struct Ranked {
 };
 
 // Parameters of kSpecs with masters, moments and gradients (random, for `step`) on this rank.
-void make_params(Ranked& r, const CommPtr& world, int ep_size, int step) {
+void make_params(Ranked& r, const CommPtr& world, int ep_size, int step,
+                 const std::vector<Spec>& specs = kSpecs) {
   r.groups = make_process_groups(world, ep_size);
-  for (size_t k = 0; k < kSpecs.size(); ++k) {
+  for (size_t k = 0; k < specs.size(); ++k) {
     Param p;
-    p.name = kSpecs[k].name;
-    p.shape = {kSpecs[k].numel};
+    p.name = specs[k].name;
+    p.shape = {specs[k].numel};
     p.global_shape = p.shape;
-    p.group = kSpecs[k].group;
+    p.group = specs[k].group;
     p.master = r.be->zeros(p.shape, DType::kF32);
     for (int64_t i = 0; i < p.numel(); ++i)
       p.master.data<float>()[i] = random_grad(99, 0, k, i);  // the same on every rank
@@ -262,6 +263,45 @@ TEST(GradSync, Bf16WireSumsRoundedAddendsInRankOrder) {
         }
       }
     }
+  });
+}
+
+TEST(GradSync, Zero1LeavesIndivisibleTensorsReplicated) {
+  // Over a world of 4: 6 rows do not split, 12 do; the unsharded tensor is all-reduced, counted
+  // once in the norm partials and updated whole on every rank.
+  const std::vector<Spec> specs = {{"layers.0.odd", ParamGroup::kDense, 6},
+                                   {"layers.0.even", ParamGroup::kDense, 12}};
+  test::run_tcp_threads(4, [&](const CommPtr& world) {
+    Ranked plain, sharded;
+    make_params(plain, world, 1, 3, specs);
+    make_params(sharded, world, 1, 3, specs);
+    Zero1 zero1(*sharded.be, sharded.reg, sharded.groups);
+    EXPECT_EQ(zero1.sharded_count(), 1);
+    const Param& odd = *sharded.reg.all()[0];
+    const Param& even = *sharded.reg.all()[1];
+    EXPECT_FALSE(odd.sharded());
+    EXPECT_TRUE(even.sharded());
+    EXPECT_EQ(even.shard_rows, 3);
+    EXPECT_EQ(even.shard_begin, 3 * world->rank());
+    EXPECT_EQ(optimizer_state_bytes(sharded.reg).dense, (3 * 6 + 3 * 3) * 4);
+    GradSync a(*plain.be, plain.reg, plain.groups);
+    GradSync b(*sharded.be, sharded.reg, sharded.groups, Backend::StreamKind::kCompute, &zero1);
+    a.finish();
+    b.finish();
+    EXPECT_EQ(values(odd.grad), values(plain.reg.all()[0]->grad));
+    Tensor acc_a = plain.be->zeros({2}, DType::kF32), acc_b = sharded.be->zeros({2}, DType::kF32);
+    partitioned_grad_sum_squares(*plain.be, plain.reg, plain.groups, nullptr, acc_a);
+    partitioned_grad_sum_squares(*sharded.be, sharded.reg, sharded.groups, &zero1, acc_b);
+    EXPECT_EQ(values(acc_a), values(acc_b));
+    int updated_whole = 0;
+    zero1.step([&](Param& p, const Tensor& grad, Tensor&) {
+      if (p.numel() == p.master.numel()) ++updated_whole;
+      sharded.be->copy(grad, p.master);
+    });
+    EXPECT_EQ(updated_whole, 1);
+    for (size_t k = 0; k < specs.size(); ++k)
+      EXPECT_EQ(values(sharded.reg.all()[k]->work), values(plain.reg.all()[k]->grad))
+          << specs[k].name;
   });
 }
 
