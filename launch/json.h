@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cmath>
+#include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -23,11 +24,23 @@ inline Json json_numbers(const std::vector<double>& v) {
   return a;
 }
 
-// Writes `j` and a newline to `path` (truncating it); `key` names the option that gave the path.
+// Writes `j` and a newline to `path` through a temporary file renamed over it, so `path` is
+// either the old file or the whole new one; `key` names the option that gave the path.
 inline void write_json_file(const std::string& path, const Json& j, const char* key) {
-  std::ofstream f(path, std::ios::trunc);
-  if (!f) HP_USER_ERROR(ErrorKind::kConfig, "config key '", key, "': cannot write '", path, "'");
-  f << j.dump() << "\n";
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream f(tmp, std::ios::trunc);
+    if (f) f << j.dump() << "\n";
+    f.flush();
+    if (!f) {
+      std::remove(tmp.c_str());
+      HP_USER_ERROR(ErrorKind::kConfig, "config key '", key, "': cannot write '", path, "'");
+    }
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    std::remove(tmp.c_str());
+    HP_USER_ERROR(ErrorKind::kConfig, "config key '", key, "': cannot write '", path, "'");
+  }
 }
 
 }  // namespace hp

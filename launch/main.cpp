@@ -14,6 +14,7 @@
 #include "framework/core/log.h"
 #include "framework/model/config.h"
 #include "launch/bench/bench_step.h"
+#include "launch/json.h"
 #include "launch/options.h"
 #include "launch/tools/tools.h"
 #include "launch/train/components.h"
@@ -56,6 +57,7 @@ int dry_run(const TrainOptions& o) {
   const int64_t device = planned_device_bytes(o, visible_device_bytes(o, 0));
   std::fputs(format_plan(plan, device).c_str(), stdout);
   std::fflush(stdout);
+  if (!o.plan_json.empty()) write_json_file(o.plan_json, plan_json(plan, device), "plan_json");
   require_plan_fits(o, plan, device, /*with_plan=*/false);
   return 0;
 }

@@ -289,7 +289,9 @@ bool parse_train_options(const std::vector<std::string>& args, const std::string
       "dry-run", po::bool_switch(&o.dry_run),
       "validate, print parameter counts and the memory plan per rank, exit (2: does not fit)")(
       "plan_world", po::value(&o.plan_world)->default_value(o.plan_world),
-      "--dry-run: plan a layout of this many ranks from one process (0: one rank)");
+      "--dry-run: plan a layout of this many ranks from one process (0: one rank)")(
+      "plan_json", po::value(&o.plan_json),
+      "--dry-run: also write the memory plan's bytes as JSON to this file");
   po::options_description all;
   all.add(cli).add(keys);
 

@@ -137,7 +137,8 @@ struct TrainOptions {
   std::string config_text;   // the INI file as read, for records
   std::string command_line;  // the options after the subcommand, for records (overrides)
   bool dry_run = false;
-  int plan_world = 0;  // --plan_world: --dry-run plans this many ranks (0: this launch's world)
+  int plan_world = 0;     // --plan_world: --dry-run plans this many ranks (0: one)
+  std::string plan_json;  // --plan_json: --dry-run also writes the plan's bytes here
   RunOptions run;
   ModelConfig model;
   ComputeOptions compute;

@@ -85,35 +85,33 @@ std::vector<ParamTensor> param_tensors(const ModelConfig& c) {
   const int64_t d = c.d_model, hd = c.head_dim, hq = c.n_heads, hkv = c.n_kv_heads;
   const int64_t qkv_out = (hq + 2 * hkv) * hd;
   std::vector<ParamTensor> t;
-  auto dense = [&](int64_t n) { t.push_back({n, 0}); };
-  dense(c.vocab_size * d);  // tok_embeddings
+  auto dense = [&](int64_t rows, int64_t cols) { t.push_back({rows * cols, rows, 0}); };
+  dense(c.vocab_size, d);  // tok_embeddings
   for (int l = 0; l < c.n_layers; ++l) {
-    dense(d);  // attn_norm
-    dense(d * qkv_out);
-    if (c.attn_bias) dense(qkv_out);
+    dense(d, 1);  // attn_norm
+    dense(d, qkv_out);
+    if (c.attn_bias) dense(qkv_out, 1);
     if (c.qk_norm) {
-      dense(hd);
-      dense(hd);
+      dense(hd, 1);
+      dense(hd, 1);
     }
-    dense(hq * hd * d);
-    if (c.attn_bias) dense(d);
-    if (c.attn_sinks) dense(hq);
-    dense(d);  // ffn_norm
+    dense(hq * hd, d);
+    if (c.attn_bias) dense(d, 1);
+    if (c.attn_sinks) dense(hq, 1);
+    dense(d, 1);  // ffn_norm
     if (c.is_moe()) {
       const int64_t e = c.n_experts, f = c.expert_ffn_dim;
-      dense(d * e);
-      dense(e);
-      t.push_back({e * d * 2 * f, e});
-      t.push_back({e * 2 * f, e});
-      t.push_back({e * f * d, e});
-      t.push_back({e * d, e});
+      dense(d, e);
+      dense(e, 1);
+      for (const int64_t per_expert : {d * 2 * f, 2 * f, f * d, d})
+        t.push_back({e * per_expert, e, e});
     } else {
-      dense(d * 2 * c.ffn_dim);
-      dense(static_cast<int64_t>(c.ffn_dim) * d);
+      dense(d, 2 * static_cast<int64_t>(c.ffn_dim));
+      dense(c.ffn_dim, d);
     }
   }
-  dense(d);  // final_norm
-  if (!c.tie_embeddings) dense(d * c.vocab_size);
+  dense(d, 1);  // final_norm
+  if (!c.tie_embeddings) dense(d, c.vocab_size);
   return t;
 }
 

@@ -63,6 +63,7 @@ ParamCounts count_params(const ModelConfig& c);
 // them, for plans that count bytes tensor by tensor (allocators round each one).
 struct ParamTensor {
   int64_t numel = 0;    // global
+  int64_t rows = 0;     // global leading dimension (experts: the expert count)
   int64_t experts = 0;  // > 0: stacked [experts, ...], split over the ep group
 };
 std::vector<ParamTensor> param_tensors(const ModelConfig& c);

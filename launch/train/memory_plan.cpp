@@ -101,17 +101,21 @@ MemoryPlan plan_memory(const TrainOptions& o, const PlanLayout& layout, bool cud
   int64_t params = 0, grads = 0, optimizer = 0;
   for (const ParamTensor& t : param_tensors(c)) {
     const int64_t local = t.experts > 0 ? t.numel / ep : t.numel;
+    const int64_t local_rows = t.experts > 0 ? t.rows / ep : t.rows;
     const int64_t owners = t.experts > 0 ? dp : world;
-    const int64_t shard = zero1 ? ceil_div(local, owners) : local;
+    // zero1 splits a tensor's leading-axis rows evenly over its owners (parallel/zero1.h); one
+    // whose rows do not divide stays whole on every owner.
+    const bool split = zero1 && owners > 1 && local_rows % owners == 0;
+    const int64_t shard = split ? local / owners : local;
     if (t.experts > 0)
       p.expert_numel_local += local;
     else
       p.dense_numel += local;
     p.shard_numel += shard;
-    params += count(local * a);  // CPU: the master itself
+    // The working copy: bf16 on CUDA; on the CPU the master itself unless zero1 split it.
+    if (cuda || split) params += count(local * a);
     grads += count(local * m);
-    optimizer += 2 * count(shard * m);        // AdamW moments
-    if (cuda) optimizer += count(shard * m);  // fp32 master beside the bf16 working copy
+    optimizer += 3 * count(shard * m);  // fp32 master and both AdamW moments
   }
   p.params = params;
   p.grads = grads;
@@ -179,7 +183,10 @@ PlanLayout smallest_fitting_layout(const TrainOptions& o, const PlanLayout& from
     // Largest ep first: more ranks to hold the experts is what shrinks an MoE rank most.
     for (int ep = std::min(world, experts); ep >= 1; --ep) {
       if (world % ep != 0 || experts % ep != 0) continue;
+      // zero1 needs each rank's experts to split over their dp replicas (validate_train_options).
+      const bool zero1_ok = !o.model.is_moe() || (experts / ep) % (world / ep) == 0;
       for (const OptimizerSharding sh : {from.sharding, OptimizerSharding::kZero1}) {
+        if (sh == OptimizerSharding::kZero1 && !zero1_ok) continue;
         for (const int mode : {0, 1, 2}) {  // as configured, checkpointing, double offload
           PlanLayout l = from;
           l.world = world;
@@ -206,6 +213,30 @@ PlanLayout smallest_fitting_layout(const TrainOptions& o, const PlanLayout& from
   PlanLayout none;
   none.world = 0;
   return none;
+}
+
+Json plan_json(const MemoryPlan& p, int64_t device_bytes) {
+  Json j;
+  j["layout"] = p.layout.describe();
+  j["world"] = p.layout.world;
+  j["ep"] = p.layout.ep;
+  j["cuda"] = p.cuda;
+  j["tokens_per_rank"] = p.tokens_per_rank;
+  j["parameter_bytes"] = p.params;
+  j["gradient_bytes"] = p.grads;
+  j["optimizer_bytes"] = p.optimizer;
+  j["activation_bytes"] = p.activations;
+  j["activation_bytes_all_kept"] = p.act_full;
+  j["activation_bytes_recompute"] = p.act_checkpointed;
+  j["activation_bytes_offload"] = p.act_offloaded;
+  j["staging_bytes"] = p.staging;
+  j["rounding_bytes"] = p.rounding;
+  j["reserve_bytes"] = p.reserve;
+  j["host_pinned_bytes"] = p.host_pinned;
+  j["total_bytes"] = p.total;
+  j["device_bytes"] = device_bytes;
+  j["fits"] = device_bytes <= 0 || p.total <= device_bytes;
+  return j;
 }
 
 std::string format_plan(const MemoryPlan& p, int64_t device_bytes) {

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "launch/json.h"
 #include "launch/options.h"
 
 namespace hp {
@@ -36,9 +37,10 @@ struct MemoryPlan {
   int64_t shard_numel = 0;         // elements whose optimizer state this rank owns
 
   // Bytes on one rank's device.
-  int64_t params = 0;     // the weights the model computes with (bf16 on CUDA; CPU: the master)
+  int64_t params = 0;     // working copies the model computes with (bf16 on CUDA; on the CPU the
+                          // master is the working copy unless zero1 splits it)
   int64_t grads = 0;      // fp32 gradients of every local parameter
-  int64_t optimizer = 0;  // AdamW moments (+ the fp32 master where it is a separate copy)
+  int64_t optimizer = 0;  // fp32 masters and both AdamW moments of the elements this rank owns
   int64_t act_full = 0;   // every layer's activations kept for backward
   int64_t act_checkpointed = 0;  // block inputs kept, one layer recomputed at a time
   int64_t act_offloaded = 0;     // block inputs on the host, a ring of staging buffers here
@@ -65,6 +67,9 @@ int64_t planned_device_bytes(const TrainOptions& o, int64_t visible_bytes);
 // `device_bytes`; world = 0 when none up to 4096 ranks does.
 PlanLayout smallest_fitting_layout(const TrainOptions& o, const PlanLayout& from,
                                    int64_t device_bytes, bool cuda);
+
+// The plan's numbers (bytes) as --plan_json writes them.
+nlohmann::ordered_json plan_json(const MemoryPlan& p, int64_t device_bytes);
 
 // The plan as the lines --dry-run prints.
 std::string format_plan(const MemoryPlan& p, int64_t device_bytes);

@@ -61,10 +61,13 @@ TEST(MemoryPlan, ParamGradOptimizerBytesMatchAHandCount) {
   EXPECT_EQ(z.grads, p.grads);
   EXPECT_LT(z.total, p.total);
 
-  // The CPU backend computes with its fp32 master: no separate copy, moments only.
+  // The CPU backend computes with its fp32 master, a separate whole copy only once zero1 splits
+  // the master.
   const MemoryPlan c = plan_memory(o, zero1, /*cuda=*/false);
   EXPECT_EQ(c.params, 4 * local);
-  EXPECT_EQ(c.optimizer, 8 * (h.dense / 8 + h.expert / 8));
+  EXPECT_EQ(c.optimizer, 12 * (h.dense / 8 + h.expert / 8));
+  EXPECT_EQ(plan_memory(o, none, false).params, 0);
+  EXPECT_EQ(plan_memory(o, none, false).optimizer, 12 * local);
   EXPECT_EQ(c.rounding, 0);
   EXPECT_EQ(c.reserve, 0);
 }
@@ -77,10 +80,8 @@ TEST(MemoryPlan, OptimizerStateFallsByTheShardingFactor) {
     const int64_t full = plan_memory(o, l, false).optimizer;
     l.sharding = OptimizerSharding::kZero1;
     const int64_t sharded = plan_memory(o, l, false).optimizer;
-    // Per-tensor shards round up: at most one element per tensor and moment more than 1/world.
-    const int64_t tensors = static_cast<int64_t>(param_tensors(o.model).size());
-    EXPECT_GE(sharded * world, full);
-    EXPECT_LE(sharded * world, full + 2 * 4 * world * tensors);
+    // Every tiny-dense tensor's rows divide by 2 and 4.
+    EXPECT_EQ(sharded * world, full);
   }
 }
 
@@ -97,6 +98,7 @@ TEST(MemoryPlan, TensorListIsWhatTheModelAllocates) {
     for (size_t i = 0; i < list.size(); ++i) {
       const Param& p = *model.params().all()[i];
       EXPECT_EQ(list[i].numel, p.global_numel()) << ini << " " << p.name;
+      EXPECT_EQ(list[i].rows, p.global_shape[0]) << ini << " " << p.name;
       EXPECT_EQ(list[i].experts > 0, p.group == ParamGroup::kExpert) << ini << " " << p.name;
     }
   }
