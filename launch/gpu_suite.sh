@@ -80,6 +80,14 @@ b = {j["step"]: j for j in map(json.loads, open(sys.argv[2]))}
 bad = [k for k in (4, 5, 6) if k not in b or (b[k]["loss"], b[k]["grad_norm"]) != (s[k]["loss"], s[k]["grad_norm"])]
 print("steps 4-6 after resume", "differ at " + str(bad) if bad else "are bitwise the straight run")
 sys.exit(1 if bad else 0)' "$r/s.jsonl" "$r/b.jsonl"
+  # optimizer_sharding=zero1 on one GPU: the same losses and norms as none, bit for bit.
+  run zero1_one_gpu "${train[@]}" --optimizer_sharding=zero1 --metrics_path="$r/z.jsonl"
+  run zero1_equals_none python3 -c '
+import json, sys
+s = [(j["loss"], j["grad_norm"]) for j in map(json.loads, open(sys.argv[1]))]
+z = [(j["loss"], j["grad_norm"]) for j in map(json.loads, open(sys.argv[2]))]
+print("zero1 vs none on one GPU:", "bitwise equal" if s == z else "DIFFER")
+sys.exit(0 if s == z and len(s) == 6 else 1)' "$r/s.jsonl" "$r/z.jsonl"
 fi
 
 if want attention && [ -x "$bin/gpu_tests" ]; then
