@@ -26,22 +26,11 @@ SWEEP = os.path.join(ROOT, "examples", "scaling", "sweep.py")
 sys.path.insert(0, os.path.dirname(SWEEP))
 import sweep  # noqa: E402
 
-failures = []
+sys.path.insert(0, os.path.join(ROOT, "tests", "tools"))
+from checks import Checks  # noqa: E402
 
-
-def check(cond, *msg):
-    if not cond:
-        failures.append(" ".join(str(m) for m in msg))
-        print("[check_sweep] FAILED:", *msg, flush=True)
-    return cond
-
-
-def done(what):
-    if failures:
-        print(f"[check_sweep] {len(failures)} failed checks", flush=True)
-        return 1
-    print(f"[check_sweep] ok: {what}", flush=True)
-    return 0
+_checks = Checks("check_sweep")
+check, done = _checks.check, _checks.done
 
 
 def need_matplotlib():

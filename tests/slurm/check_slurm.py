@@ -28,22 +28,11 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TINY = ["train", "--config", os.path.join(ROOT, "examples", "configs", "tiny-moe.ini"),
         "--seq_len=128", "--batch_tokens=1024", "--log_every=1"]
-failures = []
+sys.path.insert(0, os.path.join(ROOT, "tests", "tools"))
+from checks import Checks  # noqa: E402
 
-
-def check(cond, *msg):
-    if not cond:
-        failures.append(" ".join(str(m) for m in msg))
-        print("[check_slurm] FAILED:", *msg, flush=True)
-    return cond
-
-
-def done(what):
-    if failures:
-        print(f"[check_slurm] {len(failures)} failed checks", flush=True)
-        return 1
-    print(f"[check_slurm] ok: {what}", flush=True)
-    return 0
+_checks = Checks("check_slurm")
+check, done = _checks.check, _checks.done
 
 
 def skip(why):
