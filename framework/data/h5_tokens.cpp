@@ -1,7 +1,6 @@
 // HDF5 token files: the reader (a DocumentSource) and the writer declared in token_files.h.
 #include <fcntl.h>
 #include <hdf5.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -35,7 +34,7 @@ class H5TokenFile final : public DocumentSource {
  public:
   H5TokenFile(const std::string& path, int64_t vocab_size, int32_t eot_token);
   ~H5TokenFile() override {
-    if (map_ != nullptr) ::munmap(map_, map_bytes_);
+    if (fd_ >= 0) ::close(fd_);
   }
   H5TokenFile(const H5TokenFile&) = delete;
   H5TokenFile& operator=(const H5TokenFile&) = delete;
@@ -52,7 +51,7 @@ class H5TokenFile final : public DocumentSource {
     return str_cat(
         path_, " (HDF5 tokens: ", num_documents(), " documents, ", n_tokens_, " tokens",
         mask_.empty() ? "" : str_cat(", loss mask counting ", mask_ones_, " of them"),
-        raw_ != nullptr || n_tokens_ == 0
+        fd_ >= 0 || n_tokens_ == 0
             ? ")"
             : "; read through HDF5, slower: /tokens is chunked, filtered or not 16/32-bit "
               "little-endian)");
@@ -64,10 +63,11 @@ class H5TokenFile final : public DocumentSource {
   H5Handle open_dataset(const char* name, int64_t* length) const;
   void read_range(const char* name, const H5Handle& ds, int64_t start, int64_t count,
                   hid_t mem_type, void* out) const;
-  // Maps /tokens into memory when HDF5 stores it as one contiguous, unfiltered little-endian
-  // block of 16- or 32-bit integers (what write_h5_tokens produces); false: read through HDF5.
-  bool map_tokens();
-  // tokens[start, start + n) into out, from the mapping or through HDF5.
+  // Reads /tokens directly from the file (pread) when HDF5 stores it as one contiguous,
+  // unfiltered little-endian block of 16- or 32-bit integers (what write_h5_tokens produces);
+  // false: read through HDF5.
+  bool direct_tokens();
+  // tokens[start, start + n) into out, directly or through HDF5.
   template <typename T>
   void fetch(int64_t start, int64_t n, T* out) const;
 
@@ -82,11 +82,11 @@ class H5TokenFile final : public DocumentSource {
   uint64_t fingerprint_ = 0;
   std::vector<uint8_t> mask_;  // /loss_mask, one 0/1 per stored token; empty: none
   int64_t mask_ones_ = 0;
-  void* map_ = nullptr;
-  size_t map_bytes_ = 0;
-  const char* raw_ = nullptr;  // first token inside the mapping
-  size_t width_ = 0;           // bytes per stored token
+  int fd_ = -1;          // open for direct reads, else -1
+  uint64_t raw_at_ = 0;  // file offset of the first token
+  size_t width_ = 0;     // bytes per stored token
   bool signed_ = false;
+  mutable std::vector<char> scratch_;
 };
 
 H5TokenFile::H5TokenFile(const std::string& path, int64_t vocab_size, int32_t eot_token)
@@ -133,7 +133,7 @@ H5TokenFile::H5TokenFile(const std::string& path, int64_t vocab_size, int32_t eo
     return;
   }
 
-  map_tokens();
+  direct_tokens();
 
   // One pass in bounded memory validates every id, records which documents lack their final
   // EOT and sums a content checksum for the fingerprint.
@@ -240,10 +240,11 @@ void H5TokenFile::read_range(const char* name, const H5Handle& ds, int64_t start
     h5_fail("H5Dread", path_, name);
 }
 
-bool H5TokenFile::map_tokens() {
+bool H5TokenFile::direct_tokens() {
   H5Handle dcpl(H5Dget_create_plist(tokens_.get()), H5Pclose);
   if (!dcpl.valid()) h5_fail("H5Dget_create_plist", path_, kTokens);
   if (H5Pget_layout(dcpl.get()) != H5D_CONTIGUOUS) return false;
+  if (H5Pget_nfilters(dcpl.get()) != 0) return false;
   const haddr_t addr = H5Dget_offset(tokens_.get());
   if (addr == HADDR_UNDEF) return false;
   H5Handle type(H5Dget_type(tokens_.get()), H5Tclose);
@@ -254,49 +255,60 @@ bool H5TokenFile::map_tokens() {
   const int fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return false;
   struct stat st {};
-  const uint64_t end = addr + static_cast<uint64_t>(n_tokens_) * width;
-  if (::fstat(fd, &st) != 0 || static_cast<uint64_t>(st.st_size) < end) {
+  // Overflow-safe form of addr + n_tokens * width <= size (both come from the file).
+  const uint64_t size = ::fstat(fd, &st) == 0 ? static_cast<uint64_t>(st.st_size) : 0;
+  if (addr > size || static_cast<uint64_t>(n_tokens_) > (size - addr) / width) {
     ::close(fd);
     return false;  // let HDF5 report whatever is wrong with the file
   }
-  const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
-  const uint64_t base = addr / page * page;
-  void* map = ::mmap(nullptr, end - base, PROT_READ, MAP_PRIVATE, fd, static_cast<off_t>(base));
-  ::close(fd);
-  if (map == MAP_FAILED) return false;
-  map_ = map;
-  map_bytes_ = end - base;
-  raw_ = static_cast<const char*>(map) + (addr - base);
+  fd_ = fd;
+  raw_at_ = addr;
   width_ = width;
   signed_ = H5Tget_sign(type.get()) == H5T_SGN_2;
 
-  // The mapping is trusted only if it agrees with what HDF5 itself reads at both ends.
+  // Direct reads are trusted only if they agree with what HDF5 itself reads at both ends.
   const int64_t n = std::min<int64_t>(n_tokens_, 256);
-  std::vector<int64_t> via_hdf5(static_cast<size_t>(n)), via_map(static_cast<size_t>(n));
+  std::vector<int64_t> via_hdf5(static_cast<size_t>(n)), direct(static_cast<size_t>(n));
   bool agree = true;
   for (int64_t start : {int64_t{0}, n_tokens_ - n}) {
     read_range(kTokens, tokens_, start, n, H5T_NATIVE_INT64, via_hdf5.data());
-    fetch(start, n, via_map.data());
-    agree = agree && via_hdf5 == via_map;
+    fetch(start, n, direct.data());
+    agree = agree && via_hdf5 == direct;
   }
   if (!agree) {
-    ::munmap(map_, map_bytes_);
-    map_ = nullptr;
-    raw_ = nullptr;
+    ::close(fd_);
+    fd_ = -1;
   }
   return agree;
 }
 
 template <typename T>
 void H5TokenFile::fetch(int64_t start, int64_t n, T* out) const {
-  if (raw_ == nullptr) {
+  if (fd_ < 0) {
     H5Quiet quiet;
     const hid_t mem_type = sizeof(T) == 8 ? H5T_NATIVE_INT64 : H5T_NATIVE_INT32;
     read_range(kTokens, tokens_, start, n, mem_type, out);
     return;
   }
+  const size_t want = static_cast<size_t>(n) * width_;
+  const uint64_t at = raw_at_ + static_cast<uint64_t>(start) * width_;
+  scratch_.resize(want);
+  size_t got = 0;
+  while (got < want) {
+    const ssize_t r = ::pread(fd_, scratch_.data() + got, want - got, static_cast<off_t>(at + got));
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0)
+      HP_USER_ERROR(ErrorKind::kData, "cannot read tokens ", start, "..", start + n - 1, " of ",
+                    kTokens, " in ", path_, ": ", std::strerror(errno));
+    if (r == 0)
+      HP_USER_ERROR(ErrorKind::kData, path_, " was truncated while in use: tokens ", start, "..",
+                    start + n - 1, " of ", kTokens, " (bytes ", at, "..", at + want - 1,
+                    ") are no longer in the file; do not change token files while a job reads "
+                    "them");
+    got += static_cast<size_t>(r);
+  }
   // memcpy per element: the dataset's address need not be aligned for its type.
-  const char* p = raw_ + static_cast<size_t>(start) * width_;
+  const char* p = scratch_.data();
   auto decode = [&](auto stored) {
     using S = decltype(stored);
     for (int64_t k = 0; k < n; ++k) {

@@ -2,7 +2,6 @@
 
 #include <fcntl.h>
 #include <glob.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -18,7 +17,7 @@
 namespace hp {
 namespace {
 
-// The .bin format is little-endian on disk and is read in place through the mapping.
+// The .bin format is little-endian on disk and is read into host integers as stored.
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "token files assume a little-endian host");
 
 bool ends_with(const std::string& s, const std::string& suffix) {
@@ -35,27 +34,29 @@ std::string trim(const std::string& s) {
 
 class Fd {
  public:
-  explicit Fd(int fd) : fd_(fd) {}
+  explicit Fd(int fd = -1) : fd_(fd) {}
   ~Fd() {
     if (fd_ >= 0) ::close(fd_);
   }
   Fd(const Fd&) = delete;
   Fd& operator=(const Fd&) = delete;
+  Fd(Fd&& o) noexcept : fd_(o.fd_) { o.fd_ = -1; }
+  Fd& operator=(Fd&& o) noexcept {
+    std::swap(fd_, o.fd_);
+    return *this;
+  }
   int get() const { return fd_; }
 
  private:
   int fd_;
 };
 
-// One llm.c shard, memory-mapped: the page cache holds the tokens, not the process.
+// One llm.c shard, read with pread(2) from a descriptor held open: the page cache holds the
+// tokens, not the process. (Not a memory mapping: a shard truncated while the job runs would
+// kill it with SIGBUS at the first read past the new end; a short read is reported instead.)
 class BinShard final : public DocumentSource {
  public:
   BinShard(const std::string& path, int64_t vocab_size, int32_t eot_token);
-  ~BinShard() override {
-    if (map_ != nullptr) ::munmap(map_, map_bytes_);
-  }
-  BinShard(const BinShard&) = delete;
-  BinShard& operator=(const BinShard&) = delete;
 
   int64_t num_documents() const override { return static_cast<int64_t>(starts_.size()); }
   int64_t num_tokens() const override { return n_tokens_ + (append_eot_ ? 1 : 0); }
@@ -73,33 +74,34 @@ class BinShard final : public DocumentSource {
   int64_t doc_end(int64_t i) const {
     return i + 1 < num_documents() ? static_cast<int64_t>(starts_[i + 1]) : n_tokens_;
   }
+  // Tokens [first, first + n) into out; throws naming the file when it no longer holds them.
+  void read_tokens(int64_t first, int64_t n, uint16_t* out) const;
 
   std::string path_;
   int32_t eot_;
-  void* map_ = nullptr;
-  size_t map_bytes_ = 0;
-  const uint16_t* tokens_ = nullptr;
+  Fd fd_;
   int64_t n_tokens_ = 0;
   // Start of each document; a shard holds < 2^31 tokens (int32 header), so 32 bits suffice.
   std::vector<uint32_t> starts_;
   bool append_eot_ = false;  // the last document ends without EOT
   uint64_t fingerprint_ = 0;
+  mutable std::vector<uint16_t> scratch_;
 };
 
 BinShard::BinShard(const std::string& path, int64_t vocab_size, int32_t eot_token)
     : path_(path), eot_(eot_token) {
-  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (fd.get() < 0)
+  fd_ = Fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (fd_.get() < 0)
     HP_USER_ERROR(ErrorKind::kData, "cannot open data file ", path, ": ", std::strerror(errno));
   struct stat st {};
-  if (::fstat(fd.get(), &st) != 0 || !S_ISREG(st.st_mode))
+  if (::fstat(fd_.get(), &st) != 0 || !S_ISREG(st.st_mode))
     HP_USER_ERROR(ErrorKind::kData, "data file ", path, " is not a regular file");
   const int64_t size = st.st_size;
   if (size < kBinHeaderBytes)
     HP_USER_ERROR(ErrorKind::kData, path, " is truncated: it has ", size, " bytes, fewer than the ",
                   kBinHeaderBytes, "-byte header of an llm.c token shard");
   int32_t header[kBinHeaderInts];
-  if (::pread(fd.get(), header, sizeof header, 0) != static_cast<ssize_t>(sizeof header))
+  if (::pread(fd_.get(), header, sizeof header, 0) != static_cast<ssize_t>(sizeof header))
     HP_USER_ERROR(ErrorKind::kData, "cannot read the header of ", path, ": ", std::strerror(errno));
   if (header[0] != kBinMagic)
     HP_USER_ERROR(ErrorKind::kData, "bad magic ", header[0], " in ", path, ", expected ", kBinMagic,
@@ -125,32 +127,52 @@ BinShard::BinShard(const std::string& path, int64_t vocab_size, int32_t eot_toke
     return;
   }
 
-  map_bytes_ = static_cast<size_t>(kBinHeaderBytes + 2 * n_tokens_);
-  map_ = ::mmap(nullptr, map_bytes_, PROT_READ, MAP_PRIVATE, fd.get(), 0);
-  if (map_ == MAP_FAILED) {
-    map_ = nullptr;
-    HP_FAIL(ErrorKind::kIo, "cannot map ", path, " (", map_bytes_,
-            " bytes): ", std::strerror(errno));
-  }
-  tokens_ = reinterpret_cast<const uint16_t*>(static_cast<const char*>(map_) + kBinHeaderBytes);
-
-  // One pass validates every id, finds the document starts and sums a content checksum for the
-  // fingerprint. The kernel streams the pages in; nothing is copied.
-  ::madvise(map_, map_bytes_, MADV_SEQUENTIAL);
+  // One pass in bounded memory validates every id, finds the document starts and sums a content
+  // checksum for the fingerprint.
+  ::posix_fadvise(fd_.get(), 0, 0, POSIX_FADV_SEQUENTIAL);
+  constexpr int64_t kChunk = int64_t{1} << 20;
+  std::vector<uint16_t> buf(static_cast<size_t>(std::min(kChunk, n_tokens_)));
   starts_.push_back(0);
   uint64_t sum = 0;
-  for (int64_t k = 0; k < n_tokens_; ++k) {
-    const uint16_t t = tokens_[k];
-    if (t >= vocab_size)
-      HP_USER_ERROR(ErrorKind::kData, "token id ", t, " at token offset ", k, " (byte offset ",
-                    kBinHeaderBytes + 2 * k, ") of ", path, " is not below vocab_size ",
-                    vocab_size);
-    sum = sum * 0x100000001B3ull + t;
-    if (t == eot_ && k + 1 < n_tokens_) starts_.push_back(static_cast<uint32_t>(k + 1));
+  uint16_t last = 0;
+  for (int64_t first = 0; first < n_tokens_; first += kChunk) {
+    const int64_t n = std::min(kChunk, n_tokens_ - first);
+    read_tokens(first, n, buf.data());
+    for (int64_t j = 0; j < n; ++j) {
+      const int64_t k = first + j;
+      const uint16_t t = buf[j];
+      if (t >= vocab_size)
+        HP_USER_ERROR(ErrorKind::kData, "token id ", t, " at token offset ", k, " (byte offset ",
+                      kBinHeaderBytes + 2 * k, ") of ", path, " is not below vocab_size ",
+                      vocab_size);
+      sum = sum * 0x100000001B3ull + t;
+      if (t == eot_ && k + 1 < n_tokens_) starts_.push_back(static_cast<uint32_t>(k + 1));
+    }
+    last = buf[n - 1];
   }
-  ::madvise(map_, map_bytes_, MADV_NORMAL);
-  append_eot_ = tokens_[n_tokens_ - 1] != eot_;
+  ::posix_fadvise(fd_.get(), 0, 0, POSIX_FADV_NORMAL);
+  append_eot_ = last != eot_;
   fingerprint_ = hash64(std::to_string(sum), hash64(std::to_string(starts_.size()), h));
+}
+
+void BinShard::read_tokens(int64_t first, int64_t n, uint16_t* out) const {
+  char* dst = reinterpret_cast<char*>(out);
+  const size_t want = static_cast<size_t>(n) * 2;
+  const off_t at = static_cast<off_t>(kBinHeaderBytes + 2 * first);
+  size_t got = 0;
+  while (got < want) {
+    const ssize_t r = ::pread(fd_.get(), dst + got, want - got, at + static_cast<off_t>(got));
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0)
+      HP_USER_ERROR(ErrorKind::kData, "cannot read tokens ", first, "..", first + n - 1, " of ",
+                    path_, ": ", std::strerror(errno));
+    if (r == 0)
+      HP_USER_ERROR(ErrorKind::kData, path_, " was truncated while in use: tokens ", first, "..",
+                    first + n - 1, " (bytes ", at, "..", at + static_cast<off_t>(want) - 1,
+                    ") are no longer in the file, which its header says holds ", n_tokens_,
+                    " tokens; do not change token files while a job reads them");
+    got += static_cast<size_t>(r);
+  }
 }
 
 void BinShard::read(int64_t i, int64_t offset, int64_t count, int32_t* out) {
@@ -159,10 +181,13 @@ void BinShard::read(int64_t i, int64_t offset, int64_t count, int32_t* out) {
            path_, ": read(", i, ", ", offset, ", ", count, ")");
   const int64_t start = starts_[i];
   const int64_t stored = doc_end(i) - start;
-  for (int64_t k = 0; k < count; ++k) {
-    const int64_t j = offset + k;
-    out[k] = j < stored ? static_cast<int32_t>(tokens_[start + j]) : eot_;
+  const int64_t n = std::max<int64_t>(0, std::min(count, stored - offset));
+  if (n > 0) {
+    scratch_.resize(static_cast<size_t>(n));
+    read_tokens(start + offset, n, scratch_.data());
+    for (int64_t k = 0; k < n; ++k) out[k] = static_cast<int32_t>(scratch_[k]);
   }
+  for (int64_t k = n; k < count; ++k) out[k] = eot_;
 }
 
 // Several files read as one: global document index = the files' documents in list order.

@@ -12,9 +12,10 @@
 //         like padding. An appended EOT takes the mask of its document's last token.
 //
 // Every file is validated when opened: header or datasets, offsets, and every token id against
-// vocab_size (a scan in bounded memory: .bin shards are memory-mapped, HDF5 tokens are read in
-// chunks). A problem throws UserError(ErrorKind::kData) naming the file and the offending entry.
-// Tokens are then read on demand, so a file is never held in memory twice.
+// vocab_size (a scan in bounded memory, in chunks). A problem throws UserError(ErrorKind::kData)
+// naming the file and the offending entry. Tokens are then read on demand with pread(2) (or
+// through HDF5), so a file is never held in memory twice and a file truncated while a job reads
+// it fails that read with a UserError(kData) naming the file, never with SIGBUS.
 #pragma once
 
 #include <cstdint>

@@ -741,6 +741,53 @@ TEST(DataErrors, TruncatedBadMagicBadVersion) {
   expect_user_error([&] { DataLoader::open(file_config(empty)); }, {empty, "empty data"});
 }
 
+// A token file cut short after the loader validated it (a shard being rewritten under a running
+// job): the read that reaches past the new end throws a UserError naming the file, where a
+// memory-mapped read would kill the process with SIGBUS.
+TEST(DataErrors, FileTruncatedWhileInUseFailsTheReadNamingTheFile) {
+  TempDir dir;
+  std::vector<int32_t> tokens;
+  for (int d = 0; d < 400; ++d) {
+    for (int k = 0; k < 9; ++k) tokens.push_back((d + k) % kE);
+    tokens.push_back(kE);
+  }
+  std::vector<int64_t> offsets;
+  for (int64_t d = 0; d <= 400; ++d) offsets.push_back(d * 10);
+  const std::string bin = dir.file("cut.bin");
+  const std::string h5 = dir.file("cut.h5");
+  write_bin_shard(bin, tokens);
+  write_h5_tokens(h5, tokens, offsets);
+  // Where the first 300 tokens end in each file.
+  const int64_t bin_cut = kBinHeaderBytes + 2 * 300;
+  int64_t h5_cut = 0;
+  {
+    const hid_t f = H5Fopen(h5.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+    ASSERT_GE(f, 0);
+    const hid_t ds = H5Dopen2(f, "/tokens", H5P_DEFAULT);
+    ASSERT_GE(ds, 0);
+    const haddr_t at = H5Dget_offset(ds);
+    H5Dclose(ds);
+    H5Fclose(f);
+    ASSERT_NE(at, HADDR_UNDEF) << "write_h5_tokens stores /tokens contiguously";
+    h5_cut = static_cast<int64_t>(at) + 4 * 300;
+  }
+  for (const auto& [path, cut] : {std::pair{bin, bin_cut}, std::pair{h5, h5_cut}}) {
+    SCOPED_TRACE(path);
+    DataConfig c = file_config(path);
+    c.shuffle = false;  // file order: the first batches lie before the cut
+    auto loader = DataLoader::open(c);
+    // A row of 33 tokens holds 3 documents of 10: a batch of 8 rows reads 240 tokens.
+    EXPECT_NO_THROW(loader->next());
+    std::filesystem::resize_file(path, static_cast<uintmax_t>(cut));
+    // The second batch reads tokens 240..479, past the cut.
+    expect_user_error(
+        [&] {
+          for (int b = 0; b < 4; ++b) loader->next();
+        },
+        {path, "truncated while in use"});
+  }
+}
+
 TEST(DataErrors, TokenOutsideVocabNamesFileAndOffset) {
   TempDir dir;
   std::vector<int32_t> tokens = {1, 2, kE, 3, 4, 70, 5, kE};
