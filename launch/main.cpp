@@ -14,6 +14,7 @@
 #include "framework/core/log.h"
 #include "framework/model/config.h"
 #include "launch/bench/bench_step.h"
+#include "launch/cpu_threads.h"
 #include "launch/json.h"
 #include "launch/options.h"
 #include "launch/tools/tools.h"
@@ -94,6 +95,7 @@ int run(std::vector<std::string> args, int* argc, char*** argv) {
   if (!parse_train_options(args, scenario.empty() ? cmd : "bench " + scenario, o)) return 0;
   if (cmd == "train" && o.dry_run) return dry_run(o);
   Job job(o, argc, argv);  // this process as one rank: launch, rendezvous, process groups
+  log_info(describe_cpu_threads());
   try {
     if (cmd == "train") return run_train(o, job.context());
     if (cmd == "eval") return run_eval(o, job.context());
@@ -108,6 +110,8 @@ int run(std::vector<std::string> args, int* argc, char*** argv) {
 }  // namespace hp
 
 int main(int argc, char** argv) {
+  // First: may execute the program again with OpenMP defaults set (launch/cpu_threads.h).
+  hp::apply_omp_defaults(argv);
   try {
     return hp::run(std::vector<std::string>(argv + 1, argv + argc), &argc, &argv);
   } catch (const hp::UserError& e) {
