@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "framework/core/error.h"
+#include "launch/option_errors.h"
 
 namespace po = boost::program_options;
 
@@ -300,8 +301,8 @@ bool parse_train_options(const std::vector<std::string>& args, const std::string
   try {
     po::store(po::command_line_parser(args).options(all).run(), vm);
   } catch (const po::error& e) {
-    HP_USER_ERROR(ErrorKind::kConfig, "hotpath ", subcommand, ": ", e.what(), " (see hotpath ",
-                  subcommand, " --help)");
+    HP_USER_ERROR(ErrorKind::kConfig, "hotpath ", subcommand, ": ", option_error_text(e),
+                  " (see hotpath ", subcommand, " --help)");
   }
   if (vm.count("help")) {
     std::cout << "usage: hotpath " << subcommand << " --config FILE [--key=value ...]\n\n"
@@ -323,14 +324,14 @@ bool parse_train_options(const std::vector<std::string>& args, const std::string
     try {
       po::store(po::parse_config_file(in, keys, false), vm);
     } catch (const po::error& e) {
-      HP_USER_ERROR(ErrorKind::kConfig, "config file '", path, "': ", e.what(),
+      HP_USER_ERROR(ErrorKind::kConfig, "config file '", path, "': ", option_error_text(e),
                     " (valid keys: hotpath ", subcommand, " --help)");
     }
   }
   try {
     po::notify(vm);
   } catch (const po::error& e) {
-    HP_USER_ERROR(ErrorKind::kConfig, "hotpath ", subcommand, ": ", e.what());
+    HP_USER_ERROR(ErrorKind::kConfig, "hotpath ", subcommand, ": ", option_error_text(e));
   }
   parse_enums(raw, o);
   return true;
