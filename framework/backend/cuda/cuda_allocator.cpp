@@ -2,6 +2,8 @@
 
 #include <cuda_runtime.h>
 
+#include <cstdio>
+#include <cstdlib>
 #include <memory>
 
 #include "framework/backend/cuda/cuda_check.h"
@@ -27,6 +29,41 @@ class DeviceGuard {
   bool changed_ = false;
 };
 
+std::mutex& registry_mutex() {
+  static std::mutex mu;
+  return mu;
+}
+// Never destroyed (see the header): the exit handler shuts each down instead.
+std::map<int, CudaCachingAllocator*>& registry() {
+  static auto* m = new std::map<int, CudaCachingAllocator*>();
+  return *m;
+}
+
+void shut_down_device_allocators() {
+  std::lock_guard<std::mutex> lock(registry_mutex());
+  for (auto& [device, a] : registry()) {
+    const CudaAllocatorStats before = a->stats();
+    const int64_t live = a->shut_down();
+    if (live > 0)
+      std::fprintf(stderr,
+                   "[hotpath] cuda allocator: %lld blocks (%zu bytes) of device %d still in use at "
+                   "exit; returned to the driver\n",
+                   static_cast<long long>(live), before.bytes_in_use, device);
+    const CudaAllocatorStats after = a->stats();
+    if (after.failed_frees > 0)
+      std::fprintf(stderr, "[hotpath] cuda allocator: %lld cudaFree calls failed at exit: %s\n",
+                   static_cast<long long>(after.failed_frees),
+                   cudaGetErrorString(a->last_free_error()));
+  }
+}
+
+// Registers the exit handler once, after the first CUDA call of the process: handlers run in
+// reverse order of registration, so this one runs before the CUDA runtime's own teardown.
+void register_exit_handler() {
+  static std::once_flag once;
+  std::call_once(once, [] { std::atexit(shut_down_device_allocators); });
+}
+
 }  // namespace
 
 size_t CudaCachingAllocator::bucket_size(size_t bytes) {
@@ -40,14 +77,50 @@ size_t CudaCachingAllocator::bucket_size(size_t bytes) {
 }
 
 CudaCachingAllocator::~CudaCachingAllocator() {
-  // Process exit: the driver may already be shutting down, so errors are ignored here.
+  // The driver may already be shutting down, so errors are ignored here.
+  shut_down();
+}
+
+int64_t CudaCachingAllocator::shut_down() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (shut_down_) return 0;
+  shut_down_ = true;
+  const int64_t live = static_cast<int64_t>(live_.size());
+  if (free_.empty() && live_.empty()) return 0;
+  // Not DeviceGuard: at exit a failure is counted, never thrown.
+  int prev = -1;
+  const bool switched = cudaGetDevice(&prev) == cudaSuccess && prev != device_ &&
+                        cudaSetDevice(device_) == cudaSuccess;
   for (auto& kv : free_)
-    for (void* p : kv.second) cudaFree(p);
+    for (void* p : kv.second) free_block(p, false);
+  for (auto& kv : live_) free_block(kv.first, false);
+  free_.clear();
+  live_.clear();
+  stats_.bytes_cached = 0;
+  stats_.bytes_in_use = 0;
+  if (switched && cudaSetDevice(prev) != cudaSuccess) cudaGetLastError();
+  return live;
+}
+
+void CudaCachingAllocator::free_block(void* p, bool check) {
+  ++stats_.device_frees;
+  if (check) {
+    CUDA_CHECK(cudaFree(p));
+    return;
+  }
+  const cudaError_t err = cudaFree(p);
+  // A runtime already unloading has released the context, and the block with it.
+  if (err != cudaSuccess && err != cudaErrorCudartUnloading) {
+    ++stats_.failed_frees;
+    last_free_error_ = static_cast<int>(err);
+  }
+  if (err != cudaSuccess) cudaGetLastError();
 }
 
 void* CudaCachingAllocator::allocate(size_t bytes) {
   const size_t size = bucket_size(bytes);
   std::lock_guard<std::mutex> lock(mu_);
+  HP_CHECK(!shut_down_, "cuda allocator of device ", device_, ": allocate after shutdown");
   void* p = nullptr;
   auto it = free_.find(size);
   if (it != free_.end() && !it->second.empty()) {
@@ -70,6 +143,7 @@ void* CudaCachingAllocator::allocate(size_t bytes) {
               " bytes, peak ", stats_.peak_in_use, ")");
     }
     ++stats_.device_mallocs;
+    register_exit_handler();
   }
   live_[p] = size;
   stats_.bytes_in_use += size;
@@ -80,6 +154,7 @@ void* CudaCachingAllocator::allocate(size_t bytes) {
 void CudaCachingAllocator::deallocate(void* p, size_t) {
   if (!p) return;
   std::lock_guard<std::mutex> lock(mu_);
+  if (shut_down_) return;  // a tensor that outlived the shutdown: its block is already freed
   auto it = live_.find(p);
   HP_CHECK(it != live_.end(), "deallocate of a pointer this allocator did not hand out");
   const size_t size = it->second;
@@ -97,9 +172,14 @@ void CudaCachingAllocator::release_cached() {
 void CudaCachingAllocator::release_cached_locked() {
   DeviceGuard guard(device_);
   for (auto& kv : free_)
-    for (void* p : kv.second) CUDA_CHECK(cudaFree(p));
+    for (void* p : kv.second) free_block(p, true);
   free_.clear();
   stats_.bytes_cached = 0;
+}
+
+cudaError_t CudaCachingAllocator::last_free_error() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return static_cast<cudaError_t>(last_free_error_);
 }
 
 CudaAllocatorStats CudaCachingAllocator::stats() const {
@@ -108,10 +188,8 @@ CudaAllocatorStats CudaCachingAllocator::stats() const {
 }
 
 CudaCachingAllocator& cuda_device_allocator(int device_ordinal) {
-  static std::mutex mu;
-  static std::map<int, CudaCachingAllocator*> allocators;  // never destroyed: see header
-  std::lock_guard<std::mutex> lock(mu);
-  auto& a = allocators[device_ordinal];
+  std::lock_guard<std::mutex> lock(registry_mutex());
+  auto& a = registry()[device_ordinal];
   if (!a) a = new CudaCachingAllocator(device_ordinal);
   return *a;
 }
