@@ -222,6 +222,23 @@ H5Handle H5TokenFile::open_dataset(const char* name, int64_t* length) const {
   hsize_t dims[1] = {0};
   if (H5Sget_simple_extent_dims(space.get(), dims, nullptr) < 0)
     h5_fail("H5Sget_simple_extent_dims", path_, name);
+  // A damaged header may declare any length; the bytes the file stores for the dataset bound
+  // what can be read (and allocated) for it. Unfiltered data is stored in full; filtered
+  // (compressed) data is taken to shrink at most kMaxCompression-fold (deflate's limit is about
+  // 1032:1).
+  constexpr long double kMaxCompression = 1100;
+  H5Handle dcpl(H5Dget_create_plist(ds.get()), H5Pclose);
+  if (!dcpl.valid()) h5_fail("H5Dget_create_plist", path_, name);
+  const int filters = H5Pget_nfilters(dcpl.get());
+  const long double declared =
+      static_cast<long double>(dims[0]) * static_cast<long double>(H5Tget_size(type.get()));
+  const auto stored = static_cast<long double>(H5Dget_storage_size(ds.get()));
+  if (dims[0] > static_cast<hsize_t>(INT64_MAX) ||
+      stored < (filters > 0 ? declared / kMaxCompression : declared))
+    HP_USER_ERROR(ErrorKind::kData, "dataset ", name, " of ", path_, " declares ", dims[0],
+                  " values but the file stores only ", static_cast<uint64_t>(stored),
+                  " bytes of them", filters > 0 ? " (compressed)" : "",
+                  ": the file is damaged or was not completely written");
   *length = static_cast<int64_t>(dims[0]);
   return ds;
 }
@@ -339,7 +356,12 @@ void H5TokenFile::read(int64_t i, int64_t offset, int64_t count, int32_t* out) {
 
 void write_h5_file(const std::string& path, const std::vector<int32_t>& tokens,
                    const std::vector<int64_t>& doc_offsets, const std::vector<uint8_t>* mask) {
-  H5Handle file(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), H5Fclose);
+  // The 1.10 format, as checkpoints: superblock, object headers and B-trees carry checksums, so
+  // damaged metadata fails a check instead of being parsed.
+  H5Handle fapl(H5Pcreate(H5P_FILE_ACCESS), H5Pclose);
+  if (!fapl.valid() || H5Pset_libver_bounds(fapl.get(), H5F_LIBVER_V110, H5F_LIBVER_V110) < 0)
+    h5_fail("H5Pset_libver_bounds", path, "/");
+  H5Handle file(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.get()), H5Fclose);
   if (!file.valid()) h5_fail("H5Fcreate", path, "/");
   std::vector<uint32_t> u32(tokens.begin(), tokens.end());
   auto write = [&](const char* name, hid_t file_type, hid_t mem_type, const void* data, size_t n) {

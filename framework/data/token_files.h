@@ -50,6 +50,7 @@ std::unique_ptr<DocumentSource> open_token_files(const std::vector<std::string>&
 
 // Writers. Both write `<path>.tmp`, flush it to disk and rename it to `path`, so a file under the
 // final name is always complete. Failures throw (ErrorKind::kIo / kHdf5) and remove the temp file.
+// HDF5 files are written in the HDF5 1.10 format (checksummed metadata; readable by HDF5 >= 1.10).
 //
 // An llm.c shard; every token must be in 0..65535.
 void write_bin_shard(const std::string& path, const std::vector<int32_t>& tokens);

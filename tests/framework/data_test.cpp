@@ -828,6 +828,38 @@ TEST(DataErrors, MalformedH5Files) {
   expect_user_error([&] { DataLoader::open(file_config(text)); }, {text, "not an HDF5 file"});
 }
 
+// A dataset that declares more values than the file stores (a damaged header, or a file whose
+// data was never written) is rejected before anything of that size is allocated or read.
+TEST(DataErrors, H5DatasetLongerThanItsStorageIsRejected) {
+  TempDir dir;
+  const std::string path = dir.file("declared.h5");
+  {
+    const hid_t f = H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+    ASSERT_GE(f, 0);
+    const std::vector<int32_t> tokens = {1, 2, kE};
+    const hsize_t n[1] = {3}, huge[1] = {hsize_t{1} << 40}, chunk[1] = {1024};
+    const hid_t s1 = H5Screate_simple(1, n, nullptr);
+    const hid_t t =
+        H5Dcreate2(f, "/tokens", H5T_STD_U32LE, s1, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+    H5Dwrite(t, H5T_NATIVE_INT32, H5S_ALL, H5S_ALL, H5P_DEFAULT, tokens.data());
+    // 2^40 offsets declared, none written: HDF5 would serve fill values for all of them.
+    const hid_t s2 = H5Screate_simple(1, huge, nullptr);
+    const hid_t dcpl = H5Pcreate(H5P_DATASET_CREATE);
+    H5Pset_chunk(dcpl, 1, chunk);
+    const hid_t o =
+        H5Dcreate2(f, "/doc_offsets", H5T_STD_I64LE, s2, H5P_DEFAULT, dcpl, H5P_DEFAULT);
+    ASSERT_GE(o, 0);
+    H5Dclose(o);
+    H5Dclose(t);
+    H5Pclose(dcpl);
+    H5Sclose(s1);
+    H5Sclose(s2);
+    H5Fclose(f);
+  }
+  expect_user_error([&] { DataLoader::open(file_config(path)); },
+                    {path, "/doc_offsets", "declares 1099511627776 values", "stores only 0 bytes"});
+}
+
 TEST(DataErrors, BadConfig) {
   DataConfig c = small_config();
   c.rows_per_batch = 6;
