@@ -154,16 +154,20 @@ CheckpointWriter::~CheckpointWriter() = default;
 
 void CheckpointWriter::set_attr(const std::string& name, const std::string& value) {
   const std::string where = str_cat(path_, " attribute '", name, "'");
+  // Fixed-length, so the text is stored in the attribute itself, under the object header's
+  // checksum (a variable-length string would live in the global heap, which has none).
   H5Handle type(H5_CHECK(H5Tcopy(H5T_C_S1), where), H5Tclose);
-  H5_CHECK(H5Tset_size(type.get(), H5T_VARIABLE), where);
+  H5_CHECK(H5Tset_size(type.get(), std::max<size_t>(1, value.size())), where);
+  H5_CHECK(H5Tset_strpad(type.get(), H5T_STR_NULLPAD), where);
   H5_CHECK(H5Tset_cset(type.get(), H5T_CSET_UTF8), where);
   H5Handle space(H5_CHECK(H5Screate(H5S_SCALAR), where), H5Sclose);
   H5Handle attr(H5_CHECK(H5Acreate2(impl_->file.get(), name.c_str(), type.get(), space.get(),
                                     H5P_DEFAULT, H5P_DEFAULT),
                          where),
                 H5Aclose);
-  const char* p = value.c_str();
-  H5_CHECK(H5Awrite(attr.get(), type.get(), &p), where);
+  std::string padded = value;
+  padded.resize(std::max<size_t>(1, value.size()), '\0');
+  H5_CHECK(H5Awrite(attr.get(), type.get(), padded.data()), where);
 }
 
 void CheckpointWriter::set_attr(const std::string& name, int64_t value) {
@@ -329,6 +333,9 @@ std::string CheckpointReader::string_attr(const std::string& name) const {
     return s;
   }
   const size_t n = H5Tget_size(type.get());
+  if (n == 0 || n > H5Aget_storage_size(attr.get()))
+    HP_USER_ERROR(ErrorKind::kData, where, " is damaged: a string of ", n,
+                  " bytes in an attribute that stores ", H5Aget_storage_size(attr.get()));
   std::string s(n, '\0');
   H5_CHECK(H5Aread(attr.get(), type.get(), s.data()), where);
   s.resize(std::strlen(s.c_str()));
