@@ -189,7 +189,7 @@ void HostCommunicator::all_reduce(Tensor& t, ReduceOp rop) {
     std::vector<size_t> bytes(static_cast<size_t>(n_ranks), nb), displs(bytes.size());
     for (int r = 0; r < n_ranks; ++r) displs[static_cast<size_t>(r)] = static_cast<size_t>(r) * nb;
     do_all_gather(op, data, nb, all.data(), bytes, displs);
-    std::memcpy(data, all.data(), nb);
+    if (nb > 0) std::memcpy(data, all.data(), nb);  // an empty tensor may have no storage
     for (int r = 1; r < n_ranks; ++r) {
       reduce_into(data, all.data() + displs[static_cast<size_t>(r)], n, t.dtype(), rop);
     }
@@ -231,14 +231,14 @@ void HostCommunicator::reduce_scatter(const Tensor& in, Tensor& out, ReduceOp ro
   const int64_t m = out.numel();
   const size_t mb = static_cast<size_t>(m) * dtype_size(out.dtype());
   if (n_ranks == 1) {
-    std::memmove(out.raw(), in.raw(), mb);
+    if (mb > 0) std::memmove(out.raw(), in.raw(), mb);
     return;
   }
   std::vector<char> parts(mb * static_cast<size_t>(n_ranks));
   std::vector<size_t> bytes(static_cast<size_t>(n_ranks), mb), displs(bytes.size());
   for (size_t r = 0; r < displs.size(); ++r) displs[r] = r * mb;
   do_all_to_all(op, static_cast<const char*>(in.raw()), bytes, displs, parts.data(), bytes, displs);
-  std::memcpy(out.raw(), parts.data(), mb);
+  if (mb > 0) std::memcpy(out.raw(), parts.data(), mb);
   for (int r = 1; r < n_ranks; ++r) {
     reduce_into(out.raw(), parts.data() + displs[static_cast<size_t>(r)], m, out.dtype(), rop);
   }
