@@ -11,11 +11,16 @@ HP_PACKAGES=(g++ cmake ninja-build pkg-config libopenmpi-dev openmpi-bin libhdf5
              hdf5-tools libboost-program-options-dev libgtest-dev libopenblas-openmp-dev
              nlohmann-json3-dev python3 python3-pip python3-matplotlib)
 
+# The asan preset's compiler, sanitizer and fuzzer runtimes and OpenMP for clang (tests/run.sh's
+# sanitizer stage): hp_install_deps "${HP_SANITIZER_PACKAGES[@]}".
+HP_SANITIZER_PACKAGES=(clang libclang-rt-dev libomp-dev)
+
 hp_log() { echo "[setup] $*" >&2; }
 
+# hp_install_deps [EXTRA_PACKAGE...]: HP_PACKAGES and the extra ones.
 hp_install_deps() {
   local missing=()
-  for p in "${HP_PACKAGES[@]}"; do
+  for p in "${HP_PACKAGES[@]}" "$@"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
   done
   if [ ${#missing[@]} -eq 0 ]; then

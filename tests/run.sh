@@ -5,11 +5,15 @@
 # multi-rank cases under mpirun), cli (the hotpath executable end to end), sweep (the scaling
 # sweep runner), slurm (real jobs on a single-node Slurm cluster this script starts as root,
 # tests/slurm/cluster.sh, and stops by pid when done; without one those tests skip, saying why).
-# The CPU suite runs last and its summary line ends the output.
+# Before it, the sanitizer stage (asan preset, clang): the unit suite under AddressSanitizer +
+# UndefinedBehaviorSanitizer, then every libFuzzer harness of tests/fuzz for HOTPATH_FUZZ_SECONDS
+# (60) each; HP_SANITIZERS=0 skips it. The CPU suite runs last and its summary line ends the
+# output.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/../launch/setup.sh"
 source "$(dirname "${BASH_SOURCE[0]}")/slurm/cluster.sh"
-hp_install_deps
+sanitizers=${HP_SANITIZERS:-1}
+if [ "$sanitizers" != 0 ]; then hp_install_deps "${HP_SANITIZER_PACKAGES[@]}"; else hp_install_deps; fi
 hp_build cpu
 cd "$HP_ROOT"
 # Tests run two at a time on small machines: idle OpenMP threads sleep instead of spinning.
@@ -53,6 +57,21 @@ if [ -n "$nvcc" ]; then
 fi
 
 echo "[tests] $gpu_summary"
+rc=0
+
+san_summary="sanitizer stage skipped (HP_SANITIZERS=0)"
+if [ "$sanitizers" != 0 ]; then
+  san_start=$(date +%s)
+  hp_build asan
+  echo "[tests] unit suite under ASan + UBSan (preset asan):"
+  ctest --preset asan -j "$(nproc)" --timeout 900 2>&1 | tee "$log" || rc=$?
+  san_unit=$(summary "$log")
+  echo "[tests] fuzzers (preset asan-fuzz, ${HOTPATH_FUZZ_SECONDS:-60} s each):"
+  ctest --preset asan-fuzz -j "$(nproc)" 2>&1 | tee "$log" || rc=$?
+  san_summary="ASan + UBSan unit suite: $san_unit; fuzzers: $(summary "$log"); $(($(date +%s) - san_start)) s"
+fi
+echo "[tests] $san_summary"
+
 # The slurm tests' cluster: up in seconds where it can be (every wait in it is bounded).
 slurm_summary="no Slurm cluster: the slurm tests skip"
 if hp_slurm_start "$slurm_dir"; then
@@ -63,10 +82,10 @@ else
 fi
 echo "[tests] $slurm_summary"
 echo "[tests] CPU suite (labels unit, mpi, cli, sweep, slurm):"
-rc=0
 ctest --preset cpu -j "$(nproc)" --timeout 900 2>&1 | tee "$log" || rc=$?
 # Summaries last, so the end of the log says what ran.
 echo "[tests] $gpu_summary"
+echo "[tests] $san_summary"
 echo "[tests] $slurm_summary"
 echo "[tests] CPU suite: $(summary "$log")"
 exit $rc
