@@ -15,15 +15,20 @@
 #              transformers; logits compared (tests/hf/gpu_check.sh; needs hp_hf_compare bundled)
 #   sweep      the one-GPU scaling sweep (examples/scaling/sweeps/gpu-1x.ini) into LOG_DIR/scaling,
 #              with its report (not in the default set: a few minutes)
+#   sanitize   compute-sanitizer's memcheck (--leak-check full), racecheck, initcheck and synccheck
+#              over the GPU tests of SANITIZE_FILTER (racecheck: RACECHECK_FILTER) and over two
+#              steps of tiny-moe on the GPU; each row gives the tool's error count (0 to pass)
 # Environment: GPU_BIN (default .gpu/bin), LOG_DIR, ANCHOR_DIR (default .gpu/anchors: the
 # anchor's torch_ref.py and make_uniform_docs.py), STEP_MODELS (default "gptoss llama qwen"),
-# STEP_ARGS (extra hotpath flags for every bench step).
+# STEP_ARGS (extra hotpath flags for every bench step), COMPUTE_SANITIZER (default: on PATH, else
+# the CUDA toolkit's), SANITIZE_FILTER, RACECHECK_FILTER (gtest filters), SANITIZE_ARGS (extra
+# hotpath flags for the sanitized training steps).
 set -uo pipefail
 
 bin=${GPU_BIN:-.gpu/bin}
 log_dir=${LOG_DIR:-gpu_logs}
 anchors=${ANCHOR_DIR:-.gpu/anchors}
-sections=${*:-tests attention step}
+sections=${*:-tests sanitize attention step}
 mkdir -p "$log_dir"
 [ -d "$bin" ] || { echo "gpu_suite: no $bin (pack the programs with launch/scripts/gpu_bundle.sh)" >&2; exit 2; }
 want() { [[ " $sections " == *" $1 "* ]]; }
@@ -47,6 +52,9 @@ run() {
     detail+=", failed $(grep -m1 '^\[  FAILED  \] [0-9]' "$log" | grep -oE '[0-9]+' | head -1)"
     detail+=", skipped $(grep -m1 '^\[  SKIPPED \] [0-9]' "$log" | grep -oE '[0-9]+' | head -1)"
     grep '^\[  FAILED  \] [A-Z]' "$log" | head -20
+  fi
+  if grep -q '^========= ERROR SUMMARY' "$log"; then
+    detail+="${detail:+, }sanitizer errors $(grep '^========= ERROR SUMMARY' "$log" | tail -1 | grep -oE '[0-9]+' | head -1)"
   fi
   tail -n 2 "$log"
   rows+=("$(printf '%-28s %-8s %5ss  %s' "$name" "$([ $rc -eq 0 ] && echo ok || echo "FAIL($rc)")" "$(($(date +%s) - start))" "$detail")")
@@ -88,6 +96,42 @@ s = [(j["loss"], j["grad_norm"]) for j in map(json.loads, open(sys.argv[1]))]
 z = [(j["loss"], j["grad_norm"]) for j in map(json.loads, open(sys.argv[2]))]
 print("zero1 vs none on one GPU:", "bitwise equal" if s == z else "DIFFER")
 sys.exit(0 if s == z and len(s) == 6 else 1)' "$r/s.jsonl" "$r/z.jsonl"
+fi
+
+# compute-sanitizer over a subset of the GPU tests (every op and attention path against the CPU
+# reference, the allocator, whole-model steps) and two training steps of tiny-moe. racecheck is
+# by far the slowest: it runs the kernels with shared-memory traffic (ops and attention) only.
+# The OpenMP variables are set so hotpath does not execute itself again (launch/cpu_threads.h)
+# under the tool.
+if want sanitize; then
+  cs=${COMPUTE_SANITIZER:-$(command -v compute-sanitizer || true)}
+  for c in /usr/local/cuda/bin/compute-sanitizer /usr/local/cuda/compute-sanitizer/compute-sanitizer; do
+    [ -n "$cs" ] || { [ -x "$c" ] && cs=$c; }
+  done
+  if [ -z "$cs" ]; then
+    echo "gpu_suite: sanitize: no compute-sanitizer (set COMPUTE_SANITIZER)" >&2
+    rows+=("$(printf '%-28s %-8s' sanitize "FAIL(no compute-sanitizer)")")
+    failed=1
+  else
+    filter=${SANITIZE_FILTER:-'CudaConsistency.*:*CudaAttention.*:CudaBackend.*:CudaAllocator.*:CudaModel.*'}
+    # racecheck: every op, and attention at each head dim (32/64/80/128), with windows and sinks,
+    # on every path; the long GPT-OSS-shaped cases take too long under it.
+    race_filter=${RACECHECK_FILTER:-'CudaConsistency.*:*CudaAttention.*/d64_gqa_sinks_*:*CudaAttention.*/d128_mqa_window_*:*CudaAttention.*/d80_simple_*:*CudaAttention.*/d32_simple_*:*CudaAttention.*/d64_window1_*'}
+    declare -A tool_args=([memcheck]="--leak-check full" [racecheck]=""
+                          [initcheck]="" [synccheck]="")
+    for tool in memcheck racecheck initcheck synccheck; do
+      f=$filter
+      [ "$tool" = racecheck ] && f=$race_filter
+      # shellcheck disable=SC2086
+      san=("$cs" --tool "$tool" ${tool_args[$tool]} --error-exitcode 1 --print-limit 50)
+      [ -x "$bin/gpu_tests" ] && run "sanitize_${tool}_tests" env OMP_WAIT_POLICY=passive OMP_NUM_THREADS=4 \
+        "${san[@]}" "$bin/gpu_tests" --gtest_filter="$f"
+      # shellcheck disable=SC2086
+      [ -x "$bin/hotpath" ] && run "sanitize_${tool}_train" env OMP_WAIT_POLICY=passive OMP_NUM_THREADS=4 \
+        "${san[@]}" "$bin/hotpath" train --config examples/configs/tiny-moe.ini --device=cuda \
+        --steps=2 --log_every=1 ${SANITIZE_ARGS:-}
+    done
+  fi
 fi
 
 if want attention && [ -x "$bin/gpu_tests" ]; then
