@@ -16,8 +16,8 @@ namespace {
 
 constexpr const char* kMarker = "HOTPATH_OMP_DEFAULTS";
 
-// What apply_omp_defaults() found: the marker's value on the second start ("K=V,K=V" of the
-// variables hotpath set, "none"), or why nothing could be set.
+// What apply_omp_defaults() found on the second start: the marker's value, "K=V,K=V" of the
+// variables hotpath set (empty when it set none); and errno of a failed re-execution.
 std::string& applied() {
   static std::string s;
   return s;
