@@ -1,8 +1,15 @@
 #include "launch/options.h"
 
+#include <algorithm>
 #include <boost/program_options.hpp>
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <set>
 #include <sstream>
 
 #include "framework/core/error.h"
@@ -27,6 +34,9 @@ struct RawEnums {
   std::string activation = "swiglu";
   std::string optimizer_sharding = "none";
   std::string grad_reduce_dtype = "fp32";
+  std::string seed = "1234";  // digits only: a uint64 that "-1" must not wrap into
+  std::string nonfinite = "abort";
+  std::string allow_config_change;  // comma list of model keys
 };
 
 template <typename E>
@@ -72,6 +82,35 @@ void parse_enums(const RawEnums& raw, TrainOptions& o) {
   o.model.window_layers = parse_enum<WindowLayers>(
       "window_layers", raw.window_layers,
       {{"none", WindowLayers::kNone}, {"even", WindowLayers::kEven}, {"all", WindowLayers::kAll}});
+  o.run.nonfinite = parse_enum<NonfinitePolicy>(
+      "nonfinite", raw.nonfinite,
+      {{"abort", NonfinitePolicy::kAbort}, {"skip", NonfinitePolicy::kSkip}});
+  {
+    const std::string& t = raw.seed;
+    bool digits = !t.empty() && t.size() <= 20;
+    for (char c : t) digits = digits && c >= '0' && c <= '9';
+    errno = 0;
+    const unsigned long long v = digits ? std::strtoull(t.c_str(), nullptr, 10) : 0;
+    if (!digits || errno == ERANGE)
+      HP_USER_ERROR(ErrorKind::kConfig,
+                    "config key 'seed': must be an integer in [0, 18446744073709551615], got '", t,
+                    "'");
+    o.run.seed = v;
+  }
+  {
+    o.checkpoint.allow_config_change.clear();
+    std::stringstream list(raw.allow_config_change);
+    std::string key;
+    const std::string known = model_config_record(o.model);
+    while (std::getline(list, key, ',')) {
+      if (key.empty()) continue;
+      if (known.find("\n" + key + "=") == std::string::npos && known.rfind(key + "=", 0) != 0)
+        HP_USER_ERROR(ErrorKind::kConfig, "config key 'allow_config_change': '", key,
+                      "' is not a model key (one of: vocab_size, d_model, activation, "
+                      "window_layers, rope_theta, ... as in hotpath train --help, Model)");
+      o.checkpoint.allow_config_change.push_back(key);
+    }
+  }
   if (raw.resume.empty())
     HP_USER_ERROR(ErrorKind::kConfig,
                   "config key 'resume': must be none, auto or the path of a checkpoint");
@@ -90,8 +129,12 @@ po::options_description describe_options(TrainOptions& o, RawEnums& raw) {
   DataOptions& d = o.data;
   po::options_description run("Run");
   run.add_options()("steps", po::value(&o.run.steps)->default_value(o.run.steps),
-                    "optimizer steps")("seed", po::value(&o.run.seed)->default_value(o.run.seed),
-                                       "seed of init, data order and synthetic data")(
+                    "optimizer steps")(
+      "nonfinite", po::value(&raw.nonfinite)->default_value(raw.nonfinite),
+      "a step whose loss or gradient norm is not finite: abort (stop, exit 2, nothing of it "
+      "saved) | skip (parameters and moments unchanged, counted as skipped, go on)")(
+      "seed", po::value(&raw.seed)->default_value(raw.seed),
+      "seed of init, data order and synthetic data")(
       "device", po::value(&raw.device)->default_value(raw.device),
       "cpu | cuda | auto (cuda when a GPU is present)")(
       "attention", po::value(&o.device.attention)->default_value(o.device.attention),
@@ -185,6 +228,14 @@ po::options_description describe_options(TrainOptions& o, RawEnums& raw) {
       "committed checkpoints to keep (0: all)")(
       "resume", po::value(&raw.resume)->default_value(raw.resume),
       "none | auto (newest committed checkpoint in checkpoint_dir) | PATH of a checkpoint")(
+      "allow_overwrite",
+      po::value(&o.checkpoint.allow_overwrite)->default_value(o.checkpoint.allow_overwrite),
+      "let a run start (fresh, or resumed from an older checkpoint) in a checkpoint_dir that holds "
+      "newer committed checkpoints, which it then overwrites (false: an error)")(
+      "allow_config_change",
+      po::value(&raw.allow_config_change)->default_value(raw.allow_config_change),
+      "comma list of model keys whose value may differ from the checkpoint's on resume or eval, "
+      "e.g. rope_theta,window_layers (any other difference is an error)")(
       "stop_at_step", po::value(&o.run.stop_at_step)->default_value(o.run.stop_at_step),
       "end this run after this step, saving a checkpoint (0: run to `steps`; the LR schedule still "
       "spans `steps`)")("checkpoint",
@@ -278,6 +329,53 @@ po::options_description describe_options(TrainOptions& o, RawEnums& raw) {
   return all;
 }
 
+// The config file: one `key = value` per line. A line whose first non-blank character is '#'
+// or ';' is a comment, and so is a blank line; everything else is taken literally: the value is
+// the rest of the line after the first '=', blanks trimmed at both ends ('#' and ';' inside a
+// value are part of it, so `checkpoint_dir = runs/exp#2` means that directory). A UTF-8 byte
+// order mark at the start is skipped; CR LF line ends are accepted.
+po::parsed_options parse_ini(const std::string& text, const std::string& path,
+                             const std::string& subcommand, const po::options_description& keys) {
+  po::parsed_options parsed(&keys);
+  std::set<std::string> seen;
+  std::istringstream in(text);
+  std::string line;
+  int64_t n = 0;
+  const auto trim = [](std::string s) {
+    const char* blanks = " \t\r\f\v";
+    const size_t b = s.find_first_not_of(blanks);
+    if (b == std::string::npos) return std::string();
+    return s.substr(b, s.find_last_not_of(blanks) - b + 1);
+  };
+  while (std::getline(in, line)) {
+    ++n;
+    if (n == 1 && line.compare(0, 3, "\xEF\xBB\xBF") == 0) line.erase(0, 3);
+    const std::string t = trim(line);
+    if (t.empty() || t[0] == '#' || t[0] == ';') continue;
+    const std::string where = str_cat("config file '", path, "' line ", n, ": ");
+    const size_t eq = t.find('=');
+    if (t[0] == '[')
+      HP_USER_ERROR(ErrorKind::kConfig, where, "sections ('", t,
+                    "') are not supported; write plain key = value lines");
+    if (eq == std::string::npos)
+      HP_USER_ERROR(ErrorKind::kConfig, where, "expected key = value, got '", t, "'");
+    const std::string key = trim(t.substr(0, eq));
+    const std::string value = trim(t.substr(eq + 1));
+    if (key.empty()) HP_USER_ERROR(ErrorKind::kConfig, where, "no key before '='");
+    if (keys.find_nothrow(key, false) == nullptr)
+      HP_USER_ERROR(ErrorKind::kConfig, where, "unknown key '", key, "' (valid keys: hotpath ",
+                    subcommand, " --help)");
+    if (!seen.insert(key).second)
+      HP_USER_ERROR(ErrorKind::kConfig, where, "key '", key, "' is given twice");
+    po::option opt;
+    opt.string_key = key;
+    opt.value.push_back(value);
+    opt.original_tokens = {key, value};
+    parsed.options.push_back(opt);
+  }
+  return parsed;
+}
+
 }  // namespace
 
 bool parse_train_options(const std::vector<std::string>& args, const std::string& subcommand,
@@ -286,7 +384,8 @@ bool parse_train_options(const std::vector<std::string>& args, const std::string
   po::options_description keys = describe_options(o, raw);
   po::options_description cli("Command line");
   cli.add_options()("help,h", "print this help")("config", po::value(&o.config_path),
-                                                 "INI file of key = value lines (# comments)")(
+                                                 "INI file of key = value lines (# or ; at the "
+                                                 "start of a line: a comment; values are literal)")(
       "dry-run", po::bool_switch(&o.dry_run),
       "validate, print parameter counts and the memory plan per rank, exit (2: does not fit)")(
       "plan_world", po::value(&o.plan_world)->default_value(o.plan_world),
@@ -299,7 +398,19 @@ bool parse_train_options(const std::vector<std::string>& args, const std::string
   for (const std::string& a : args) o.command_line += (o.command_line.empty() ? "" : " ") + a;
   po::variables_map vm;
   try {
-    po::store(po::command_line_parser(args).options(all).run(), vm);
+    const po::parsed_options parsed = po::command_line_parser(args).options(all).run();
+    // Words that are not options would otherwise be dropped without a word (a forgotten
+    // --config, a value after a space where '=' was meant).
+    for (const po::option& opt : parsed.options)
+      if (opt.position_key >= 0 && !opt.value.empty())
+        HP_USER_ERROR(
+            ErrorKind::kConfig, "hotpath ", subcommand, ": unexpected argument '", opt.value[0],
+            "'; options are --key=value",
+            opt.value[0].size() > 4 && opt.value[0].compare(opt.value[0].size() - 4, 4, ".ini") == 0
+                ? str_cat(" (did you mean --config ", opt.value[0], "?)")
+                : std::string(),
+            " (see hotpath ", subcommand, " --help)");
+    po::store(parsed, vm);
   } catch (const po::error& e) {
     HP_USER_ERROR(ErrorKind::kConfig, "hotpath ", subcommand, ": ", option_error_text(e),
                   " (see hotpath ", subcommand, " --help)");
@@ -313,16 +424,21 @@ bool parse_train_options(const std::vector<std::string>& args, const std::string
   }
   if (vm.count("config")) {
     const std::string path = vm["config"].as<std::string>();
-    std::ifstream f(path);
+    std::error_code ec;
+    if (std::filesystem::is_directory(path, ec))
+      HP_USER_ERROR(ErrorKind::kConfig, "--config '", path,
+                    "' is a directory; name an INI file of key = value lines, e.g. "
+                    "examples/configs/tiny-moe.ini");
+    std::ifstream f(path, std::ios::binary);
     if (!f)
       HP_USER_ERROR(ErrorKind::kConfig, "cannot open config file '", path,
                     "' (given by --config): no such file or not readable");
     std::stringstream text;
     text << f.rdbuf();
     o.config_text = text.str();
-    std::istringstream in(o.config_text);
+    const po::parsed_options parsed = parse_ini(o.config_text, path, subcommand, keys);
     try {
-      po::store(po::parse_config_file(in, keys, false), vm);
+      po::store(parsed, vm);
     } catch (const po::error& e) {
       HP_USER_ERROR(ErrorKind::kConfig, "config file '", path, "': ", option_error_text(e),
                     " (valid keys: hotpath ", subcommand, " --help)");
@@ -369,6 +485,11 @@ namespace {
 void require(bool ok, const char* key, const std::string& rule) {
   if (!ok) HP_USER_ERROR(ErrorKind::kConfig, "config key '", key, "': ", rule);
 }
+void require_positive(double v, const char* key) {
+  require(std::isfinite(v) && v > 0, key, str_cat("must be finite and > 0, got ", v));
+}
+constexpr int64_t kMaxSteps = int64_t{1} << 40;
+constexpr double kMaxCollectiveTimeoutS = 1e6;  // 11.6 days
 }  // namespace
 
 void validate_train_options(const TrainOptions& o, int world) {
@@ -377,6 +498,7 @@ void validate_train_options(const TrainOptions& o, int world) {
   require(r.steps >= 0, "steps", str_cat("must be >= 0, got ", r.steps));
   require(r.log_every >= 1, "log_every", str_cat("must be >= 1, got ", r.log_every));
   require(r.stop_at_step >= 0, "stop_at_step", "must be >= 0");
+  require(r.steps <= kMaxSteps, "steps", str_cat("must be <= ", kMaxSteps, ", got ", r.steps));
   const DeviceOptions& dev = o.device;
   require(dev.attention == "auto" || dev.attention == "cudnn" || dev.attention == "tiled",
           "attention", str_cat("must be auto, cudnn or tiled, got '", dev.attention, "'"));
@@ -384,27 +506,42 @@ void validate_train_options(const TrainOptions& o, int world) {
           "must be f32 or f64");
   const DataOptions& d = o.data;
   require(d.seq_len >= 2, "seq_len", str_cat("must be >= 2, got ", d.seq_len));
+  // Token positions and document offsets of a batch are int32 (packed metadata, cu_seqlens).
+  require(d.batch_tokens <= INT32_MAX, "batch_tokens",
+          str_cat("must be <= 2147483647 (positions in a batch are int32), got ", d.batch_tokens));
   require(d.batch_tokens > 0 && d.batch_tokens % d.seq_len == 0, "batch_tokens",
           str_cat("must be a positive multiple of seq_len=", d.seq_len, ", got ", d.batch_tokens));
   require(d.rows_per_batch() % world == 0, "batch_tokens",
           str_cat("batch_tokens/seq_len = ", d.rows_per_batch(), " rows must divide evenly over ",
                   world, " ranks"));
+  require(d.eot_token >= -1, "eot_token",
+          str_cat("must be -1 (vocab_size - 1) or a token id >= 0, got ", d.eot_token));
   const int64_t eot = d.eot_token < 0 ? o.model.vocab_size - 1 : d.eot_token;
   require(eot < o.model.vocab_size, "eot_token",
           str_cat("must be < vocab_size=", o.model.vocab_size, ", got ", eot));
-  require(d.synthetic_vocab >= 0 && d.synthetic_vocab < o.model.vocab_size, "synthetic_vocab",
-          str_cat("must be in [0, vocab_size), got ", d.synthetic_vocab));
-  require(d.synthetic_zipf >= 0, "synthetic_zipf", "must be >= 0");
-  require(d.synthetic_mean_doc_len > 1, "synthetic_mean_doc_len", "must be > 1");
+  // The synthetic_* keys only describe the synthetic source; file data is checked against
+  // vocab_size and eot_token as it is read.
+  if (d.source == "synthetic") {
+    require(
+        d.synthetic_vocab >= 0 && d.synthetic_vocab < o.model.vocab_size, "synthetic_vocab",
+        str_cat("must be in [0, vocab_size=", o.model.vocab_size, "), got ", d.synthetic_vocab));
+    require(std::isfinite(d.synthetic_zipf) && d.synthetic_zipf >= 0, "synthetic_zipf",
+            "must be finite and >= 0");
+    require(std::isfinite(d.synthetic_mean_doc_len) && d.synthetic_mean_doc_len > 1,
+            "synthetic_mean_doc_len", "must be finite and > 1");
+  }
   const OptimizerOptions& opt = o.optimizer;
-  require(opt.lr > 0, "lr", str_cat("must be > 0, got ", opt.lr));
+  require_positive(opt.lr, "lr");
   require(opt.min_lr >= 0 && opt.min_lr <= opt.lr, "min_lr",
           str_cat("must be in [0, lr], got ", opt.min_lr));
   require(opt.warmup_steps >= 0, "warmup_steps", "must be >= 0");
-  require(opt.weight_decay >= 0, "weight_decay", "must be >= 0");
+  require(std::isfinite(opt.weight_decay) && opt.weight_decay >= 0, "weight_decay",
+          str_cat("must be finite and >= 0, got ", opt.weight_decay));
   require(opt.beta1 >= 0 && opt.beta1 < 1, "beta1", "must be in [0, 1)");
   require(opt.beta2 >= 0 && opt.beta2 < 1, "beta2", "must be in [0, 1)");
-  require(opt.adam_eps > 0, "adam_eps", "must be > 0");
+  require_positive(opt.adam_eps, "adam_eps");
+  require(std::isfinite(opt.grad_clip) && opt.grad_clip >= 0, "grad_clip",
+          str_cat("must be finite and >= 0 (0: no clipping), got ", opt.grad_clip));
   require(o.compute.ce_chunk_tokens >= 1, "ce_chunk_tokens", "must be >= 1");
   const ParallelOptions& par = o.parallel;
   require(par.ep_size >= 1 && world % par.ep_size == 0, "ep_size",
@@ -412,7 +549,12 @@ void validate_train_options(const TrainOptions& o, int world) {
   require(!o.model.is_moe() || o.model.n_experts % par.ep_size == 0, "ep_size",
           str_cat("must divide n_experts=", o.model.n_experts, ", got ", par.ep_size));
   require(o.model.is_moe() || par.ep_size == 1, "ep_size", "must be 1 for a dense model");
-  require(par.collective_timeout_s > 0, "collective_timeout_s", "must be > 0");
+  // In milliseconds it must stay a positive int64 (and a grant wait of 3x it, too).
+  require(std::isfinite(par.collective_timeout_s) && par.collective_timeout_s >= 0.001 &&
+              par.collective_timeout_s <= kMaxCollectiveTimeoutS,
+          "collective_timeout_s",
+          str_cat("must be in [0.001, ", kMaxCollectiveTimeoutS, "] seconds, got ",
+                  par.collective_timeout_s));
   if (opt.sharding == OptimizerSharding::kZero1 && o.model.is_moe()) {
     // Each rank's block of experts is split by whole experts over its dp group.
     const int64_t local_experts = o.model.n_experts / par.ep_size;
@@ -428,7 +570,7 @@ void validate_train_options(const TrainOptions& o, int world) {
   require(
       off.lookahead >= 1 && off.lookahead < off.buffers, "offload_lookahead",
       str_cat("must be in [1, offload_buffers - 1 = ", off.buffers - 1, "], got ", off.lookahead));
-  require(off.sim_link_gbps >= 0, "sim_link_gbps",
+  require(std::isfinite(off.sim_link_gbps) && off.sim_link_gbps >= 0, "sim_link_gbps",
           str_cat("must be >= 0, got ", off.sim_link_gbps));
   require(off.pinned_pool_mib >= 0, "pinned_pool_mib",
           str_cat("must be >= 0 (0: automatic), got ", off.pinned_pool_mib));
@@ -480,6 +622,66 @@ LaneOptions make_lane_options(const TrainOptions& o, const Backend* be) {
       std::chrono::milliseconds(static_cast<int64_t>(o.parallel.collective_timeout_s * 1000));
   if (be) l.link_id = host_link_of_pci_device("/sys/bus/pci/devices", be->pci_bus_id());
   return l;
+}
+
+std::string model_config_record(const ModelConfig& m) {
+  std::ostringstream os;
+  const auto real = [](double v) {
+    char buf[40];
+    std::snprintf(buf, sizeof buf, "%.17g", v);
+    return std::string(buf);
+  };
+  const char* window = m.window_layers == WindowLayers::kEven  ? "even"
+                       : m.window_layers == WindowLayers::kAll ? "all"
+                                                               : "none";
+  os << "vocab_size=" << m.vocab_size << "\nd_model=" << m.d_model << "\nn_layers=" << m.n_layers
+     << "\nn_heads=" << m.n_heads << "\nn_kv_heads=" << m.n_kv_heads << "\nhead_dim=" << m.head_dim
+     << "\nffn_dim=" << m.ffn_dim << "\nn_experts=" << m.n_experts << "\ntop_k=" << m.top_k
+     << "\nexpert_ffn_dim=" << m.expert_ffn_dim << "\nsliding_window=" << m.sliding_window
+     << "\nwindow_layers=" << window << "\nattn_sinks=" << m.attn_sinks
+     << "\nattn_bias=" << m.attn_bias << "\nqk_norm=" << m.qk_norm
+     << "\ntie_embeddings=" << m.tie_embeddings
+     << "\nactivation=" << (m.activation == Activation::kGptOss ? "gptoss" : "swiglu")
+     << "\nswiglu_alpha=" << real(m.swiglu_alpha) << "\nswiglu_limit=" << real(m.swiglu_limit)
+     << "\nrope_theta=" << real(m.rope_theta)
+     << "\nrope_scaling_factor=" << real(m.rope_scaling_factor)
+     << "\nrope_original_max_positions=" << real(m.rope_original_max_positions)
+     << "\nrope_beta_fast=" << real(m.rope_beta_fast)
+     << "\nrope_beta_slow=" << real(m.rope_beta_slow) << "\nnorm_eps=" << real(m.norm_eps)
+     << "\nmoe_aux_coef=" << real(m.moe_aux_coef) << "\n";
+  return os.str();
+}
+
+namespace {
+std::vector<std::pair<std::string, std::string>> record_entries(const std::string& record) {
+  std::vector<std::pair<std::string, std::string>> out;
+  std::istringstream in(record);
+  std::string line;
+  while (std::getline(in, line)) {
+    const size_t eq = line.find('=');
+    if (eq != std::string::npos) out.emplace_back(line.substr(0, eq), line.substr(eq + 1));
+  }
+  return out;
+}
+}  // namespace
+
+std::string model_config_value(const std::string& record, const std::string& key) {
+  for (const auto& kv : record_entries(record))
+    if (kv.first == key) return kv.second;
+  return "";
+}
+
+std::vector<std::string> model_config_differences(const std::string& saved,
+                                                  const std::string& current) {
+  std::vector<std::string> keys;
+  const auto a = record_entries(saved), b = record_entries(current);
+  for (const auto& kv : b)
+    if (model_config_value(saved, kv.first) != kv.second) keys.push_back(kv.first);
+  for (const auto& kv : a)
+    if (model_config_value(current, kv.first).empty() &&
+        std::find(keys.begin(), keys.end(), kv.first) == keys.end())
+      keys.push_back(kv.first);
+  return keys;
 }
 
 }  // namespace hp

@@ -20,6 +20,12 @@ namespace hp {
 // device=auto|cpu|cuda (auto: CUDA when a GPU is present).
 enum class DeviceKind { kAuto, kCpu, kCuda };
 
+// nonfinite=abort|skip: what a step whose loss or gradient norm is not finite on some rank does
+// (every rank agrees before any update). abort: the run stops, exit status 2, nothing of that
+// step saved. skip: parameters and moments stay bitwise unchanged, the step counts as done and
+// as skipped (log, metrics, checkpoint), and the run goes on with the next batch.
+enum class NonfinitePolicy { kAbort, kSkip };
+
 // The run itself: length, seed, where its records go.
 struct RunOptions {
   int64_t steps = 100;
@@ -27,6 +33,7 @@ struct RunOptions {
   int64_t stop_at_step = 0;  // end this run after this step (0: at `steps`); LR still spans steps
   int64_t log_every = 1;
   std::string metrics_path;  // JSON Lines, one object per step (launch/train/metrics.h)
+  NonfinitePolicy nonfinite = NonfinitePolicy::kAbort;  // key `nonfinite`: abort | skip
 };
 
 // Which backend, and its precision knobs.
@@ -118,6 +125,12 @@ struct CheckpointOptions {
   // directory (config.json + safetensors), whose parameters start a fresh run: new optimizer
   // state, step 0, this run's schedule. A checkpoint found by `resume` wins over it.
   std::string init_from;
+  // Start (fresh or from an older checkpoint) in a checkpoint_dir that holds newer committed
+  // checkpoints, which the run then overwrites as it reaches their steps. Off: an error.
+  bool allow_overwrite = false;
+  // Keys of the model config whose saved value may differ from this run's on resume and eval
+  // (key `allow_config_change`, a comma list); any other difference is an error.
+  std::vector<std::string> allow_config_change;
 };
 
 struct EvalOptions {
@@ -164,6 +177,15 @@ void parse_recorded_options(const std::string& config_text, const std::string& c
 
 // Checks the value and cross-key rules (ranges, divisibility) for a given world size.
 void validate_train_options(const TrainOptions& o, int world_size);
+
+// The model config as `key=value` lines, every key that changes what the model computes (its
+// shapes and its meaning), values printed exactly; saved in checkpoints and compared on load.
+std::string model_config_record(const ModelConfig& m);
+// The keys whose values differ between two such records ("" for a key missing from one).
+std::vector<std::string> model_config_differences(const std::string& saved,
+                                                  const std::string& current);
+// The value of `key` in a record ("" when absent).
+std::string model_config_value(const std::string& record, const std::string& key);
 
 // The names the keys take, for logs and records.
 const char* device_kind_name(DeviceKind d);

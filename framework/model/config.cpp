@@ -1,5 +1,8 @@
 #include "framework/model/config.h"
 
+#include <cmath>
+#include <cstdint>
+
 #include "framework/core/error.h"
 
 namespace hp {
@@ -19,6 +22,10 @@ int ModelConfig::window_for_layer(int layer) const {
 namespace {
 void require(bool ok, const char* key, const std::string& rule) {
   if (!ok) HP_USER_ERROR(ErrorKind::kConfig, "config key '", key, "': ", rule);
+}
+// A real number that must be finite and > 0 (inf and nan never pass).
+void require_positive(double v, const char* key) {
+  require(std::isfinite(v) && v > 0, key, str_cat("must be finite and > 0, got ", v));
 }
 }  // namespace
 
@@ -43,12 +50,27 @@ void ModelConfig::validate() const {
   require(sliding_window >= 0, "sliding_window", str_cat("must be >= 0, got ", sliding_window));
   require(window_layers == WindowLayers::kNone || sliding_window > 0, "sliding_window",
           "must be > 0 when window_layers is 'even' or 'all'");
-  require(swiglu_limit > 0, "swiglu_limit", "must be > 0");
-  require(rope_theta > 0, "rope_theta", "must be > 0");
-  require(rope_scaling_factor >= 1.0, "rope_scaling_factor", "must be >= 1 (1 disables YaRN)");
-  require(norm_eps > 0, "norm_eps", "must be > 0");
-  require(moe_aux_coef >= 0, "moe_aux_coef", "must be >= 0");
-  require(init_std > 0, "init_std", "must be > 0");
+  // Token ids are int32 everywhere (batches, shards); no dimension may overflow an int either.
+  require(vocab_size <= INT32_MAX, "vocab_size",
+          str_cat("must be <= 2147483647 (token ids are int32), got ", vocab_size));
+  require_positive(swiglu_alpha, "swiglu_alpha");
+  require_positive(swiglu_limit, "swiglu_limit");
+  require_positive(rope_theta, "rope_theta");
+  require(std::isfinite(rope_scaling_factor) && rope_scaling_factor >= 1.0, "rope_scaling_factor",
+          str_cat("must be finite and >= 1 (1 disables YaRN), got ", rope_scaling_factor));
+  if (rope_scaling_factor > 1.0) {
+    require(std::isfinite(rope_original_max_positions) && rope_original_max_positions >= 1,
+            "rope_original_max_positions",
+            str_cat("must be >= 1 with rope_scaling_factor > 1 (YaRN: the context length the "
+                    "model was trained with), got ",
+                    rope_original_max_positions));
+    require_positive(rope_beta_fast, "rope_beta_fast");
+    require_positive(rope_beta_slow, "rope_beta_slow");
+  }
+  require_positive(norm_eps, "norm_eps");
+  require(std::isfinite(moe_aux_coef) && moe_aux_coef >= 0, "moe_aux_coef",
+          str_cat("must be finite and >= 0, got ", moe_aux_coef));
+  require_positive(init_std, "init_std");
 }
 
 ParamCounts count_params(const ModelConfig& c) {
