@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "framework/core/error.h"
+#include "framework/core/hdf5_util.h"
 #include "framework/core/log.h"
 #include "framework/model/config.h"
 #include "launch/bench/bench_step.h"
@@ -20,8 +21,10 @@
 #include "launch/tools/tools.h"
 #include "launch/train/components.h"
 #include "launch/train/memory_plan.h"
+#include "launch/train/outputs.h"
 #include "launch/train/rank_context.h"
 #include "launch/train/trainer.h"
+#include "parallel/launch_env.h"
 
 namespace hp {
 namespace {
@@ -93,15 +96,26 @@ int run(std::vector<std::string> args, int* argc, char*** argv) {
   }
   TrainOptions o;
   if (!parse_train_options(args, scenario.empty() ? cmd : "bench " + scenario, o)) return 0;
+  if (o.config_path.empty() && o.model.vocab_size == 0)
+    HP_USER_ERROR(ErrorKind::kConfig, "hotpath ", cmd,
+                  ": no model: give --config FILE (e.g. --config examples/configs/tiny-moe.ini) "
+                  "or the model keys on the command line");
   if (cmd == "train" && o.dry_run) return dry_run(o);
+  // Outputs are checked before the ranks meet, so a run that cannot save does not start.
+  const LaunchInfo launch = detect_launch();
+  validate_train_options(o, launch.world);
+  check_outputs_writable(o, scenario.empty() ? cmd : "bench", launch.rank);
   Job job(o, argc, argv);  // this process as one rank: launch, rendezvous, process groups
   log_info(describe_cpu_threads());
   try {
     if (cmd == "train") return run_train(o, job.context());
     if (cmd == "eval") return run_eval(o, job.context());
     return run_bench(scenario, o, job.context());
+  } catch (const UserError& e) {
+    job.abort(e.what(), 2);  // the status of a single process (main)
+    throw;
   } catch (const std::exception& e) {
-    job.abort(e.what());
+    job.abort(e.what(), 1);
     throw;
   }
 }
@@ -112,6 +126,7 @@ int run(std::vector<std::string> args, int* argc, char*** argv) {
 int main(int argc, char** argv) {
   // First: may execute the program again with OpenMP defaults set (launch/cpu_threads.h).
   hp::apply_omp_defaults(argv);
+  hp::h5_skip_exit_handler();
   try {
     return hp::run(std::vector<std::string>(argv + 1, argv + argc), &argc, &argv);
   } catch (const hp::UserError& e) {

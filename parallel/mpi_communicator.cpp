@@ -3,6 +3,7 @@
 #include <sched.h>
 
 #include <algorithm>
+#include <atomic>
 #include <climits>
 #include <thread>
 
@@ -265,12 +266,18 @@ std::shared_ptr<Communicator> MpiCommunicator::split_by_host(const std::string& 
       new MpiCommunicator(sub, name, r, n, world_ranks_of(sub), options()));
 }
 
+namespace {
+std::atomic<int> g_abort_exit_code{1};
+}  // namespace
+
+void MpiCommunicator::set_abort_exit_code(int code) noexcept { g_abort_exit_code = code; }
+
 void MpiCommunicator::abort(const std::string& reason) noexcept {
   try {
     log_error("rank ", world_rank(), ": aborting the job (communicator '", name(), "'): ", reason);
   } catch (...) {
   }
-  if (mpi_usable()) MPI_Abort(MPI_COMM_WORLD, 1);
+  if (mpi_usable()) MPI_Abort(MPI_COMM_WORLD, g_abort_exit_code.load());
 }
 
 MpiSession::MpiSession(int* argc, char*** argv) {

@@ -48,7 +48,11 @@ class MpiCommunicator final : public HostCommunicator {
   MPI_Comm comm() const { return comm_; }
 
   std::shared_ptr<Communicator> split_by_host(const std::string& name) override;
+  // MPI_Abort with the status set_abort_exit_code() chose (1 by default).
   void abort(const std::string& reason) noexcept override;
+  // The exit status abort() ends the whole job with (mpirun passes it on), so that a job fails
+  // with the status a single process would have (2: a mistake in the input, 1: at run time).
+  static void set_abort_exit_code(int code) noexcept;
 
  protected:
   void do_all_to_all(const Op& op, const char* send, const std::vector<size_t>& send_bytes,

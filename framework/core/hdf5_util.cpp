@@ -16,6 +16,8 @@ herr_t innermost_error(unsigned n, const H5E_error2_t* e, void* data) {
 
 }  // namespace
 
+void h5_skip_exit_handler() { H5dont_atexit(); }
+
 std::string h5_error_text() {
   std::string s;
   H5Ewalk2(H5E_DEFAULT, H5E_WALK_UPWARD, innermost_error, &s);

@@ -13,6 +13,12 @@ namespace hp {
 // The most specific message on HDF5's error stack; call right after the failing call.
 std::string h5_error_text();
 
+// Keeps HDF5 from closing itself at process exit. A file whose close failed (disk full while
+// flushing its metadata) stays open inside HDF5 1.10, and its exit handler then crashes or loops
+// trying to close it again; every file hotpath writes is closed (or abandoned and removed)
+// explicitly, so the exit handler has nothing to do. Call once, before any other HDF5 call.
+void h5_skip_exit_handler();
+
 // Evaluates an HDF5 call once and yields its result; a negative result (a failed herr_t or
 // hid_t) throws Error(kHdf5) with the statement, file:line, `where` (the file and the dataset or
 // attribute) and HDF5's own message.

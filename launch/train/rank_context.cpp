@@ -56,7 +56,8 @@ Job::Job(const TrainOptions& o, int* argc, char*** argv) {
 
 Job::~Job() = default;
 
-void Job::abort(const char* reason) noexcept {
+void Job::abort(const char* reason, int exit_code) noexcept {
+  MpiCommunicator::set_abort_exit_code(exit_code);
   if (ctx_.groups.world && ctx_.groups.world->size() > 1) ctx_.groups.world->abort(reason);
 }
 

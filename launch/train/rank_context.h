@@ -36,8 +36,9 @@ class Job {
   Job(const Job&) = delete;
   Job& operator=(const Job&) = delete;
   const RankContext& context() const { return ctx_; }
-  // Aborts the job's communicators with `reason` (multi-rank worlds). Never throws.
-  void abort(const char* reason) noexcept;
+  // Aborts the job's communicators with `reason` (multi-rank worlds); under MPI the job ends
+  // with `exit_code`. Never throws.
+  void abort(const char* reason, int exit_code = 1) noexcept;
 
  private:
   std::unique_ptr<MpiSession> mpi_;  // declared first: outlives the communicators
