@@ -52,6 +52,7 @@ namespace hp {
 struct RunPosition {
   int64_t step = 0;
   int64_t tokens_seen = 0;
+  int64_t skipped_steps = 0;  // steps not applied under nonfinite=skip
 };
 
 // The parts of a run that a checkpoint holds or needs (the Trainer hands them out).

@@ -16,7 +16,7 @@ constexpr const char* kSavePoints[] = {"begin", "data", "close", "rename"};
 
 [[noreturn]] void bad_spec(const std::string& text, const std::string& why) {
   HP_USER_ERROR(ErrorKind::kConfig, "HOTPATH_FAULT='", text, "': ", why,
-                "; expected KIND:RANK:STEP with KIND throw, kill, hang or kill-save-POINT "
+                "; expected KIND:RANK:STEP with KIND throw, kill, hang, nan or kill-save-POINT "
                 "(POINT: begin, data, close, rename)");
 }
 
@@ -47,6 +47,8 @@ FaultSpec parse_fault_spec(const std::string& text) {
     f.kind = FaultKind::kKill;
   } else if (kind == "hang") {
     f.kind = FaultKind::kHang;
+  } else if (kind == "nan") {
+    f.kind = FaultKind::kNan;
   } else if (kind.rfind(kSavePrefix, 0) == 0) {
     f.kind = FaultKind::kKillInSave;
     f.save_point = kind.substr(std::char_traits<char>::length(kSavePrefix));
@@ -70,7 +72,9 @@ const std::optional<FaultSpec>& injected_fault() {
 
 void maybe_inject_step_fault(int rank, int64_t step, double collective_timeout_s) {
   const std::optional<FaultSpec>& f = injected_fault();
-  if (!f || f->kind == FaultKind::kKillInSave || f->rank != rank || f->step != step) return;
+  if (!f || f->kind == FaultKind::kKillInSave || f->kind == FaultKind::kNan || f->rank != rank ||
+      f->step != step)
+    return;
   const char* name = f->kind == FaultKind::kThrow  ? "throw"
                      : f->kind == FaultKind::kKill ? "kill"
                                                    : "hang";
@@ -81,6 +85,13 @@ void maybe_inject_step_fault(int rank, int64_t step, double collective_timeout_s
   // hang: the peers must time out; this rank gives up after three timeouts.
   std::this_thread::sleep_for(std::chrono::duration<double>(3 * collective_timeout_s));
   HP_FAIL(ErrorKind::kInternal, "injected hang at step ", step, " ended");
+}
+
+bool nan_gradients_injected(int rank, int64_t step) {
+  const std::optional<FaultSpec>& f = injected_fault();
+  if (!f || f->kind != FaultKind::kNan || f->rank != rank || f->step != step) return false;
+  log_warn("injecting fault 'nan' (NaN gradients) at step ", step, " (HOTPATH_FAULT)");
+  return true;
 }
 
 void maybe_inject_save_fault(const char* point, int rank, int64_t step) {

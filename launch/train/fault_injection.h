@@ -8,6 +8,8 @@
 //   kill               the process SIGKILLs itself at the start of the step
 //   hang               the rank stops calling collectives (its peers must time out; it gives up
 //                      after three collective timeouts)
+//   nan                the rank's gradients of the step become NaN after backward (and after
+//                      their all-reduce), so only this rank sees a non-finite value
 //   kill-save-POINT    SIGKILL inside the checkpoint save of step STEP, at POINT: begin (file
 //                      created, nothing written), data (half the tensors written), close (file
 //                      complete and fsynced, before the commit) or rename (rank 0: renamed,
@@ -20,7 +22,7 @@
 
 namespace hp {
 
-enum class FaultKind { kThrow, kKill, kHang, kKillInSave };
+enum class FaultKind { kThrow, kKill, kHang, kKillInSave, kNan };
 
 struct FaultSpec {
   FaultKind kind = FaultKind::kThrow;
@@ -39,6 +41,9 @@ const std::optional<FaultSpec>& injected_fault();
 
 // At the start of step `step` on rank `rank`: acts out a throw, kill or hang meant for them.
 void maybe_inject_step_fault(int rank, int64_t step, double collective_timeout_s);
+
+// After backward of step `step` on rank `rank`: whether its gradients are to be made NaN.
+bool nan_gradients_injected(int rank, int64_t step);
 
 // Inside the checkpoint save of step `step`: SIGKILLs this process at `point` when asked to.
 void maybe_inject_save_fault(const char* point, int rank, int64_t step);

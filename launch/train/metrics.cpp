@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <iomanip>
 #include <sstream>
 
@@ -65,6 +66,7 @@ std::string step_log_line(const StepStats& s, bool moe) {
                  moe ? " aux_loss=" + fmt_sig(s.aux_loss) : "", " lr=", fmt_sig(s.lr, 3),
                  " grad_norm=", fmt_sig(s.grad_norm, 3), " tok/s=", fmt_sig(s.tokens_per_s, 5),
                  " ms=", fmt_sig(s.ms, 4), " syncs=", s.syncs.total(),
+                 s.skipped_steps > 0 ? str_cat(" skipped=", s.skipped_steps) : "",
                  s.copies ? copies_log_fields(*s.copies) : "");
 }
 
@@ -76,6 +78,8 @@ std::string step_json(const StepStats& s, bool moe) {
   j["lr"] = number(s.lr);
   j["grad_norm"] = number(s.grad_norm);
   if (!s.finite) j["finite"] = false;
+  if (s.skipped) j["skipped"] = true;
+  if (s.skipped_steps > 0) j["skipped_steps"] = s.skipped_steps;
   j["tokens_per_s"] = number(s.tokens_per_s);
   j["ms"] = number(s.ms);
   j["tokens"] = s.tokens;
@@ -88,9 +92,49 @@ std::string step_json(const StepStats& s, bool moe) {
   return j.dump();
 }
 
-MetricsWriter::MetricsWriter(const std::string& path) {
+namespace {
+// The step of one metrics line, or -1 when it is not a complete object with a step.
+int64_t step_of_line(const std::string& line) {
+  if (line.size() < 2 || line.front() != '{' || line.back() != '}') return -1;
+  const Json j = Json::parse(line, nullptr, false);
+  if (j.is_discarded() || !j.is_object() || !j.contains("step") || !j["step"].is_number_integer())
+    return -1;
+  return j["step"].get<int64_t>();
+}
+}  // namespace
+
+MetricsWriter::MetricsWriter(const std::string& path, int64_t resumed_step) {
   if (path.empty()) return;
-  out_.open(path, std::ios::trunc);
+  std::ifstream old(path);
+  if (resumed_step > 0 && old) {
+    std::string kept, line;
+    while (std::getline(old, line)) {
+      if (line.empty()) continue;
+      const int64_t s = step_of_line(line);
+      if (s >= 1 && s <= resumed_step) {
+        kept += line + "\n";
+        ++kept_;
+      } else {
+        ++dropped_;
+      }
+    }
+    old.close();
+    if (dropped_ > 0) {
+      const std::string tmp = path + ".tmp";
+      {
+        std::ofstream t(tmp, std::ios::trunc);
+        t << kept;
+        t.close();
+        if (!t)
+          HP_USER_ERROR(ErrorKind::kConfig, "config key 'metrics_path': cannot write '", tmp, "'");
+      }
+      if (std::rename(tmp.c_str(), path.c_str()) != 0)
+        HP_USER_ERROR(ErrorKind::kConfig, "config key 'metrics_path': cannot replace '", path, "'");
+    }
+    out_.open(path, std::ios::app);
+  } else {
+    out_.open(path, std::ios::trunc);
+  }
   if (!out_)
     HP_USER_ERROR(ErrorKind::kConfig, "config key 'metrics_path': cannot write '", path, "'");
 }

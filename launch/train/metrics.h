@@ -7,7 +7,8 @@
 // optimizer_sharding=zero1 its shards), and with offload a `lane` object (the copy arbiter's
 // stats, CopyArbiterStats). A step whose loss or gradient norm is not finite is
 // written with "finite":false and its non-finite numbers as null, so every line of the file
-// stays valid JSON.
+// stays valid JSON. Under nonfinite=skip such a step also has "skipped":true, and every line
+// from the first skipped step on carries "skipped_steps" (the run's count so far).
 #pragma once
 
 #include <cstdint>
@@ -29,6 +30,9 @@ struct StepStats {
   // Loss and gradient norm were finite on every rank. When false the step was not applied: no
   // parameter or optimizer state changed.
   bool finite = true;
+  // nonfinite=skip: this step was not finite and was skipped (counted as done, nothing updated).
+  bool skipped = false;
+  int64_t skipped_steps = 0;  // skipped steps of the run so far, this one included
   double ms = 0;
   double tokens_per_s = 0;
   int64_t tokens = 0;         // global tokens in the step
@@ -49,16 +53,24 @@ std::string step_log_line(const StepStats& s, bool moe);
 // The JSON object of one step, on one line (no newline).
 std::string step_json(const StepStats& s, bool moe);
 
-// The metrics file: truncated at open, one step_json line per step, flushed after each.
+// The metrics file, one step_json line per step, flushed after each. A fresh run (resumed_step
+// 0) starts it anew; a resumed run keeps its history: the lines of steps <= resumed_step stay,
+// later ones (steps that the run will compute again) and a torn last line are dropped, and the
+// new steps are appended.
 class MetricsWriter {
  public:
   // An empty path writes nothing. Throws UserError (kConfig, naming metrics_path) when the
   // file cannot be written.
-  explicit MetricsWriter(const std::string& path);
+  explicit MetricsWriter(const std::string& path, int64_t resumed_step = 0);
   void write(const StepStats& s, bool moe);
+  // Lines dropped at open (steps after resumed_step, or not a complete JSON object).
+  int64_t dropped() const { return dropped_; }
+  int64_t kept() const { return kept_; }
 
  private:
   std::ofstream out_;
+  int64_t dropped_ = 0;
+  int64_t kept_ = 0;
 };
 
 // Formats v with `prec` significant digits, as the log lines do.

@@ -98,7 +98,8 @@ Trainer::Trainer(const TrainOptions& o, const RankContext& ctx)
 }
 
 RunState Trainer::run_state() {
-  RunState r{o_, ctx_, *be_, *model_, *loader_, sched_, RunPosition{step_, tokens_seen_}, {}};
+  RunState r{o_,     ctx_,  *be_, *model_, *loader_, sched_, RunPosition{step_, tokens_seen_, skipped_},
+              {}};
   if (zero1_) r.params_loaded = [this] { zero1_->gather_params(); };
   return r;
 }
@@ -106,6 +107,7 @@ RunState Trainer::run_state() {
 void Trainer::set_position(const RunPosition& p) {
   step_ = p.step;
   tokens_seen_ = p.tokens_seen;
+  skipped_ = p.skipped_steps;
 }
 
 // ================================ one training step ============================================
@@ -160,6 +162,8 @@ StepStats Trainer::step() {
     PhaseScope phase(be, StepPhase::kGradSync);
     if (grad_sync) grad_sync->finish();  // compute now waits for the last reductions
   }
+  if (nan_gradients_injected(ctx_.rank(), st.step))
+    for (auto& p : model_->params().all()) be.fill(p->grad, std::nan(""));
 
   {
     PhaseScope phase(be, StepPhase::kOptimizer);
@@ -210,10 +214,17 @@ StepStats Trainer::step() {
   // ---- stats of the step ----
   st.tokens = batch.num_tokens() * ctx_.world();
   st.model_flops = step_model_flops(o_.model, batch) * ctx_.world();
-  if (st.finite) {
+  // nonfinite=skip: the step counts as done (its batch is consumed, the LR schedule moves on),
+  // but nothing was updated; abort: nothing moves and the run stops.
+  if (!st.finite && o_.run.nonfinite == NonfinitePolicy::kSkip) {
+    st.skipped = true;
+    ++skipped_;
+  }
+  if (st.finite || st.skipped) {
     step_ = st.step;
     tokens_seen_ += st.tokens;
   }
+  st.skipped_steps = skipped_;
   st.syncs = be.syncs();
   st.optimizer_state_bytes_dense = state_bytes_.dense;
   st.optimizer_state_bytes_expert = state_bytes_.expert;
@@ -287,7 +298,10 @@ int run_train(const TrainOptions& o, const RankContext& ctx) {
     save_checkpoint(trainer.run_state(), o.checkpoint.dir, o.checkpoint.keep_last);
     saved_step = trainer.steps_done();
   };
-  MetricsWriter metrics(ctx.rank() == 0 ? o.run.metrics_path : "");
+  MetricsWriter metrics(ctx.rank() == 0 ? o.run.metrics_path : "", trainer.steps_done());
+  if (metrics.dropped() > 0)
+    log_info("metrics_path: kept ", metrics.kept(), " lines of steps <= ", trainer.steps_done(),
+             ", dropped ", metrics.dropped(), " of later steps (or torn); appending");
   const bool moe = o.model.is_moe();
 
   // Recent losses for a smoothed figure: single steps are noisy.
@@ -301,15 +315,23 @@ int run_train(const TrainOptions& o, const RankContext& ctx) {
     metrics.write(s, moe);
     if (s.step % o.run.log_every == 0 || s.step == o.run.steps || s.step == 1 || !s.finite)
       log_info(step_log_line(s, moe));
-    if (!s.finite)
+    if (!s.finite && !s.skipped)
       HP_USER_ERROR(ErrorKind::kUser, "training diverged at step ", s.step,
                     ": loss=", number_text(s.loss), " grad_norm=", number_text(s.grad_norm),
-                    "; the step was not applied and no checkpoint of it is written (try a lower "
-                    "lr or grad_clip, or resume from the last checkpoint)");
+                    "; the step was not applied and no checkpoint of it is written (nonfinite="
+                    "abort; try a lower lr or grad_clip, resume from the last checkpoint, or "
+                    "nonfinite=skip to skip such steps)");
+    if (s.skipped)
+      log_warn("step ", s.step, ": loss=", number_text(s.loss),
+               " grad_norm=", number_text(s.grad_norm),
+               " not finite: skipped (nonfinite=skip; parameters and moments unchanged), ",
+               s.skipped_steps, " skipped in this run so far");
     tokens += s.tokens;
-    last_loss = s.loss;
-    recent.push_back(s.loss);
-    if (recent.size() > 20) recent.erase(recent.begin());
+    if (!s.skipped) {
+      last_loss = s.loss;
+      recent.push_back(s.loss);
+      if (recent.size() > 20) recent.erase(recent.begin());
+    }
     // ---- checkpoint cadence and preemption (all ranks agree on the signal) ----
     const bool preempted = preemption_agreed(ctx);
     const bool periodic = o.checkpoint.every > 0 && s.step % o.checkpoint.every == 0;
@@ -331,9 +353,10 @@ int run_train(const TrainOptions& o, const RankContext& ctx) {
   if (!std::isnan(floor) && floor > 0)
     vs_floor = str_cat(" entropy_floor=", fmt_sig(floor, 6),
                        " gap=", fmt_sig(100.0 * (avg / floor - 1.0), 3), "%");
-  log_info("done: steps=", trainer.steps_done(), " final_loss=", fmt_sig(last_loss),
-           " mean_loss_last_", recent.size(), "=", fmt_sig(avg), vs_floor, " tokens=", tokens,
-           " time_s=", fmt_sig(secs, 4));
+  log_info("done: steps=", trainer.steps_done(),
+           trainer.skipped_steps() > 0 ? str_cat(" skipped=", trainer.skipped_steps()) : "",
+           " final_loss=", fmt_sig(last_loss), " mean_loss_last_", recent.size(), "=", fmt_sig(avg),
+           vs_floor, " tokens=", tokens, " time_s=", fmt_sig(secs, 4));
   return 0;
 }
 

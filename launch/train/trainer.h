@@ -25,8 +25,10 @@ class Trainer {
  public:
   Trainer(const TrainOptions& o, const RankContext& ctx);
   // One optimizer step on the next global batch. When the loss or the gradient norm is not
-  // finite on any rank, no parameter, moment or position changes (every rank agrees), the stats
-  // say finite=false, and the data loader has still moved past the batch: the run should stop.
+  // finite on any rank, no parameter or moment changes (every rank agrees) and the stats say
+  // finite=false; the data loader has still moved past the batch. nonfinite=abort: the step
+  // count does not move either (the run should stop); skip: the step counts as done and as
+  // skipped (stats.skipped).
   StepStats step();
 
   Model& model() { return *model_; }
@@ -37,6 +39,8 @@ class Trainer {
   int64_t steps_done() const { return step_; }
   // This rank's fp32 masters and AdamW moments (shards with optimizer_sharding=zero1).
   const OptimizerStateBytes& optimizer_state_bytes() const { return state_bytes_; }
+  // Steps not applied under nonfinite=skip, over the whole run (restored on resume).
+  int64_t skipped_steps() const { return skipped_; }
   const TrainOptions& options() const { return o_; }
   const RankContext& context() const { return ctx_; }
   // What a checkpoint saves and restores (launch/train/checkpoint.h).
@@ -62,6 +66,7 @@ class Trainer {
   LrSchedule sched_;
   int64_t step_ = 0;
   int64_t tokens_seen_ = 0;  // global tokens of all steps so far
+  int64_t skipped_ = 0;      // non-finite steps skipped (nonfinite=skip)
   // [4] on the device: lm loss sum, aux loss sum, dense grad sumsq, expert grad sumsq.
   Tensor scalars_;
 };

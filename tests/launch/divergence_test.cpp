@@ -62,10 +62,24 @@ std::vector<std::vector<char>> master_bytes(Model& m) {
   return out;
 }
 
-TEST(Divergence, InfiniteLrStopsTheRunWithoutANonFiniteCheckpoint) {
-  const fs::path dir = fresh_dir("run");
+// lr itself must be finite; a huge one makes the first update overflow the weights.
+constexpr double kHugeLr = 1e30;
+
+TEST(Divergence, InfiniteLrIsRefusedNamingTheKey) {
   TrainOptions o = tiny_run();
   o.optimizer.lr = std::numeric_limits<double>::infinity();
+  try {
+    Trainer t(o, single_rank_context());
+    ADD_FAILURE() << "lr=inf accepted";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("'lr': must be finite"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Divergence, HugeLrStopsTheRunWithoutANonFiniteCheckpoint) {
+  const fs::path dir = fresh_dir("run");
+  TrainOptions o = tiny_run();
+  o.optimizer.lr = kHugeLr;
   o.checkpoint.every = 1;
   o.checkpoint.dir = (dir / "ckpt").string();
   o.run.metrics_path = (dir / "metrics.jsonl").string();
@@ -76,7 +90,7 @@ TEST(Divergence, InfiniteLrStopsTheRunWithoutANonFiniteCheckpoint) {
   } catch (const UserError& e) {
     message = e.what();
   }
-  // Step 1 is finite but its update (lr=inf) is not: its save is refused before any file
+  // Step 1 is finite but its update (lr=1e30) is not: its save is refused before any file
   // exists. (A run without checkpoints stops at step 2, whose loss is not finite.)
   EXPECT_NE(message.find("non-finite"), std::string::npos) << message;
   EXPECT_NE(message.find("step 1"), std::string::npos) << message;
@@ -92,7 +106,7 @@ TEST(Divergence, InfiniteLrStopsTheRunWithoutANonFiniteCheckpoint) {
   for (const std::string& l : lines) {
     const nlohmann::json j = nlohmann::json::parse(l);  // throws on invalid JSON
     EXPECT_EQ(j["step"], 1);
-    EXPECT_TRUE(j["lr"].is_null());  // inf has no JSON number
+    EXPECT_TRUE(j["lr"].is_number());
     EXPECT_TRUE(j["loss"].is_number());
   }
 }
@@ -100,7 +114,7 @@ TEST(Divergence, InfiniteLrStopsTheRunWithoutANonFiniteCheckpoint) {
 TEST(Divergence, NonFiniteLossFailsAtThatStepAndEveryMetricsLineParses) {
   const fs::path dir = fresh_dir("loss");
   TrainOptions o = tiny_run();
-  o.optimizer.lr = std::numeric_limits<double>::infinity();
+  o.optimizer.lr = kHugeLr;
   o.run.metrics_path = (dir / "metrics.jsonl").string();
   const RankContext ctx = single_rank_context();
   std::string message;
@@ -124,7 +138,7 @@ TEST(Divergence, NonFiniteLossFailsAtThatStepAndEveryMetricsLineParses) {
 
 TEST(Divergence, ANonFiniteStepChangesNothing) {
   TrainOptions o = tiny_run();
-  o.optimizer.lr = std::numeric_limits<double>::infinity();
+  o.optimizer.lr = kHugeLr;
   const RankContext ctx = single_rank_context();
   Trainer t(o, ctx);
   EXPECT_TRUE(t.step().finite);  // finite loss and gradients; the update makes the weights inf
@@ -136,6 +150,37 @@ TEST(Divergence, ANonFiniteStepChangesNothing) {
   EXPECT_EQ(t.steps_done(), 1);  // not counted
   EXPECT_EQ(master_bytes(t.model()), before);
   EXPECT_EQ(s.syncs.get(SyncCause::kLoss), 1);  // the finite check adds no host sync
+}
+
+std::vector<std::vector<char>> all_state_bytes(Model& m) {
+  std::vector<std::vector<char>> out;
+  for (auto& p : m.params().all())
+    for (const Tensor* t : {&p->master, &p->m, &p->v}) {
+      const char* b = t->data<char>();
+      out.emplace_back(b, b + t->nbytes());
+    }
+  return out;
+}
+
+// nonfinite=skip: the step counts as done and as skipped; masters, m and v stay bitwise as they
+// were, and the run goes on.
+TEST(Divergence, SkipLeavesParametersAndMomentsBitwiseUnchanged) {
+  TrainOptions o = tiny_run();
+  o.optimizer.lr = kHugeLr;
+  o.run.nonfinite = NonfinitePolicy::kSkip;
+  Trainer t(o, single_rank_context());
+  EXPECT_TRUE(t.step().finite);
+  const std::vector<std::vector<char>> before = all_state_bytes(t.model());
+  for (int64_t k = 2; k <= 3; ++k) {
+    const StepStats s = t.step();
+    EXPECT_FALSE(s.finite);
+    EXPECT_TRUE(s.skipped);
+    EXPECT_EQ(s.step, k);
+    EXPECT_EQ(s.skipped_steps, k - 1);
+    EXPECT_EQ(t.steps_done(), k);  // counted as done: the run moves on
+    EXPECT_EQ(t.skipped_steps(), k - 1);
+    EXPECT_EQ(all_state_bytes(t.model()), before);
+  }
 }
 
 TEST(Divergence, ASaveOfNonFiniteWeightsWritesNothing) {
