@@ -105,6 +105,10 @@ class CheckpointWriter {
 
   // Flushes and closes the file, then fsyncs it from this process. Collective.
   void close();
+  // After a failed write (disk full, I/O error): releases every HDF5 object of the file without
+  // throwing, so that nothing of it is left open in the library (whose exit would then fail).
+  // The caller removes the partial file. The writer is unusable afterwards.
+  void abandon() noexcept;
 
   // Datasets whose transfer did not run as collective I/O on this rank (parallel mode), with
   // HDF5's reason, for a log note.
@@ -135,6 +139,8 @@ class CheckpointReader {
   int64_t int_attr(const std::string& name) const;
   std::vector<int64_t> ints_attr(const std::string& name) const;
 
+  // False when no such dataset exists; throws UserError(kData) when the metadata on the way to
+  // it cannot be read (checksum failure of a group or object header: the file is corrupt).
   bool has_dataset(const std::string& name) const;
   // Throws Error(kHdf5) naming the file and dataset when it is missing.
   DatasetInfo info(const std::string& name) const;
@@ -143,12 +149,14 @@ class CheckpointReader {
 
   // Reads rows `rows` of dataset `name` into `out` as `dtype` (HDF5 converts between float
   // types). Verifies the checksums of the chunks it touches (CRC-32C, or Fletcher-32 in
-  // version 1 files) and throws UserError(kData) naming the chunk when one fails.
+  // version 1 files) and throws UserError(kData) naming the chunk when one fails, and naming the
+  // dataset when it has no checksum at all (the file is damaged or not a hotpath checkpoint).
   void read_rows(const std::string& name, RowRange rows, DType dtype, void* out) const;
   std::vector<int64_t> read_i64(const std::string& name) const;
   // Reads every chunk of the dataset (checksums verified) and returns a 64-bit FNV-1a digest of
-  // its stored bytes, for comparisons between checkpoints.
-  uint64_t verify(const std::string& name) const;
+  // its stored bytes, for comparisons between checkpoints. With `nonfinite`, also counts the
+  // elements of a float dataset that are inf or NaN there.
+  uint64_t verify(const std::string& name, int64_t* nonfinite = nullptr) const;
 
  private:
   struct Impl;

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <type_traits>
 
@@ -150,7 +151,14 @@ CheckpointWriter::CheckpointWriter(const std::string& path, const CheckpointGrou
   H5_CHECK(H5Pset_create_intermediate_group(impl_->lcpl.get(), 1), where);
 }
 
-CheckpointWriter::~CheckpointWriter() = default;
+CheckpointWriter::~CheckpointWriter() { abandon(); }
+
+void CheckpointWriter::abandon() noexcept {
+  if (!impl_ || !impl_->file.valid()) return;
+  impl_->dxpl.reset();
+  impl_->lcpl.reset();
+  impl_->file.reset();
+}
 
 void CheckpointWriter::set_attr(const std::string& name, const std::string& value) {
   const std::string where = str_cat(path_, " attribute '", name, "'");
@@ -362,18 +370,26 @@ std::vector<int64_t> CheckpointReader::ints_attr(const std::string& name) const 
 
 bool CheckpointReader::has_dataset(const std::string& name) const {
   // Every component of the path must exist for H5Lexists to answer about the last one.
+  // A negative answer is not "absent": HDF5 could not read the group or object header (its
+  // checksum failed), which is damage, not a missing dataset.
+  const auto corrupt = [&](const std::string& what) {
+    HP_USER_ERROR(ErrorKind::kData, "checkpoint ", path_, ": the metadata of '", what,
+                  "' cannot be read: the file is corrupt (", h5_error_text(), ")");
+  };
   size_t pos = 0;
   while (true) {
     pos = name.find('/', pos + 1);
     const std::string prefix = name.substr(0, pos);
-    if (!prefix.empty() && prefix != "/" &&
-        H5Lexists(impl_->file.get(), prefix.c_str(), H5P_DEFAULT) <= 0)
-      return false;
+    if (!prefix.empty() && prefix != "/") {
+      const htri_t e = H5Lexists(impl_->file.get(), prefix.c_str(), H5P_DEFAULT);
+      if (e < 0) corrupt(prefix);
+      if (e == 0) return false;
+    }
     if (pos == std::string::npos) break;
   }
   H5O_info_t oi;
   if (H5Oget_info_by_name2(impl_->file.get(), name.c_str(), &oi, H5O_INFO_BASIC, H5P_DEFAULT) < 0)
-    return false;
+    corrupt(name);
   return oi.type == H5O_TYPE_DATASET;
 }
 
@@ -490,7 +506,13 @@ void CheckpointReader::read_rows(const std::string& name, RowRange rows, DType d
   select_rows(space.get(), d.shape, rows, &mem_raw, where);
   H5Handle mem(mem_raw, H5Sclose);
   H5_CHECK(H5Dread(ds.get(), memory_type(dtype), mem.get(), space.get(), H5P_DEFAULT, out), where);
-  if (d.crc32c) verify_chunks(ds.get(), d, rows, dtype, out, where);
+  if (d.crc32c) {
+    verify_chunks(ds.get(), d, rows, dtype, out, where);
+  } else if (!d.fletcher32) {
+    // Every dataset hotpath writes carries its checksums; without them nothing can be verified.
+    HP_USER_ERROR(ErrorKind::kData, where, ": no checksum (attribute '", kCrcAttr,
+                  "' is missing): the file is damaged or was not written by hotpath");
+  }
 }
 
 std::vector<int64_t> CheckpointReader::read_i64(const std::string& name) const {
@@ -503,7 +525,7 @@ std::vector<int64_t> CheckpointReader::read_i64(const std::string& name) const {
   return v;
 }
 
-uint64_t CheckpointReader::verify(const std::string& name) const {
+uint64_t CheckpointReader::verify(const std::string& name, int64_t* nonfinite) const {
   const DatasetInfo d = info(name);
   if (d.shape.empty()) HP_USER_ERROR(ErrorKind::kData, path_, " dataset '", name, "' is a scalar");
   const int64_t elem = static_cast<int64_t>(dtype_size(d.dtype));
@@ -517,6 +539,13 @@ uint64_t CheckpointReader::verify(const std::string& name) const {
     const RowRange rows{r, std::min(step, d.shape[0] - r)};
     buf.resize(static_cast<size_t>(rows.count * row_bytes));
     read_rows(name, rows, d.dtype, buf.data());
+    if (nonfinite != nullptr && d.dtype == DType::kF32) {
+      const float* v = reinterpret_cast<const float*>(buf.data());
+      for (size_t k = 0; k < buf.size() / sizeof(float); ++k) *nonfinite += !std::isfinite(v[k]);
+    } else if (nonfinite != nullptr && d.dtype == DType::kF64) {
+      const double* v = reinterpret_cast<const double*>(buf.data());
+      for (size_t k = 0; k < buf.size() / sizeof(double); ++k) *nonfinite += !std::isfinite(v[k]);
+    }
     for (char c : buf) {
       h ^= static_cast<unsigned char>(c);
       h *= 1099511628211ull;

@@ -1,3 +1,4 @@
+#include <cmath>
 #include <cstdio>
 #include <vector>
 
@@ -53,18 +54,27 @@ int run_eval(const TrainOptions& o, const RankContext& ctx) {
     ctx.groups.world->all_reduce(n, ReduceOp::kSum);
     valid = n.data<int64_t>()[0];
   }
+  const double loss = valid > 0 ? lm / static_cast<double>(valid) : 0.0;
   if (dump) {
     const int64_t n = static_cast<int64_t>(targets.size());
-    char loss[64];
-    std::snprintf(loss, sizeof loss, "%.17g", valid > 0 ? lm / static_cast<double>(valid) : 0.0);
+    char loss_text[64];
+    std::snprintf(loss_text, sizeof loss_text, "%.17g", loss);
     write_safetensors(
         o.eval.dump_logits,
         {{"logits", {n, o.model.vocab_size}, logits.data()}, {"targets", {n}, targets.data()}},
-        "F32", {{"loss", loss}, {"tokens", std::to_string(valid)}});
+        "F32", {{"loss", loss_text}, {"tokens", std::to_string(valid)}});
   }
   if (ctx.rank() == 0)
-    std::printf("eval_loss=%.6f tokens=%lld\n", valid > 0 ? lm / static_cast<double>(valid) : 0.0,
-                static_cast<long long>(valid));
+    std::printf("eval_loss=%.6f tokens=%lld\n", loss, static_cast<long long>(valid));
+  std::fflush(stdout);
+  // Every rank holds the same sums: all of them fail together.
+  if (!std::isfinite(loss))
+    HP_USER_ERROR(ErrorKind::kData, "hotpath eval: the loss of checkpoint ", path,
+                  " is not finite (", loss,
+                  "): its parameters or this config make the model "
+                  "diverge");
+  if (valid == 0)
+    HP_USER_ERROR(ErrorKind::kData, "hotpath eval: the data has no targets to evaluate");
   return 0;
 }
 

@@ -1,6 +1,7 @@
 #include <iomanip>
 #include <iostream>
 #include <memory>
+#include <sstream>
 
 #include "framework/checkpoint/checkpoint.h"
 #include "launch/tools/tools.h"
@@ -31,6 +32,8 @@ int inspect_main(const std::vector<std::string>& args) {
     std::cout << "step: " << r->int_attr("step") << "\n";
     std::cout << "layout: world=" << r->int_attr("world") << " dp=" << r->int_attr("dp")
               << " ep=" << r->int_attr("ep") << "\n";
+    if (r->has_attr("skipped_steps"))
+      std::cout << "skipped_steps: " << r->int_attr("skipped_steps") << "\n";
   } catch (const std::exception& e) {
     ++failures;
     std::cout << "attributes: FAILED: " << e.what() << "\n";
@@ -45,13 +48,45 @@ int inspect_main(const std::vector<std::string>& args) {
   int64_t total = 0;
   for (const DatasetInfo& d : sets) total += d.bytes();
   std::cout << "tensors: " << sets.size() << " datasets, " << total << " bytes\n";
+  // Completeness: every dataset the saving run listed (from its model config) must be there.
+  try {
+    if (r->has_attr("datasets")) {
+      std::istringstream listed(r->string_attr("datasets"));
+      int64_t missing = 0;
+      for (std::string name; std::getline(listed, name);) {
+        if (name.empty()) continue;
+        bool found = false;
+        for (const DatasetInfo& d : sets) found = found || d.name == name;
+        if (!found) {
+          ++missing;
+          std::cout << "  " << name << " MISSING (listed by the checkpoint, not in the file)\n";
+        }
+      }
+      if (missing > 0) {
+        failures += static_cast<int>(missing);
+        std::cout << "completeness: FAILED (" << missing << " datasets missing)\n";
+      }
+    } else {
+      std::cout << "completeness: not checked (the file lists no datasets)\n";
+    }
+  } catch (const std::exception& e) {
+    ++failures;
+    std::cout << "completeness: FAILED: " << e.what() << "\n";
+  }
   for (const DatasetInfo& d : sets) {
     std::cout << "  " << d.name << " " << dtype_name(d.dtype) << " " << shape_str(d.shape) << " "
               << d.bytes() << " bytes";
     try {
-      const uint64_t h = r->verify(d.name);
+      int64_t nonfinite = 0;
+      const uint64_t h = r->verify(d.name, &nonfinite);
       std::cout << " fnv64=" << std::hex << std::setw(16) << std::setfill('0') << h << std::dec
-                << std::setfill(' ') << (d.crc32c || d.fletcher32 ? " ok" : " ok (no checksum)");
+                << std::setfill(' ');
+      if (nonfinite > 0) {
+        ++failures;
+        std::cout << " NON-FINITE: " << nonfinite << " values are inf or NaN\n";
+        continue;
+      }
+      std::cout << " ok";
       if (d.dtype == DType::kI64 && d.shape[0] <= 8) {
         std::vector<int64_t> v = r->read_i64(d.name);
         std::cout << " =";

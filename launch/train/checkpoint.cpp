@@ -15,6 +15,7 @@
 #include "framework/checkpoint/checkpoint.h"
 #include "framework/core/log.h"
 #include "launch/hf/hf_convert.h"
+#include "framework/core/rng.h"
 #include "launch/train/fault_injection.h"
 #include "parallel/mpi_checkpoint_group.h"
 
@@ -211,6 +212,37 @@ void require_finite(const RunState& run, const std::vector<Item>& items, int64_t
                 " (training diverged; no file was written)");
 }
 
+// Thrown by load_checkpoint when the checkpoint's model config differs from this run's in keys
+// that allow_config_change does not name: not damage, so resume=auto must not fall back past it.
+class ConfigMismatch : public UserError {
+ public:
+  explicit ConfigMismatch(const std::string& what) : UserError(ErrorKind::kConfig, what) {}
+};
+
+void check_saved_config(const TrainOptions& o, const CheckpointReader& r) {
+  if (!r.has_attr("model_config")) return;  // written before the record existed
+  const std::string saved = r.string_attr("model_config");
+  const std::string now = model_config_record(o.model);
+  const std::vector<std::string>& allowed = o.checkpoint.allow_config_change;
+  std::string changes, keys;
+  for (const std::string& k : model_config_differences(saved, now)) {
+    if (std::find(allowed.begin(), allowed.end(), k) != allowed.end()) {
+      log_warn("checkpoint ", r.path(), ": ", k, "=", model_config_value(saved, k), " when saved, ",
+               model_config_value(now, k), " now (allowed by allow_config_change)");
+      continue;
+    }
+    changes += str_cat(changes.empty() ? "" : ", ", k, "=", model_config_value(saved, k), " -> ",
+                       model_config_value(now, k));
+    keys += (keys.empty() ? "" : ",") + k;
+  }
+  if (!changes.empty())
+    throw ConfigMismatch(
+        str_cat("checkpoint ", r.path(), " was saved with another model config: ", changes,
+                " (a change of what the model computes; if it is meant, allow it with "
+                "--allow_config_change=",
+                keys, ")"));
+}
+
 }  // namespace
 
 // ---- save ---------------------------------------------------------------------------------------
@@ -243,84 +275,112 @@ SaveStats save_checkpoint(const RunState& run, const std::string& dir, int64_t k
   const std::unique_ptr<CheckpointGroup> group = make_checkpoint_group(*ctx.groups.world);
   const bool parallel = group != nullptr;
   const bool writes = parallel || rank == 0;
+  // A .tmp left by an earlier failed or killed save of this step is never loaded: replace it.
+  if (rank == 0) std::remove(tmp.c_str());
+  if (parallel) ctx.groups.world->barrier();
   std::unique_ptr<CheckpointWriter> w;
-  if (writes) w = std::make_unique<CheckpointWriter>(tmp, group.get());
-  maybe_inject_save_fault("begin", rank, step);
-
-  const DType md = be.master_dtype();
-  Tensor next = items.empty() ? Tensor() : stage(0);
-  for (size_t i = 0; i < items.size(); ++i) {
-    const Param& p = *items[i].param;
-    const int64_t chunk = chunk_rows_of(p, md);
-    const Tensor host = next;
-    // Slot (i + 1) % 2 held tensor i - 1, whose write has returned.
-    if (i + 1 < items.size()) next = stage(i + 1);
-    staging.wait(i);  // tensor i has landed on the host
-    if (parallel) {
-      // Writers: dense chunks split over the world; each expert block over its dp group.
-      RowRange rows;
-      if (p.sharded()) {
-        rows = held_rows(p);  // the rank holding a shard writes it
-      } else if (is_expert(p)) {
-        rows = split_rows_by_chunk(p.shape[0], 1, ctx.groups.dp_size, ctx.groups.dp_rank);
-        rows.begin += p.expert_begin;
+  // The tensors, the run state and the attributes, then close (flush + fsync).
+  const auto write_file = [&] {
+    const DType md = be.master_dtype();
+    Tensor next = items.empty() ? Tensor() : stage(0);
+    for (size_t i = 0; i < items.size(); ++i) {
+      const Param& p = *items[i].param;
+      const int64_t chunk = chunk_rows_of(p, md);
+      const Tensor host = next;
+      // Slot (i + 1) % 2 held tensor i - 1, whose write has returned.
+      if (i + 1 < items.size()) next = stage(i + 1);
+      staging.wait(i);  // tensor i has landed on the host
+      if (parallel) {
+        // Writers: dense chunks split over the world; each expert block over its dp group.
+        RowRange rows;
+        if (p.sharded()) {
+          rows = held_rows(p);  // the rank holding a shard writes it
+        } else if (is_expert(p)) {
+          rows = split_rows_by_chunk(p.shape[0], 1, ctx.groups.dp_size, ctx.groups.dp_rank);
+          rows.begin += p.expert_begin;
+        } else {
+          rows = split_rows_by_chunk(p.global_shape[0], chunk, ctx.world(), rank);
+        }
+        const char* data = host.data<char>() +
+                           static_cast<size_t>(rows.begin - held_rows(p).begin) * row_bytes(p, md);
+        w->write_rows(items[i].name, p.global_shape, md, chunk, rows, data);
       } else {
-        rows = split_rows_by_chunk(p.global_shape[0], chunk, ctx.world(), rank);
+        Tensor full = host;
+        if (p.sharded()) {
+          full = Tensor::host(p.shape, md);
+          shard_group(ctx, p).all_gather(host, full);
+        }
+        if (is_expert(p) && ctx.groups.ep_size > 1) {
+          Tensor block = full;
+          full = Tensor::host(p.global_shape, md);
+          ctx.groups.ep->all_gather(block, full);
+        }
+        if (writes)
+          w->write_rows(items[i].name, p.global_shape, md, chunk, RowRange{0, p.global_shape[0]},
+                        full.raw());
       }
-      const char* data = host.data<char>() +
-                         static_cast<size_t>(rows.begin - held_rows(p).begin) * row_bytes(p, md);
-      w->write_rows(items[i].name, p.global_shape, md, chunk, rows, data);
-    } else {
-      Tensor full = host;
-      if (p.sharded()) {
-        full = Tensor::host(p.shape, md);
-        shard_group(ctx, p).all_gather(host, full);
-      }
-      if (is_expert(p) && ctx.groups.ep_size > 1) {
-        Tensor block = full;
-        full = Tensor::host(p.global_shape, md);
-        ctx.groups.ep->all_gather(block, full);
-      }
-      if (writes)
-        w->write_rows(items[i].name, p.global_shape, md, chunk, RowRange{0, p.global_shape[0]},
-                      full.raw());
+      if (i == items.size() / 2) maybe_inject_save_fault("data", rank, step);
     }
-    if (i == items.size() / 2) maybe_inject_save_fault("data", rank, step);
-  }
-  staging.finish();
+    staging.finish();
 
-  if (writes) {
-    const bool root = rank == 0;
-    const LrSchedule& sched = run.schedule;
-    w->write_i64("/state/step", {step}, root);
-    w->write_i64("/state/tokens_seen", {run.position.tokens_seen}, root);
-    w->write_i64("/state/loader", run.loader.state().to_vector(), root);
-    w->write_i64("/state/seed", {static_cast<int64_t>(o.run.seed)}, root);
-    const std::vector<double> lr{static_cast<double>(step),
-                                 step > 0 ? sched.at(step) : 0.0,
-                                 sched.lr,
-                                 sched.min_lr,
-                                 static_cast<double>(sched.warmup_steps),
-                                 static_cast<double>(sched.total_steps)};
-    w->write_rows("/state/lr_schedule", {static_cast<int64_t>(lr.size())}, DType::kF64,
-                  static_cast<int64_t>(lr.size()),
-                  RowRange{0, root ? static_cast<int64_t>(lr.size()) : 0}, lr.data());
-    w->set_attr("format", std::string(kCheckpointFormat));
-    w->set_attr("format_version", kCheckpointVersion);
-    w->set_attr("hotpath_version", std::string(HOTPATH_VERSION));
-    w->set_attr("hdf5_version", hdf5_version());
-    w->set_attr("config", o.config_text);
-    w->set_attr("command_line", o.command_line);
-    w->set_attr("step", step);
-    w->set_attr("world", static_cast<int64_t>(ctx.world()));
-    w->set_attr("dp", static_cast<int64_t>(ctx.groups.dp_size));
-    w->set_attr("ep", static_cast<int64_t>(ctx.groups.ep_size));
-    w->set_attr("master_dtype", std::string(dtype_name(md)));
-    w->close();
-    if (!w->independent_fallbacks().empty())
-      log_warn("checkpoint ", tmp, ": ", w->independent_fallbacks().size(),
-               " dataset writes fell back from collective to independent I/O, e.g. ",
-               w->independent_fallbacks().front());
+    if (writes) {
+      const bool root = rank == 0;
+      const LrSchedule& sched = run.schedule;
+      w->write_i64("/state/step", {step}, root);
+      w->write_i64("/state/tokens_seen", {run.position.tokens_seen}, root);
+      w->write_i64("/state/loader", run.loader.state().to_vector(), root);
+      w->write_i64("/state/seed", {static_cast<int64_t>(o.run.seed)}, root);
+      const std::vector<double> lr{static_cast<double>(step),
+                                   step > 0 ? sched.at(step) : 0.0,
+                                   sched.lr,
+                                   sched.min_lr,
+                                   static_cast<double>(sched.warmup_steps),
+                                   static_cast<double>(sched.total_steps)};
+      w->write_rows("/state/lr_schedule", {static_cast<int64_t>(lr.size())}, DType::kF64,
+                    static_cast<int64_t>(lr.size()),
+                    RowRange{0, root ? static_cast<int64_t>(lr.size()) : 0}, lr.data());
+      w->set_attr("format", std::string(kCheckpointFormat));
+      w->set_attr("format_version", kCheckpointVersion);
+      w->set_attr("hotpath_version", std::string(HOTPATH_VERSION));
+      w->set_attr("hdf5_version", hdf5_version());
+      w->set_attr("config", o.config_text);
+      w->set_attr("command_line", o.command_line);
+      w->set_attr("step", step);
+      w->set_attr("world", static_cast<int64_t>(ctx.world()));
+      w->set_attr("dp", static_cast<int64_t>(ctx.groups.dp_size));
+      w->set_attr("ep", static_cast<int64_t>(ctx.groups.ep_size));
+      w->set_attr("master_dtype", std::string(dtype_name(md)));
+      w->set_attr("skipped_steps", run.position.skipped_steps);
+      const std::string record = model_config_record(o.model);
+      w->set_attr("model_config", record);
+      w->set_attr("config_fingerprint", static_cast<int64_t>(hash64(record)));
+      // Every dataset of the file, so that a reader can tell a complete checkpoint.
+      std::string manifest;
+      for (const Item& it : items) manifest += it.name + "\n";
+      for (const char* n : {"/state/step", "/state/tokens_seen", "/state/loader", "/state/seed",
+                            "/state/lr_schedule"})
+        manifest += std::string(n) + "\n";
+      w->set_attr("datasets", manifest);
+      w->close();
+      if (!w->independent_fallbacks().empty())
+        log_warn("checkpoint ", tmp, ": ", w->independent_fallbacks().size(),
+                 " dataset writes fell back from collective to independent I/O, e.g. ",
+                 w->independent_fallbacks().front());
+    }
+  };
+  try {
+    if (writes) w = std::make_unique<CheckpointWriter>(tmp, group.get());
+    maybe_inject_save_fault("begin", rank, step);
+    write_file();
+  } catch (const std::exception& e) {
+    // A failed save (disk full, I/O error): the partial file goes, the committed checkpoints
+    // and `latest` are untouched.
+    if (w) w->abandon();
+    w.reset();
+    if (rank == 0) std::remove(tmp.c_str());
+    HP_FAIL(
+        ErrorKind::kIo, "checkpoint of step ", step, " not saved: ", e.what(),
+        " (the partial file was removed; the committed checkpoints and 'latest' are unchanged)");
   }
   maybe_inject_save_fault("close", rank, step);
 
@@ -352,6 +412,7 @@ RunPosition load_checkpoint(const RunState& run, const std::string& path, bool p
   const auto t0 = Clock::now();
   Backend& be = run.backend;
   CheckpointReader r(path);
+  check_saved_config(run.options, r);
   std::vector<Item> items = checkpoint_items(run.model.params(), params_only);
   for (const Item& it : items) {
     const DatasetInfo d = r.info(it.name);
@@ -410,19 +471,28 @@ RunPosition load_checkpoint(const RunState& run, const std::string& path, bool p
            " dp=", r.int_attr("dp"), " ep=", r.int_attr("ep"), "; this rank read ", mib(bytes),
            " in ", fmt_double(secs, 3), " s, ",
            fmt_double(bytes / double(1 << 20) / std::max(secs, 1e-9), 4), " MiB/s)");
-  return RunPosition{step, tokens};
+  const int64_t skipped = r.has_attr("skipped_steps") ? r.int_attr("skipped_steps") : 0;
+  return RunPosition{step, tokens, skipped};
 }
 
 bool load_checkpoint_agreed(const RunState& run, const std::string& path, bool params_only,
                             RunPosition* loaded, std::string* error) {
-  bool failed = false;
+  bool failed = false, mismatch = false;
   try {
     *loaded = load_checkpoint(run, path, params_only);
+  } catch (const ConfigMismatch& e) {
+    mismatch = true;
+    *error = e.what();
   } catch (const std::exception& e) {
     failed = true;
     *error = e.what();
     log_error("cannot load checkpoint ", path, ": ", e.what());
   }
+  // A changed config is the user's decision, not damage: every rank stops here (the ranks read
+  // the same attributes, so they agree), and resume=auto does not fall back past it.
+  if (any_rank(run.ctx, mismatch))
+    HP_USER_ERROR(ErrorKind::kConfig,
+                  mismatch ? *error : "the checkpoint's model config differs (see rank 0)");
   return !any_rank(run.ctx, failed);
 }
 
@@ -501,10 +571,28 @@ std::string resolve_checkpoint_arg(const std::string& path) {
   return checkpoint_path(path, steps.front());
 }
 
+namespace {
+// A run that starts at `start` in a checkpoint_dir holding newer committed checkpoints would
+// overwrite them (and move `latest` back) as it goes: refused unless allow_overwrite.
+void refuse_overwriting_newer(const TrainOptions& o, int64_t start, const std::string& from) {
+  if (o.checkpoint.dir.empty() || o.checkpoint.allow_overwrite) return;
+  const std::vector<int64_t> steps = committed_steps(o.checkpoint.dir);
+  if (steps.empty() || steps.front() <= start) return;
+  HP_USER_ERROR(ErrorKind::kConfig, "checkpoint_dir ", o.checkpoint.dir,
+                " holds committed checkpoints up to step ", steps.front(), ", newer than ", from,
+                " (step ", start,
+                "); this run would overwrite them. Resume from the newest with --resume=auto, use "
+                "another checkpoint_dir, or allow it with --allow_overwrite=true");
+}
+}  // namespace
+
 RunPosition resume_from_options(const RunState& run) {
   const TrainOptions& o = run.options;
   const ResumeSpec& resume = o.checkpoint.resume;
-  if (resume.kind == ResumeSpec::Kind::kNone) return RunPosition{};
+  if (resume.kind == ResumeSpec::Kind::kNone) {
+    refuse_overwriting_newer(o, 0, "this fresh start (resume=none)");
+    return RunPosition{};
+  }
   std::string error;
   RunPosition pos;
   if (resume.kind == ResumeSpec::Kind::kPath) {
@@ -516,6 +604,7 @@ RunPosition resume_from_options(const RunState& run) {
     if (!load_checkpoint_agreed(run, path, false, &pos, &error))
       HP_USER_ERROR(ErrorKind::kData, "resume: checkpoint ", path, " cannot be loaded: ",
                     error.empty() ? "it failed on another rank (see its message)" : error);
+    refuse_overwriting_newer(o, pos.step, "the checkpoint resumed from, " + path);
     log_info("resumed from ", path, " at step ", pos.step);
     return pos;
   }
