@@ -20,6 +20,11 @@ files, `hotpath inspect` dataset digests and layout, checkpoint directories -- n
   hp_check.py params --total N --active N [--rel R] -- CMD...
   hp_check.py signal --signal NAME --metrics FILE --after N [--rank R] --exit N -- CMD...
   hp_check.py spawn --ranks N --style env|slurm --rendezvous PATH -- CMD... ({rank} in CMD)
+  hp_check.py fs --at DIR (--size SIZE | --readonly) [--seed SRC]... [--keep DST] [--as-nobody]
+                 [--exit N|nonzero] [--forbid REGEX]... -- CMD...
+                  (runs CMD with a small tmpfs mounted at DIR -- full at SIZE, or read-only --
+                  holding copies of SRC, then copies DIR to DST and unmounts; --as-nobody runs
+                  CMD as user nobody; exits 77, "skipped", where mounting is not permitted)
 
 EXPR is a Python expression over one record's keys (e.g. 'syncs["routing"] == 4'); `r` is the
 whole record, `ceil` and `MiB` are at hand. Every check prints what it compared; exit status 0
@@ -272,11 +277,14 @@ def inspect_uncached(hotpath, ckpt):
     p = subprocess.run([hotpath, "inspect", ckpt], capture_output=True, text=True)
     if p.returncode != 0:
         fail(f"hotpath inspect {ckpt}: exit {p.returncode}: {(p.stdout + p.stderr)[-500:]}")
-    info = {"step": None, "layout": None, "datasets": {}}
+    info = {"step": None, "layout": None, "datasets": {}, "skipped_steps": 0}
     for line in p.stdout.splitlines():
         m = re.match(r"^step: (\d+)$", line)
         if m:
             info["step"] = int(m.group(1))
+        m = re.match(r"^skipped_steps: (\d+)$", line)
+        if m:
+            info["skipped_steps"] = int(m.group(1))
         m = re.match(r"^layout: (.*)$", line)
         if m:
             info["layout"] = m.group(1).strip()
@@ -485,6 +493,60 @@ def cmd_spawn(a):
     sys.exit(0 if all(rc == 0 for rc in rcs) else 1)
 
 
+
+# ---- file systems -------------------------------------------------------------------------------
+
+def cmd_fs(a):
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        say("skipped: mounting a tmpfs needs root")
+        sys.exit(SKIP)
+    if a.as_nobody and shutil.which("setpriv") is None:
+        say("skipped: setpriv (util-linux) is needed to run as nobody")
+        sys.exit(SKIP)
+    if os.path.ismount(a.at):
+        subprocess.call(["umount", a.at])
+    remove(a.at)
+    os.makedirs(a.at)
+    opts = "size=" + (a.size or "1m")
+    if subprocess.call(["mount", "-t", "tmpfs", "-o", opts, "tmpfs", a.at]) != 0:
+        say(f"skipped: cannot mount a tmpfs at {a.at}")
+        sys.exit(SKIP)
+    try:
+        for src in a.seed:
+            dst = os.path.join(a.at, os.path.basename(src.rstrip("/")))
+            (shutil.copytree if os.path.isdir(src) else shutil.copy)(src, dst)
+        if a.as_nobody:
+            os.chmod(a.at, 0o755)
+        if a.readonly and subprocess.call(["mount", "-o", "remount,ro", a.at]) != 0:
+            fail(f"cannot remount {a.at} read-only")
+        cmd = a.cmd
+        if a.as_nobody:
+            cmd = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--"] + cmd
+        sys.stdout.flush()
+        proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        sys.stdout.write(proc.stdout)
+        rc = proc.returncode
+        if a.keep:
+            remove(a.keep)
+            shutil.copytree(a.at, a.keep)
+    finally:
+        subprocess.call(["umount", a.at])
+        try:
+            os.rmdir(a.at)
+        except OSError:
+            pass
+    for pattern in a.forbid:
+        if re.search(pattern, proc.stdout):
+            fail(f"the output matches {pattern!r}")
+    if a.exit is not None:
+        ok = rc != 0 if a.exit == "nonzero" else rc == int(a.exit)
+        if not ok:
+            fail(f"exit status {rc}, expected {a.exit}")
+        say(f"exit status {rc} as expected")
+    elif rc != 0:
+        fail(f"exit status {rc}")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     sub = ap.add_subparsers(dest="what", required=True)
@@ -564,6 +626,17 @@ def main():
     p.add_argument("--style", choices=["env", "slurm"], required=True)
     p.add_argument("--rendezvous", required=True)
     p.add_argument("--clean", action="append", default=[])
+    with_cmd(p)
+
+    p = sub.add_parser("fs")
+    p.add_argument("--at", required=True)
+    p.add_argument("--size")
+    p.add_argument("--readonly", action="store_true")
+    p.add_argument("--seed", action="append", default=[])
+    p.add_argument("--keep")
+    p.add_argument("--as-nobody", action="store_true")
+    p.add_argument("--exit")
+    p.add_argument("--forbid", action="append", default=[])
     with_cmd(p)
 
     a = ap.parse_args()
