@@ -8,6 +8,7 @@
 #include <hdf5.h>
 #include <stdlib.h>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -71,6 +72,20 @@ uint64_t fnv1a64(const void* p, size_t n) {
   }
   return h;
 }
+
+// HDF5's own error printing off while a test calls it directly.
+class QuietHdf5 {
+ public:
+  QuietHdf5() {
+    H5Eget_auto2(H5E_DEFAULT, &func_, &data_);
+    H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
+  }
+  ~QuietHdf5() { H5Eset_auto2(H5E_DEFAULT, func_, data_); }
+
+ private:
+  H5E_auto2_t func_ = nullptr;
+  void* data_ = nullptr;
+};
 
 void expect_throws_with(const std::function<void()>& f, const std::vector<std::string>& parts) {
   try {
@@ -239,6 +254,77 @@ TEST(CheckpointFormat, TruncatedMissingAndForeignFiles) {
     ADD_FAILURE();
   } catch (const UserError& e) {
     EXPECT_NE(std::string(e.what()).find("not a hotpath checkpoint"), std::string::npos);
+  }
+}
+
+// Every dataset hotpath writes carries its checksums: one without them cannot be verified and is
+// an error, whatever its type.
+TEST(CheckpointFormat, ADatasetWithoutChecksumsIsAnError) {
+  TempDir dir;
+  const std::string path = dir.file("c.h5");
+  write_small(path, nullptr);
+  {
+    QuietHdf5 quiet;
+    const hid_t f = H5Fopen(path.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+    ASSERT_GE(f, 0);
+    for (const char* name : {"/params/w", "/params/b", "/state/step"})
+      ASSERT_GE(H5Adelete_by_name(f, name, "crc32c", H5P_DEFAULT), 0) << name;
+    H5Fclose(f);
+  }
+  CheckpointReader r(path);
+  std::vector<double> buf(24);
+  for (const char* name : {"/params/w", "/params/b", "/state/step"}) {
+    const DatasetInfo d = r.info(name);
+    EXPECT_FALSE(d.crc32c);
+    expect_throws_with(
+        [&] {
+          r.read_rows(name, RowRange{0, 1}, d.dtype, buf.data());
+        },
+        {path, std::string("'") + name + "'", "no checksum"});
+    expect_throws_with([&] { r.verify(name); }, {path, "no checksum"});
+  }
+}
+
+// Damaged metadata (a group's object header whose checksum fails) is corruption, not a
+// missing dataset.
+TEST(CheckpointFormat, DamagedMetadataIsCorruptionNotMissing) {
+  TempDir dir;
+  const std::string path = dir.file("c.h5");
+  {
+    CheckpointWriter w(path, nullptr);
+    const std::vector<float> v = iota_floats(8, 1.0f);
+    w.write_rows("/params/a_rather_long_parameter_name", {8}, DType::kF32, 8, RowRange{0, 8},
+                 v.data());
+    w.write_rows("/params/another_long_parameter_name", {8}, DType::kF32, 8, RowRange{0, 8},
+                 v.data());
+    w.set_attr("format", std::string(kCheckpointFormat));
+    w.set_attr("format_version", kCheckpointVersion);
+    w.close();
+  }
+  std::vector<char> bytes;
+  {
+    std::ifstream f(path, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(f), {});
+  }
+  const std::string needle = "a_rather_long_parameter_name";
+  const auto it = std::search(bytes.begin(), bytes.end(), needle.begin(), needle.end());
+  ASSERT_NE(it, bytes.end());
+  it[3] ^= 0x01;  // in the link message of the /params group's object header
+  {
+    std::ofstream f(path, std::ios::binary | std::ios::trunc);
+    f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  }
+  CheckpointReader r(path);
+  for (const char* name :
+       {"/params/a_rather_long_parameter_name", "/params/another_long_parameter_name"}) {
+    try {
+      r.info(name);
+      ADD_FAILURE() << name << ": no error";
+    } catch (const std::exception& e) {
+      const std::string m = e.what();
+      EXPECT_NE(m.find("corrupt"), std::string::npos) << m;
+      EXPECT_EQ(m.find("missing"), std::string::npos) << m;
+    }
   }
 }
 

@@ -1,0 +1,141 @@
+// A checkpoint is only called sound when it is: `inspect` fails on non-finite values and on
+// datasets missing from the list the saving run recorded, and `eval` fails on a non-finite loss.
+// The damaged files are copies of a real checkpoint, rewritten dataset by dataset.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <functional>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "framework/checkpoint/checkpoint.h"
+#include "framework/core/error.h"
+#include "launch/options.h"
+#include "launch/tools/tools.h"
+#include "launch/train/checkpoint.h"
+#include "launch/train/trainer.h"
+
+namespace fs = std::filesystem;
+
+namespace hp {
+namespace {
+
+TrainOptions tiny_run() {
+  TrainOptions o;
+  o.model.vocab_size = 16;
+  o.model.d_model = 16;
+  o.model.n_layers = 2;
+  o.model.n_heads = 2;
+  o.model.n_kv_heads = 1;
+  o.model.head_dim = 8;
+  o.model.ffn_dim = 32;
+  o.device.kind = DeviceKind::kCpu;
+  o.data.seq_len = 16;
+  o.data.batch_tokens = 64;
+  o.run.steps = 2;
+  o.run.log_every = 100;
+  o.eval.batches = 1;
+  return o;
+}
+
+fs::path fresh_dir(const std::string& name) {
+  const fs::path d = fs::temp_directory_path() / ("hotpath_trust_" + name);
+  fs::remove_all(d);
+  fs::create_directories(d);
+  return d;
+}
+
+// A checkpoint of one step of tiny_run() in `dir`; its path.
+std::string saved_checkpoint(const fs::path& dir) {
+  TrainOptions o = tiny_run();
+  Trainer t(o, single_rank_context());
+  t.step();
+  return save_checkpoint(t.run_state(), (dir / "ckpt").string(), 0).path;
+}
+
+// Copies checkpoint `src` to `dst` dataset by dataset: `drop` leaves one out, `poison` makes the
+// first element of one f32 dataset NaN. The root attributes are copied.
+void rewrite(const std::string& src, const std::string& dst, const std::string& drop,
+             const std::string& poison) {
+  CheckpointReader r(src);
+  CheckpointWriter w(dst, nullptr);
+  for (const DatasetInfo& d : r.datasets()) {
+    if (d.name == drop) continue;
+    std::vector<char> bytes(static_cast<size_t>(d.bytes()));
+    r.read_rows(d.name, RowRange{0, d.shape[0]}, d.dtype, bytes.data());
+    if (d.name == poison) reinterpret_cast<float*>(bytes.data())[0] = std::nanf("");
+    w.write_rows(d.name, d.shape, d.dtype, d.chunk_rows, RowRange{0, d.shape[0]}, bytes.data());
+  }
+  for (const char* a : {"format", "hotpath_version", "hdf5_version", "config", "command_line",
+                        "master_dtype", "model_config", "datasets"})
+    w.set_attr(a, r.string_attr(a));
+  for (const char* a : {"format_version", "step", "world", "dp", "ep", "skipped_steps"})
+    w.set_attr(a, r.int_attr(a));
+  w.close();
+}
+
+int inspect(const std::string& path, std::string* out) {
+  testing::internal::CaptureStdout();
+  const int rc = inspect_main({path});
+  *out = testing::internal::GetCapturedStdout();
+  return rc;
+}
+
+TEST(CheckpointTrust, InspectPassesASoundCheckpoint) {
+  const fs::path dir = fresh_dir("sound");
+  const std::string path = saved_checkpoint(dir);
+  std::string out;
+  EXPECT_EQ(inspect(path, &out), 0) << out;
+  EXPECT_NE(out.find("checksums: ok"), std::string::npos) << out;
+  EXPECT_EQ(out.find("completeness: FAILED"), std::string::npos) << out;
+}
+
+TEST(CheckpointTrust, InspectFailsOnNonFiniteValues) {
+  const fs::path dir = fresh_dir("nan");
+  const std::string good = saved_checkpoint(dir);
+  for (const char* name : {"/params/final_norm", "/optim/final_norm/m", "/optim/final_norm/v"}) {
+    const std::string bad = (dir / "bad.h5").string();
+    rewrite(good, bad, "", name);
+    std::string out;
+    EXPECT_EQ(inspect(bad, &out), 1) << out;
+    EXPECT_NE(out.find(std::string(name) + " f32"), std::string::npos) << out;
+    EXPECT_NE(out.find("NON-FINITE: 1 values"), std::string::npos) << out;
+    EXPECT_EQ(out.find("checksums: ok"), std::string::npos) << out;
+  }
+}
+
+TEST(CheckpointTrust, InspectFailsOnMissingDatasets) {
+  const fs::path dir = fresh_dir("missing");
+  const std::string good = saved_checkpoint(dir);
+  for (const char* name : {"/params/tok_embeddings", "/optim/final_norm/v", "/state/loader"}) {
+    const std::string bad = (dir / "bad.h5").string();
+    rewrite(good, bad, name, "");
+    std::string out;
+    EXPECT_EQ(inspect(bad, &out), 1) << out;
+    EXPECT_NE(out.find(std::string(name) + " MISSING"), std::string::npos) << out;
+    EXPECT_NE(out.find("completeness: FAILED (1 datasets missing)"), std::string::npos) << out;
+    EXPECT_EQ(out.find("checksums: ok"), std::string::npos) << out;
+  }
+}
+
+TEST(CheckpointTrust, EvalFailsOnANonFiniteLoss) {
+  const fs::path dir = fresh_dir("eval");
+  const std::string good = saved_checkpoint(dir);
+  const std::string bad = (dir / "bad.h5").string();
+  rewrite(good, bad, "", "/params/final_norm");
+  TrainOptions o = tiny_run();
+  o.eval.checkpoint = good;
+  EXPECT_EQ(run_eval(o, single_rank_context()), 0);
+  o.eval.checkpoint = bad;
+  try {
+    run_eval(o, single_rank_context());
+    ADD_FAILURE() << "eval of a NaN checkpoint succeeded";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("is not finite"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace hp
