@@ -108,6 +108,11 @@ DataLoader::DataLoader(const DataConfig& config, std::unique_ptr<DocumentSource>
   HP_CHECK(source_ != nullptr, "no document source");
   num_docs_ = source_->num_documents();
   if (num_docs_ == 0) HP_USER_ERROR(ErrorKind::kData, "empty data: ", source_->describe());
+  // Every document is its EOT alone: every target is the EOT, and a run would learn that.
+  if (num_docs_ > 0 && source_->num_tokens() == num_docs_)
+    HP_USER_ERROR(ErrorKind::kData, source_->describe(), ": every token is eot_token ",
+                  config_.eot_token,
+                  ", so there is nothing to learn (is eot_token right? is this the data meant?)");
   if (num_docs_ > static_cast<int64_t>(UINT32_MAX))
     HP_USER_ERROR(ErrorKind::kData, source_->describe(), " holds ", num_docs_,
                   " documents; at most 2^32-1 are supported (split the data set)");
