@@ -7,6 +7,7 @@
 // rank aborts the job's communicators, so no peer waits forever.
 #include <cstdio>
 #include <iostream>
+#include <new>
 #include <string>
 #include <vector>
 
@@ -21,7 +22,7 @@
 #include "launch/tools/tools.h"
 #include "launch/train/components.h"
 #include "launch/train/memory_plan.h"
-#include "launch/train/outputs.h"
+#include "launch/train/preflight.h"
 #include "launch/train/rank_context.h"
 #include "launch/train/trainer.h"
 #include "parallel/launch_env.h"
@@ -132,6 +133,10 @@ int main(int argc, char** argv) {
   } catch (const hp::UserError& e) {
     hp::log_error(e.what());
     return 2;
+  } catch (const std::bad_alloc&) {
+    hp::log_error(
+        "out of host memory (std::bad_alloc): lower batch_tokens, seq_len or the model size");
+    return 1;
   } catch (const std::exception& e) {
     hp::log_error(e.what());
     return 1;

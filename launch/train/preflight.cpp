@@ -1,13 +1,16 @@
-#include "launch/train/outputs.h"
+#include "launch/train/preflight.h"
 
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 
 #include "framework/core/error.h"
+#include "framework/model/config.h"
 
 namespace fs = std::filesystem;
 
@@ -56,7 +59,67 @@ void probe_file(const char* key, const std::string& path) {
   if (!existed) ::unlink(path.c_str());
 }
 
+// Physical memory, or the cgroup (v2, then v1) limit where that is lower; -1 when unknown.
+int64_t host_memory_bytes() {
+  const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGE_SIZE);
+  int64_t bytes = pages > 0 && page > 0 ? static_cast<int64_t>(pages) * page : -1;
+  for (const char* f :
+       {"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"}) {
+    std::ifstream in(f);
+    long long limit = 0;
+    if (in >> limit && limit > 0 && (bytes < 0 || limit < bytes)) bytes = limit;
+  }
+  return bytes;
+}
+
+double gib(int64_t bytes) { return static_cast<double>(bytes) / (1 << 30); }
+
 }  // namespace
+
+int64_t cpu_rank_memory_lower_bound(const TrainOptions& o, int world) {
+  const ModelConfig& m = o.model;
+  const int64_t elem = dtype_size(o.device.cpu_dtype);
+  // Parameters: master, gradient, m, v; the expert blocks are split over the ep group.
+  const ParamCounts pc = count_params(m);
+  int64_t expert = 0;
+  if (m.is_moe()) {
+    const int64_t f = m.expert_ffn_dim, d = m.d_model;
+    expert = int64_t{m.n_layers} * m.n_experts * (d * 2 * f + 2 * f + f * d + d);
+  }
+  const int64_t local_params = pc.total - expert + expert / std::max(1, o.parallel.ep_size);
+  const int64_t params = 4 * local_params * elem;
+  // Activations: at least the residual stream and three more [tokens, d_model] tensors per
+  // layer (one layer's worth plus the block inputs with checkpointing), and a chunk of logits.
+  const int64_t tokens = o.data.batch_tokens / std::max(1, world);
+  const bool ckpt = o.compute.checkpoint_activations || o.offload.mode != OffloadMode::kNone;
+  const int64_t per_token = int64_t{m.d_model} * elem * (ckpt ? m.n_layers + 4 : 4 * m.n_layers);
+  const int64_t logits =
+      std::min<int64_t>(o.compute.ce_chunk_tokens, tokens) * m.vocab_size * elem * 2;
+  return params + tokens * per_token + logits;
+}
+
+void check_cpu_memory(const TrainOptions& o, int world, int ranks_here, int64_t available) {
+  if (available < 0) available = host_memory_bytes();
+  if (available <= 0) return;
+  const int64_t need = cpu_rank_memory_lower_bound(o, world) * std::max(1, ranks_here);
+  if (need <= available) return;
+  TrainOptions no_batch = o;
+  no_batch.data.batch_tokens = 0;
+  const int64_t params_only =
+      cpu_rank_memory_lower_bound(no_batch, world) * std::max(1, ranks_here);
+  if (params_only > available)
+    HP_USER_ERROR(
+        ErrorKind::kConfig, "the model (vocab_size, d_model, n_layers, ...) needs at least ",
+        gib(params_only), " GiB of host memory for ", std::max(1, ranks_here),
+        " rank(s) of the CPU backend (parameters, gradients, AdamW moments); this machine has ",
+        gib(available), " GiB");
+  HP_USER_ERROR(ErrorKind::kConfig, "config key 'batch_tokens': ", o.data.batch_tokens,
+                " tokens need at least ", gib(need), " GiB of host memory for ",
+                std::max(1, ranks_here), " rank(s) of the CPU backend (",
+                o.data.batch_tokens / std::max(1, world),
+                " tokens per rank), more than this machine's ", gib(available),
+                " GiB; lower batch_tokens, set checkpoint_activations=true or use more machines");
+}
 
 void check_outputs_writable(const TrainOptions& o, const std::string& command, int rank) {
   if (command == "train" && !o.checkpoint.dir.empty())

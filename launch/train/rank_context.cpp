@@ -5,6 +5,7 @@
 
 #include "framework/core/error.h"
 #include "framework/core/log.h"
+#include "launch/train/preflight.h"
 #include "parallel/mpi_communicator.h"
 #if HOTPATH_HAVE_CUDA
 #include "framework/backend/cuda/cuda_backend.h"
@@ -45,6 +46,9 @@ Job::Job(const TrainOptions& o, int* argc, char*** argv) {
   lo.rank = launch.rank;
   configure_logging(lo);
   validate_train_options(o, launch.world);
+  // Before any allocation: a batch that cannot fit is refused naming the key.
+  if (uses_cpu_backend(o))
+    check_cpu_memory(o, launch.world, launch.local_world > 0 ? launch.local_world : 1);
   const Bootstrap boot = choose_bootstrap(launch, o.parallel.bootstrap, uses_cpu_backend(o));
   if (boot.kind == Bootstrap::Kind::kMpi) mpi_ = std::make_unique<MpiSession>(argc, argv);
   CommOptions co;

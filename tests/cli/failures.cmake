@@ -92,6 +92,17 @@ foreach(spec
   separate_arguments(args UNIX_COMMAND "${args}")
   hp_cli_config_error(range.${name} "${regex}" train ${MOE} ${args} --dry-run)
 endforeach()
+# Sizes whose buffers cannot be allocated are refused before any allocation (CPU backend: against
+# the host's memory), naming the key, instead of dying in std::bad_alloc.
+hp_cli_config_error(range.batch_tokens_beyond_memory
+                    "'batch_tokens': 1000000000 tokens need at least .* GiB of host memory"
+                    train ${MOE} --seq_len=1000 --batch_tokens=1000000000 --device=cpu --steps=1)
+hp_cli(range.batch_tokens_beyond_memory_two_ranks NP 2 EXIT 2
+       PASS "'batch_tokens': 1000000000 tokens need at least .* GiB of host memory"
+       COMMAND ${HP} train ${MOE} --seq_len=1000 --batch_tokens=1000000000 --device=cpu --steps=1
+               --ep_size=2)
+hp_cli_config_error(range.model_beyond_memory "the model .* needs at least .* GiB of host memory"
+                    train --config ${CFG}/gptoss-120b.ini --device=cpu --steps=1)
 # synthetic_* describe the synthetic source only: with file data a too-small vocab_size is
 # reported as vocab_size, with the file and offset of the first token at or above it.
 hp_cli(range.file_data_vocab_size EXIT nonzero REQUIRES data_wide
