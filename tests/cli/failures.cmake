@@ -118,11 +118,13 @@ file(WRITE ${IN}/regular_file "not a directory\n")
 hp_cli(outputs.checkpoint_dir_read_only_fs PASS "'checkpoint_dir': cannot write .*Read-only file system"
        COMMAND ${CHECK} fs --at ${O}/ro --readonly --exit 2 --forbid "step=1 " --
                ${HP} ${TINY} --steps=2 --checkpoint_dir=${O}/ro/ckpt)
-set_tests_properties(cli.outputs.checkpoint_dir_read_only_fs PROPERTIES SKIP_RETURN_CODE 77)
+set_tests_properties(cli.outputs.checkpoint_dir_read_only_fs PROPERTIES SKIP_RETURN_CODE 77
+                     SKIP_REGULAR_EXPRESSION "\\[hp_check\\] skipped")
 hp_cli(outputs.checkpoint_dir_no_permission PASS "'checkpoint_dir': cannot write .*Permission denied"
        COMMAND ${CHECK} fs --at ${O}/perm --size 1m --as-nobody --exit 2 --forbid "step=1 " --
                ${HP} ${TINY} --steps=2 --checkpoint_dir=${O}/perm/ckpt)
-set_tests_properties(cli.outputs.checkpoint_dir_no_permission PROPERTIES SKIP_RETURN_CODE 77)
+set_tests_properties(cli.outputs.checkpoint_dir_no_permission PROPERTIES SKIP_RETURN_CODE 77
+                     SKIP_REGULAR_EXPRESSION "\\[hp_check\\] skipped")
 hp_cli_config_error(outputs.checkpoint_dir_is_a_file
                     "'checkpoint_dir': cannot write '.*regular_file': it exists and is not a directory"
                     ${TINY} --steps=2 --checkpoint_dir=${IN}/regular_file)
@@ -131,7 +133,8 @@ hp_cli_config_error(outputs.checkpoint_dir_under_a_file "'checkpoint_dir': canno
 hp_cli(outputs.metrics_path_read_only_fs PASS "'metrics_path': cannot write .*Read-only file system"
        COMMAND ${CHECK} fs --at ${O}/ro_m --readonly --exit 2 --forbid "step=1 " --
                ${HP} ${TINY} --steps=2 --metrics_path=${O}/ro_m/m.jsonl)
-set_tests_properties(cli.outputs.metrics_path_read_only_fs PROPERTIES SKIP_RETURN_CODE 77)
+set_tests_properties(cli.outputs.metrics_path_read_only_fs PROPERTIES SKIP_RETURN_CODE 77
+                     SKIP_REGULAR_EXPRESSION "\\[hp_check\\] skipped")
 hp_cli_config_error(outputs.metrics_path_is_a_directory "'metrics_path': cannot write '.*': it is a directory"
                     ${TINY} --steps=2 --metrics_path=${IN})
 hp_cli_config_error(outputs.metrics_path_under_a_file "'metrics_path': cannot write '.*regular_file'"
@@ -141,7 +144,8 @@ hp_cli_config_error(outputs.bench_json_is_a_directory "'bench_json': cannot writ
 hp_cli(outputs.bench_json_read_only_fs PASS "'bench_json': cannot write .*Read-only file system"
        COMMAND ${CHECK} fs --at ${O}/ro_b --readonly --exit 2 --
                ${HP} bench step ${MOE} --seq_len=128 --batch_tokens=1024 --bench_json=${O}/ro_b/b.json)
-set_tests_properties(cli.outputs.bench_json_read_only_fs PROPERTIES SKIP_RETURN_CODE 77)
+set_tests_properties(cli.outputs.bench_json_read_only_fs PROPERTIES SKIP_RETURN_CODE 77
+                     SKIP_REGULAR_EXPRESSION "\\[hp_check\\] skipped")
 # Under mpirun too: every rank stops before the job starts.
 hp_cli(outputs.checkpoint_dir_is_a_file_two_ranks NP 2 EXIT nonzero
        PASS "'checkpoint_dir': cannot write '.*regular_file': it exists and is not a directory"
@@ -256,7 +260,8 @@ hp_cli(disk_full.second_save PASS "checkpoint of step 2 not saved: .*No space le
        COMMAND ${CHECK} fs --at ${DF}/mnt --size 30m --keep ${DF}/after --exit 1
                --forbid "[Ss]egmentation|infinite loop|core dumped" --
                ${HP} ${TINY} --steps=3 --checkpoint_every=1 --checkpoint_dir=${DF}/mnt/ckpt)
-set_tests_properties(cli.disk_full.second_save PROPERTIES SKIP_RETURN_CODE 77)
+set_tests_properties(cli.disk_full.second_save PROPERTIES SKIP_RETURN_CODE 77
+                     SKIP_REGULAR_EXPRESSION "\\[hp_check\\] skipped")
 hp_cli_check(disk_full.previous_checkpoint_kept REQUIRES df_second SETUP df_checked
              ARGS dir ${DF}/after/ckpt --latest step_00000001.h5 --present step_00000001.h5
                   --absent step_00000002.h5.tmp --absent step_00000002.h5)
@@ -276,7 +281,8 @@ hp_cli(disk_full.first_save PASS "checkpoint of step 1 not saved: .*No space lef
        COMMAND ${CHECK} fs --at ${DF}/mnt1 --size 16m --keep ${DF}/after1 --exit 1
                --forbid "[Ss]egmentation|infinite loop|core dumped" --
                ${HP} ${TINY} --steps=2 --checkpoint_every=1 --checkpoint_dir=${DF}/mnt1/ckpt)
-set_tests_properties(cli.disk_full.first_save PROPERTIES SKIP_RETURN_CODE 77)
+set_tests_properties(cli.disk_full.first_save PROPERTIES SKIP_RETURN_CODE 77
+                     SKIP_REGULAR_EXPRESSION "\\[hp_check\\] skipped")
 hp_cli_check(disk_full.first_save_left_nothing REQUIRES df_first
              ARGS dir ${DF}/after1/ckpt --absent latest --absent step_00000001.h5
                   --absent step_00000001.h5.tmp)
