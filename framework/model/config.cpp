@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <utility>
 
 #include "framework/core/error.h"
 
@@ -23,6 +24,8 @@ namespace {
 void require(bool ok, const char* key, const std::string& rule) {
   if (!ok) HP_USER_ERROR(ErrorKind::kConfig, "config key '", key, "': ", rule);
 }
+constexpr int kMaxDim = 1 << 20;
+constexpr double kMaxParams = 1e15;
 // A real number that must be finite and > 0 (inf and nan never pass).
 void require_positive(double v, const char* key) {
   require(std::isfinite(v) && v > 0, key, str_cat("must be finite and > 0, got ", v));
@@ -71,6 +74,22 @@ void ModelConfig::validate() const {
   require(std::isfinite(moe_aux_coef) && moe_aux_coef >= 0, "moe_aux_coef",
           str_cat("must be finite and >= 0, got ", moe_aux_coef));
   require_positive(init_std, "init_std");
+  // Sizes whose parameter count would overflow the int64 arithmetic of the model and its
+  // buffers are refused here (in doubles, which cannot overflow at these sizes).
+  for (const auto& kv :
+       {std::make_pair("d_model", d_model), std::make_pair("ffn_dim", ffn_dim),
+        std::make_pair("expert_ffn_dim", expert_ffn_dim), std::make_pair("head_dim", head_dim),
+        std::make_pair("n_heads", n_heads), std::make_pair("n_layers", n_layers),
+        std::make_pair("n_experts", n_experts)})
+    require(kv.second <= kMaxDim, kv.first, str_cat("must be <= ", kMaxDim, ", got ", kv.second));
+  const double d = d_model, hd = head_dim;
+  const double ffn = is_moe() ? double(n_experts) * 3 * d * expert_ffn_dim : 3 * d * ffn_dim;
+  const double params =
+      double(n_layers) * (d * (n_heads + 2.0 * n_kv_heads) * hd + n_heads * hd * d + ffn) +
+      2 * double(vocab_size) * d;
+  require(params <= kMaxParams, "d_model",
+          str_cat("the model would have about ", params, " parameters, more than ", kMaxParams,
+                  " (check vocab_size, d_model, n_layers, n_experts and the FFN sizes)"));
 }
 
 ParamCounts count_params(const ModelConfig& c) {

@@ -83,6 +83,8 @@ foreach(spec
     "collective_timeout_inf|--collective_timeout_s=inf|'collective_timeout_s': must be in"
     "batch_tokens_int32|--seq_len=1000 --batch_tokens=3000000000|'batch_tokens': must be <= 2147483647"
     "vocab_size_int32|--vocab_size=3000000000|'vocab_size': must be <= 2147483647"
+    "d_model_huge|--d_model=2000000000|'d_model': must be <= 1048576"
+    "experts_huge|--n_experts=65536 --expert_ffn_dim=1000000 --d_model=1000000 --head_dim=250000|'d_model': the model would have about .* parameters"
     "nonfinite_enum|--nonfinite=ignore|'nonfinite': must be abort or skip"
     "allow_config_change_key|--allow_config_change=lr|'allow_config_change': 'lr' is not a model key")
   string(REPLACE "|" ";" spec "${spec}")
