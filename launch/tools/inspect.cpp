@@ -4,6 +4,8 @@
 #include <sstream>
 
 #include "framework/checkpoint/checkpoint.h"
+#include "framework/model/config.h"
+#include "launch/options.h"
 #include "launch/tools/tools.h"
 #include "launch/train/checkpoint.h"
 
@@ -67,7 +69,37 @@ int inspect_main(const std::vector<std::string>& args) {
         std::cout << "completeness: FAILED (" << missing << " datasets missing)\n";
       }
     } else {
-      std::cout << "completeness: not checked (the file lists no datasets)\n";
+      std::cout << "completeness: the file lists no datasets\n";
+    }
+    // And against the saved model config: the parameter count it implies, in /params and in
+    // each AdamW moment.
+    if (r->has_attr("model_config")) {
+      std::vector<std::string> keys;
+      std::istringstream record(r->string_attr("model_config"));
+      for (std::string line; std::getline(record, line);)
+        if (!line.empty()) keys.push_back("--" + line);
+      TrainOptions saved;
+      parse_train_options(keys, "inspect", saved);
+      const int64_t want = count_params(saved.model).total;
+      int64_t params = 0, m = 0, v = 0;
+      const auto ends_with = [](const std::string& a, const char* b) {
+        const size_t n = std::char_traits<char>::length(b);
+        return a.size() >= n && a.compare(a.size() - n, n, b) == 0;
+      };
+      for (const DatasetInfo& d : sets) {
+        const int64_t n = shape_numel(d.shape);
+        if (d.name.rfind("/params/", 0) == 0) params += n;
+        if (d.name.rfind("/optim/", 0) == 0 && ends_with(d.name, "/m")) m += n;
+        if (d.name.rfind("/optim/", 0) == 0 && ends_with(d.name, "/v")) v += n;
+      }
+      if (params != want || m != want || v != want) {
+        ++failures;
+        std::cout << "completeness: FAILED: the saved model config has " << want
+                  << " parameters; the file holds " << params << " in /params, " << m
+                  << " in the first and " << v << " in the second AdamW moments\n";
+      } else {
+        std::cout << "completeness: ok (" << want << " parameters, as the saved model config)\n";
+      }
     }
   } catch (const std::exception& e) {
     ++failures;

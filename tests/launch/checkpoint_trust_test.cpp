@@ -58,7 +58,7 @@ std::string saved_checkpoint(const fs::path& dir) {
 // Copies checkpoint `src` to `dst` dataset by dataset: `drop` leaves one out, `poison` makes the
 // first element of one f32 dataset NaN. The root attributes are copied.
 void rewrite(const std::string& src, const std::string& dst, const std::string& drop,
-             const std::string& poison) {
+             const std::string& poison, bool keep_list = true) {
   CheckpointReader r(src);
   CheckpointWriter w(dst, nullptr);
   for (const DatasetInfo& d : r.datasets()) {
@@ -69,8 +69,9 @@ void rewrite(const std::string& src, const std::string& dst, const std::string& 
     w.write_rows(d.name, d.shape, d.dtype, d.chunk_rows, RowRange{0, d.shape[0]}, bytes.data());
   }
   for (const char* a : {"format", "hotpath_version", "hdf5_version", "config", "command_line",
-                        "master_dtype", "model_config", "datasets"})
+                        "master_dtype", "model_config"})
     w.set_attr(a, r.string_attr(a));
+  if (keep_list) w.set_attr("datasets", r.string_attr("datasets"));
   for (const char* a : {"format_version", "step", "world", "dp", "ep", "skipped_steps"})
     w.set_attr(a, r.int_attr(a));
   w.close();
@@ -116,6 +117,24 @@ TEST(CheckpointTrust, InspectFailsOnMissingDatasets) {
     EXPECT_EQ(inspect(bad, &out), 1) << out;
     EXPECT_NE(out.find(std::string(name) + " MISSING"), std::string::npos) << out;
     EXPECT_NE(out.find("completeness: FAILED (1 datasets missing)"), std::string::npos) << out;
+    EXPECT_EQ(out.find("checksums: ok"), std::string::npos) << out;
+  }
+}
+
+// Without the list of datasets, the parameter count of the saved model config still tells.
+TEST(CheckpointTrust, InspectChecksCompletenessAgainstTheSavedConfig) {
+  const fs::path dir = fresh_dir("config_count");
+  const std::string good = saved_checkpoint(dir);
+  std::string out;
+  EXPECT_EQ(inspect(good, &out), 0) << out;
+  EXPECT_NE(out.find("completeness: ok"), std::string::npos) << out;
+  for (const char* name :
+       {"/params/final_norm", "/optim/layers.1.attn.wqkv/m", "/optim/tok_embeddings/v"}) {
+    const std::string bad = (dir / "bad.h5").string();
+    rewrite(good, bad, name, "", false);
+    EXPECT_EQ(inspect(bad, &out), 1) << out;
+    EXPECT_NE(out.find("completeness: FAILED: the saved model config has"), std::string::npos)
+        << out;
     EXPECT_EQ(out.find("checksums: ok"), std::string::npos) << out;
   }
 }
