@@ -220,7 +220,11 @@ class ConfigMismatch : public UserError {
 };
 
 void check_saved_config(const TrainOptions& o, const CheckpointReader& r) {
-  if (!r.has_attr("model_config")) return;  // written before the record existed
+  if (!r.has_attr("model_config")) {  // written before the record existed
+    log_warn("checkpoint ", r.path(),
+             " holds no model config record: its config is not compared with this run's");
+    return;
+  }
   const std::string saved = r.string_attr("model_config");
   const std::string now = model_config_record(o.model);
   const std::vector<std::string>& allowed = o.checkpoint.allow_config_change;
