@@ -25,7 +25,6 @@ int64_t cuda_bucket(int64_t bytes) {
   return (bytes + step - 1) / step * step;
 }
 
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // Bytes one layer keeps from forward for backward with `n` tokens on the rank (framework/model/
 // model.cpp, LayerActs): a = activation bytes, m = master bytes (norm statistics, LSE).

@@ -113,14 +113,14 @@ TEST(PackedBatch, FromRowsHandChecked) {
   const int64_t T = 8;
   std::vector<PackedRow> rows(4);
   // Two whole documents, then 2 pad tokens (the pad segment keeps one input position).
-  rows[0] = {{5, 6, kE, 7, 8, 9, kE, kE, kE}, {3, 4}, 2};
+  rows[0] = {{5, 6, kE, 7, 8, 9, kE, kE, kE}, {3, 4}, 2, {}};
   // A full-row piece of a long document: every target is inside it.
-  rows[1] = {{1, 2, 3, 4, 5, 6, 7, 8, 9}, {9}, 0};
+  rows[1] = {{1, 2, 3, 4, 5, 6, 7, 8, 9}, {9}, 0, {}};
   // A document whose last token is row[T]: its segment is clipped at T, its last input predicts
   // row[T] normally.
-  rows[2] = {{4, kE, 10, 11, 12, 13, 14, 15, 16}, {2, 7}, 0};
+  rows[2] = {{4, kE, 10, 11, 12, 13, 14, 15, 16}, {2, 7}, 0, {}};
   // A one-token segment at row[T] has no input position: it is dropped from cu_seqlens.
-  rows[3] = {{20, 21, 22, 23, 24, 25, 26, kE, 30}, {8, 1}, 0};
+  rows[3] = {{20, 21, 22, 23, 24, 25, 26, kE, 30}, {8, 1}, 0, {}};
   const PackedBatch b = PackedBatch::from_rows(rows, T);
 
   EXPECT_EQ(b.rows, 4);
@@ -147,19 +147,19 @@ TEST(PackedBatch, FromRowsHandChecked) {
 
 TEST(PackedBatch, FromRowsPadOfOneAndMalformedRows) {
   // pad == 1 lives only in row[T]: no pad segment among the inputs.
-  const PackedBatch b = PackedBatch::from_rows({{{1, 2, kE, 3, 4, 5, kE, kE}, {3, 4}, 1}}, 7);
+  const PackedBatch b = PackedBatch::from_rows({{{1, 2, kE, 3, 4, 5, kE, kE}, {3, 4}, 1, {}}}, 7);
   EXPECT_EQ(b.cu_seqlens, (std::vector<int32_t>{0, 3, 7}));
   EXPECT_EQ(b.targets, (std::vector<int32_t>{2, kE, -1, 4, 5, kE, -1}));
   EXPECT_EQ(b.num_valid_targets, 5);
 
-  EXPECT_THROW(PackedBatch::from_rows({{{1, 2, 3}, {3}, 0}}, 3), Error);        // T+1 = 4 tokens
-  EXPECT_THROW(PackedBatch::from_rows({{{1, 2, 3, 4}, {2}, 1}}, 3), Error);     // covers 3 of 4
-  EXPECT_THROW(PackedBatch::from_rows({{{1, 2, 3, 4}, {0, 4}, 0}}, 3), Error);  // empty segment
+  EXPECT_THROW(PackedBatch::from_rows({{{1, 2, 3}, {3}, 0, {}}}, 3), Error);     // T+1 = 4 tokens
+  EXPECT_THROW(PackedBatch::from_rows({{{1, 2, 3, 4}, {2}, 1, {}}}, 3), Error);  // covers 3 of 4
+  EXPECT_THROW(PackedBatch::from_rows({{{1, 2, 3, 4}, {0, 4}, 0, {}}}, 3), Error);  // empty segment
 }
 
 TEST(PackedBatch, FromTokensMatchesFromRows) {
-  std::vector<PackedRow> rows = {{{5, 6, kE, 7, 8, 9, kE, kE, kE}, {3, 4}, 2},
-                                 {{1, 2, 3, 4, 5, 6, 7, 8, 9}, {9}, 0}};
+  std::vector<PackedRow> rows = {{{5, 6, kE, 7, 8, 9, kE, kE, kE}, {3, 4}, 2, {}},
+                                 {{1, 2, 3, 4, 5, 6, 7, 8, 9}, {9}, 0, {}}};
   const PackedBatch a = PackedBatch::from_rows(rows, 8);
   const PackedBatch b = PackedBatch::from_tokens(a.inputs, a.targets, a.positions, 8);
   expect_same_batch(a, b, "from_tokens(from_rows)");
