@@ -11,6 +11,7 @@
 
 #include "framework/core/error.h"
 #include "framework/model/config.h"
+#include "launch/train/memory_plan.h"
 
 namespace fs = std::filesystem;
 
@@ -79,15 +80,10 @@ double gib(int64_t bytes) { return static_cast<double>(bytes) / (1 << 30); }
 int64_t cpu_rank_memory_lower_bound(const TrainOptions& o, int world) {
   const ModelConfig& m = o.model;
   const int64_t elem = dtype_size(o.device.cpu_dtype);
-  // Parameters: master, gradient, m, v; the expert blocks are split over the ep group.
-  const ParamCounts pc = count_params(m);
-  int64_t expert = 0;
-  if (m.is_moe()) {
-    const int64_t f = m.expert_ffn_dim, d = m.d_model;
-    expert = int64_t{m.n_layers} * m.n_experts * (d * 2 * f + 2 * f + f * d + d);
-  }
-  const int64_t local_params = pc.total - expert + expert / std::max(1, o.parallel.ep_size);
-  const int64_t params = 4 * local_params * elem;
+  // Parameters, gradients and optimizer state exactly, as the memory plan counts them (the
+  // expert blocks split over the ep group, zero1's shards).
+  const MemoryPlan plan = plan_memory(o, layout_of(o, std::max(1, world)), /*cuda=*/false);
+  const int64_t params = plan.params + plan.grads + plan.optimizer;
   // Activations: at least the residual stream and three more [tokens, d_model] tensors per
   // layer (one layer's worth plus the block inputs with checkpointing), and a chunk of logits.
   const int64_t tokens = o.data.batch_tokens / std::max(1, world);
