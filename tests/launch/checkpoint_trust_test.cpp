@@ -16,6 +16,7 @@
 #include "launch/tools/tools.h"
 #include "launch/train/checkpoint.h"
 #include "launch/train/trainer.h"
+#include "tests/common/launch_fixtures.h"
 
 namespace fs = std::filesystem;
 
@@ -23,29 +24,14 @@ namespace hp {
 namespace {
 
 TrainOptions tiny_run() {
-  TrainOptions o;
-  o.model.vocab_size = 16;
-  o.model.d_model = 16;
-  o.model.n_layers = 2;
-  o.model.n_heads = 2;
-  o.model.n_kv_heads = 1;
-  o.model.head_dim = 8;
-  o.model.ffn_dim = 32;
-  o.device.kind = DeviceKind::kCpu;
-  o.data.seq_len = 16;
-  o.data.batch_tokens = 64;
+  TrainOptions o = test::small_dense_options();
   o.run.steps = 2;
   o.run.log_every = 100;
   o.eval.batches = 1;
   return o;
 }
 
-fs::path fresh_dir(const std::string& name) {
-  const fs::path d = fs::temp_directory_path() / ("hotpath_trust_" + name);
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d;
-}
+fs::path fresh_dir(const std::string& name) { return test::fresh_temp_dir("trust_" + name); }
 
 // A checkpoint of one step of tiny_run() in `dir`; its path.
 std::string saved_checkpoint(const fs::path& dir) {

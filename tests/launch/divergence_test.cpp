@@ -15,6 +15,7 @@
 #include "framework/core/error.h"
 #include "launch/options.h"
 #include "launch/train/trainer.h"
+#include "tests/common/launch_fixtures.h"
 
 namespace fs = std::filesystem;
 
@@ -22,29 +23,14 @@ namespace hp {
 namespace {
 
 TrainOptions tiny_run() {
-  TrainOptions o;
-  o.model.vocab_size = 16;
-  o.model.d_model = 16;
-  o.model.n_layers = 2;
-  o.model.n_heads = 2;
-  o.model.n_kv_heads = 1;
-  o.model.head_dim = 8;
-  o.model.ffn_dim = 32;
-  o.device.kind = DeviceKind::kCpu;
-  o.data.seq_len = 16;
-  o.data.batch_tokens = 64;
+  TrainOptions o = test::small_dense_options();
   o.run.steps = 4;
   o.optimizer.warmup_steps = 0;
   o.run.log_every = 100;
   return o;
 }
 
-fs::path fresh_dir(const std::string& name) {
-  const fs::path d = fs::temp_directory_path() / ("hotpath_divergence_" + name);
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d;
-}
+fs::path fresh_dir(const std::string& name) { return test::fresh_temp_dir("divergence_" + name); }
 
 std::vector<std::string> lines_of(const fs::path& p) {
   std::ifstream f(p);

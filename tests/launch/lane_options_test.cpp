@@ -3,21 +3,12 @@
 #include <gtest/gtest.h>
 
 #include "launch/options.h"
+#include "tests/common/launch_fixtures.h"
 
 namespace hp {
 namespace {
 
-TrainOptions small_model() {
-  TrainOptions o;
-  o.model.vocab_size = 16;
-  o.model.d_model = 32;
-  o.model.n_layers = 2;
-  o.model.n_heads = 2;
-  o.model.n_kv_heads = 1;
-  o.model.head_dim = 16;
-  o.model.ffn_dim = 64;
-  return o;
-}
+TrainOptions small_model() { return test::small_dense_options(); }
 
 std::string validation_message(const TrainOptions& o) {
   try {

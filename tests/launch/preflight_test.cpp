@@ -13,25 +13,14 @@
 
 #include "framework/core/error.h"
 #include "launch/train/metrics.h"
+#include "tests/common/launch_fixtures.h"
 
 namespace fs = std::filesystem;
 
 namespace hp {
 namespace {
 
-TrainOptions tiny() {
-  TrainOptions o;
-  o.model.vocab_size = 16;
-  o.model.d_model = 32;
-  o.model.n_layers = 2;
-  o.model.n_heads = 2;
-  o.model.n_kv_heads = 1;
-  o.model.head_dim = 16;
-  o.model.ffn_dim = 64;
-  o.data.seq_len = 16;
-  o.data.batch_tokens = 64;
-  return o;
-}
+TrainOptions tiny() { return test::small_dense_options(); }
 
 std::string error_of(const std::function<void()>& f) {
   try {
