@@ -1,13 +1,15 @@
 // What the CPU tests (tests/framework, tests/parallel) and the CUDA tests (tests/gpu, through
-// gpu_fixtures.h) share, defined once: the GPT-OSS-like MoE variant of a model shape, synthetic
-// packed batches over a model's vocabulary, and bitwise records of losses and gradients with
-// their comparison.
+// gpu_fixtures.h) share, defined once: a scratch directory, the GPT-OSS-like MoE variant of a model
+// shape, synthetic packed batches over a model's vocabulary, and bitwise records of losses and
+// gradients with their comparison.
 #pragma once
 
 #include <gtest/gtest.h>
+#include <stdlib.h>
 
 #include <cstdint>
 #include <cstring>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -16,6 +18,30 @@
 #include "framework/model/config.h"
 
 namespace hp::test {
+
+// A fresh directory under /tmp, removed with everything in it when the test ends.
+class TempDir {
+ public:
+  TempDir() {
+    char tmpl[] = "/tmp/hp_test_XXXXXX";
+    const char* p = ::mkdtemp(tmpl);
+    EXPECT_NE(p, nullptr);
+    path_ = p != nullptr ? p : "/tmp";
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  std::string file(const std::string& name) const {
+    return (std::filesystem::path(path_) / name).string();
+  }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
 
 // `c` as a GPT-OSS-like mixture of experts: sliding windows on even layers, attention sinks and
 // biases, the gptoss activation and an auxiliary load-balancing loss.

@@ -17,30 +17,14 @@
 #include <vector>
 
 #include "framework/core/error.h"
+#include "tests/common/fixtures.h"
 
 namespace hp {
 namespace {
 
+using test::TempDir;
+
 namespace fs = std::filesystem;
-
-class TempDir {
- public:
-  TempDir() {
-    char tmpl[] = "/tmp/hp_ckpt_test_XXXXXX";
-    const char* p = ::mkdtemp(tmpl);
-    EXPECT_NE(p, nullptr);
-    path_ = p != nullptr ? p : "/tmp";
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  std::string file(const std::string& name) const { return (fs::path(path_) / name).string(); }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
 
 std::vector<float> iota_floats(size_t n, float start) {
   std::vector<float> v(n);

@@ -10,29 +10,14 @@
 #include "framework/core/error.h"
 #include "framework/data/loader.h"
 #include "framework/data/token_files.h"
+#include "tests/common/fixtures.h"
 
 namespace hp {
 namespace {
 
+using test::TempDir;
+
 constexpr int32_t kEot = 15;
-
-class TempDir {
- public:
-  TempDir() {
-    char tmpl[] = "/tmp/hp_data_content_XXXXXX";
-    const char* p = ::mkdtemp(tmpl);
-    EXPECT_NE(p, nullptr);
-    path_ = p != nullptr ? p : "/tmp";
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  std::string file(const std::string& name) const { return path_ + "/" + name; }
-
- private:
-  std::string path_;
-};
 
 DataConfig file_config(const std::string& source) {
   DataConfig c;

@@ -19,30 +19,14 @@
 #include "framework/data/packed_batch.h"
 #include "framework/data/synthetic.h"
 #include "framework/data/token_files.h"
+#include "tests/common/fixtures.h"
 
 namespace hp {
 namespace {
 
+using test::TempDir;
+
 constexpr int32_t kE = 63;  // EOT of the small-vocab tests (vocab 64)
-
-// A fresh directory under /tmp, removed with everything in it when the test ends.
-class TempDir {
- public:
-  TempDir() {
-    char tmpl[] = "/tmp/hp_data_test_XXXXXX";
-    const char* p = ::mkdtemp(tmpl);
-    EXPECT_NE(p, nullptr);
-    path_ = p != nullptr ? p : "/tmp";
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  std::string file(const std::string& name) const { return path_ + "/" + name; }
-
- private:
-  std::string path_;
-};
 
 DataConfig small_config() {
   DataConfig c;
