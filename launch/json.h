@@ -24,13 +24,13 @@ inline Json json_numbers(const std::vector<double>& v) {
   return a;
 }
 
-// Writes `j` and a newline to `path` through a temporary file renamed over it, so `path` is
+// Writes `text` and a newline to `path` through a temporary file renamed over it, so `path` is
 // either the old file or the whole new one; `key` names the option that gave the path.
-inline void write_json_file(const std::string& path, const Json& j, const char* key) {
+inline void write_text_file(const std::string& path, const std::string& text, const char* key) {
   const std::string tmp = path + ".tmp";
   {
     std::ofstream f(tmp, std::ios::trunc);
-    if (f) f << j.dump() << "\n";
+    if (f) f << text << "\n";
     f.flush();
     if (!f) {
       std::remove(tmp.c_str());
@@ -41,6 +41,11 @@ inline void write_json_file(const std::string& path, const Json& j, const char* 
     std::remove(tmp.c_str());
     HP_USER_ERROR(ErrorKind::kConfig, "config key '", key, "': cannot write '", path, "'");
   }
+}
+
+// write_text_file of `j`, on one line.
+inline void write_json_file(const std::string& path, const Json& j, const char* key) {
+  write_text_file(path, j.dump(), key);
 }
 
 }  // namespace hp

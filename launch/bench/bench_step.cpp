@@ -13,6 +13,7 @@
 #include "launch/bench/bench_model.h"
 #include "launch/bench/bench_offload.h"
 #include "launch/bench/bench_util.h"
+#include "launch/json.h"
 #include "launch/train/memory_plan.h"
 #include "launch/train/trainer.h"
 #if HOTPATH_HAVE_CUDA
@@ -238,18 +239,7 @@ int run_bench_step(const TrainOptions& o, const RankContext& ctx) {
   const BenchStepResult r = measure_bench_step(o, ctx);
   if (ctx.rank() != 0) return 0;
   std::fputs(bench_step_table(r).c_str(), stdout);
-  if (!o.bench.json.empty()) {
-    const std::string tmp = o.bench.json + ".tmp";
-    {
-      std::ofstream f(tmp);
-      f << bench_step_json(r) << "\n";
-      if (!f.flush())
-        HP_USER_ERROR(ErrorKind::kConfig, "config key 'bench_json': cannot write '", tmp, "'");
-    }
-    if (std::rename(tmp.c_str(), o.bench.json.c_str()) != 0)
-      HP_USER_ERROR(ErrorKind::kConfig, "config key 'bench_json': cannot rename '", tmp, "' to '",
-                    o.bench.json, "'");
-  }
+  if (!o.bench.json.empty()) write_text_file(o.bench.json, bench_step_json(r), "bench_json");
   return 0;
 }
 
