@@ -10,12 +10,6 @@ namespace {
 
 constexpr uint32_t kAlign = 16;
 
-int bucket(int x) {
-  int p = 64;
-  while (p < x) p *= 2;
-  return p;
-}
-
 // A matrix layout created for one call and destroyed with it (creation is a few host stores).
 class Layout {
  public:
@@ -31,6 +25,14 @@ class Layout {
 
 }  // namespace
 
+int bucket_rows(int x) {
+  if (x <= 64) return 64;
+  int64_t p = 64;
+  while (p * 2 < x) p *= 2;  // p < x <= 2p
+  const int64_t step = p / 8;
+  return static_cast<int>((static_cast<int64_t>(x) + step - 1) / step * step);
+}
+
 bool LtGemm::Key::operator==(const Key& o) const { return std::memcmp(this, &o, sizeof(Key)) == 0; }
 
 size_t LtGemm::KeyHash::operator()(const Key& k) const { return hash64_bytes(&k, sizeof(Key)); }
@@ -38,33 +40,52 @@ size_t LtGemm::KeyHash::operator()(const Key& k) const { return hash64_bytes(&k,
 LtGemm::LtGemm() {
   CUBLAS_CHECK(cublasLtCreate(&handle_));
   const cublasOperation_t ops[2] = {CUBLAS_OP_N, CUBLAS_OP_T};
+  const cudaDataType bias_types[3] = {CUDA_R_16BF, CUDA_R_16BF, CUDA_R_32F};
   for (int i = 0; i < 2; ++i)
-    for (int j = 0; j < 2; ++j) {
-      CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc_[i][j], CUBLAS_COMPUTE_32F, CUDA_R_32F));
-      CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc_[i][j], CUBLASLT_MATMUL_DESC_TRANSA, &ops[i],
-                                                  sizeof(ops[i])));
-      CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc_[i][j], CUBLASLT_MATMUL_DESC_TRANSB, &ops[j],
-                                                  sizeof(ops[j])));
-    }
+    for (int j = 0; j < 2; ++j)
+      for (int e = 0; e < 3; ++e) {
+        cublasLtMatmulDesc_t& d = desc_[i][j][e];
+        CUBLAS_CHECK(cublasLtMatmulDescCreate(&d, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d, CUBLASLT_MATMUL_DESC_TRANSA, &ops[i],
+                                                    sizeof(ops[i])));
+        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d, CUBLASLT_MATMUL_DESC_TRANSB, &ops[j],
+                                                    sizeof(ops[j])));
+        if (e == 0) continue;
+        const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
+        CUBLAS_CHECK(
+            cublasLtMatmulDescSetAttribute(d, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)));
+        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
+                                                    &bias_types[e], sizeof(bias_types[e])));
+      }
 }
 
 LtGemm::~LtGemm() {
-  for (auto& row : desc_)
-    for (cublasLtMatmulDesc_t d : row)
-      if (d) cublasLtMatmulDescDestroy(d);
+  for (auto& by_b : desc_)
+    for (auto& by_epilogue : by_b)
+      for (cublasLtMatmulDesc_t d : by_epilogue)
+        if (d) cublasLtMatmulDescDestroy(d);
   if (handle_) cublasLtDestroy(handle_);
 }
 
 bool LtGemm::run(cublasOperation_t op_a, cublasOperation_t op_b, int m, int n, int k, float alpha,
                  const void* a, int lda, const void* b, int ldb, float beta, void* c,
                  cudaDataType c_type, int ldc, void* workspace, size_t workspace_bytes,
-                 cudaStream_t stream) {
+                 cudaStream_t stream, const void* bias, cudaDataType bias_type) {
   // The cached algorithms are chosen for 16-byte alignment (expert slices of a row-major buffer
   // keep that where rows are a multiple of 8 elements); anything else goes to cublasGemmEx.
   for (const void* p : {a, b, static_cast<const void*>(c)})
     if (reinterpret_cast<uintptr_t>(p) % kAlign != 0) return false;
+  int epilogue = 0;
+  if (bias) {
+    if (bias_type != CUDA_R_16BF && bias_type != CUDA_R_32F) return false;
+    epilogue = bias_type == CUDA_R_16BF ? 1 : 2;
+  }
   const int ia = op_a == CUBLAS_OP_T, ib = op_b == CUBLAS_OP_T;
-  cublasLtMatmulDesc_t desc = desc_[ia][ib];
+  cublasLtMatmulDesc_t desc = desc_[ia][ib][epilogue];
+  // The descriptor is read when the call is issued, so one per shape serves every bias.
+  if (bias)
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
+                                                sizeof(bias)));
   const Layout la(CUDA_R_16BF, ia ? k : m, ia ? m : k, lda);
   const Layout lb(CUDA_R_16BF, ib ? n : k, ib ? k : n, ldb);
   const Layout lc(c_type, m, n, ldc);
@@ -73,15 +94,14 @@ bool LtGemm::run(cublasOperation_t op_a, cublasOperation_t op_b, int m, int n, i
   // A dimension may be bucketed where no stored matrix has it as its row count (so the leading
   // dimensions stay valid for the bucket's problem): n unless op(B) is transposed, k where A is
   // not transposed and B is.
-  const int nb = ib ? n : bucket(n), kb = (!ia && ib) ? bucket(k) : k;
-  key = Key{ia, ib, m, nb, kb, lda, ldb, ldc, static_cast<int>(c_type), beta == 0};
+  const int nb = ib ? n : bucket_rows(n), kb = (!ia && ib) ? bucket_rows(k) : k;
+  key = Key{ia, ib, m, nb, kb, lda, ldb, ldc, static_cast<int>(c_type), beta == 0, epilogue};
   auto it = algos_.find(key);
   if (it == algos_.end()) {
-    // The heuristic for the bucket's largest problem of this shape.
-    Entry e;
-    const Layout ba(CUDA_R_16BF, ia ? kb : m, ia ? m : kb, lda);
-    const Layout bb(CUDA_R_16BF, ib ? nb : kb, ib ? kb : nb, ldb);
-    const Layout bc(c_type, m, nb, ldc);
+    // The heuristic for the bucket's largest problem of this shape, asked for every bucket of
+    // the octave at once: a data-dependent dimension wanders over its octave from step to step,
+    // and a question to the heuristic costs the host as much as many products cost the GPU, so
+    // they are all asked the first time, not one by one in later steps.
     cublasLtMatmulPreference_t pref = nullptr;
     CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
     CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
@@ -92,16 +112,38 @@ bool LtGemm::run(cublasOperation_t op_a, cublasOperation_t op_b, int m, int n, i
       const uint32_t align = kAlign;
       CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, attr, &align, sizeof(align)));
     }
-    cublasLtMatmulHeuristicResult_t result{};
-    int found = 0;
-    if (cublasLtMatmulAlgoGetHeuristic(handle_, desc, ba, bb, bc, bc, pref, 1, &result, &found) ==
-            CUBLAS_STATUS_SUCCESS &&
-        found > 0) {
-      e.ok = true;
-      e.algo = result.algo;
+    // The entry of the bucket (nq, kq) of this shape, from the heuristic.
+    auto ask = [&](int nq, int kq) {
+      Key kk = key;
+      kk.n_bucket = nq;
+      kk.k_bucket = kq;
+      if (algos_.count(kk)) return;
+      Entry e;
+      const Layout ba(CUDA_R_16BF, ia ? kq : m, ia ? m : kq, lda);
+      const Layout bb(CUDA_R_16BF, ib ? nq : kq, ib ? kq : nq, ldb);
+      const Layout bc(c_type, m, nq, ldc);
+      cublasLtMatmulHeuristicResult_t result{};
+      int found = 0;
+      if (cublasLtMatmulAlgoGetHeuristic(handle_, desc, ba, bb, bc, bc, pref, 1, &result, &found) ==
+              CUBLAS_STATUS_SUCCESS &&
+          found > 0) {
+        e.ok = true;
+        e.algo = result.algo;
+      }
+      algos_.emplace(kk, e);
+    };
+    const bool n_bucketed = !ib, k_bucketed = !ia && ib;
+    const int bucketed = n_bucketed ? nb : k_bucketed ? kb : 0;
+    if (bucketed > 64) {
+      int lo = 64;  // the octave (lo, 2 lo] that holds the bucket
+      while (lo * 2 < bucketed) lo *= 2;
+      for (int v = lo + lo / 8; v <= 2 * lo; v += lo / 8)
+        ask(n_bucketed ? v : nb, k_bucketed ? v : kb);
+    } else {
+      ask(nb, kb);
     }
     cublasLtMatmulPreferenceDestroy(pref);
-    it = algos_.emplace(key, e).first;
+    it = algos_.find(key);
   }
   if (!it->second.ok) return false;
   const cublasStatus_t rc = cublasLtMatmul(handle_, desc, &alpha, a, la, b, lb, &beta, c, lc, c, lc,
