@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <initializer_list>
 
 #include "framework/backend/cuda/cuda_check.h"
 #include "framework/core/dtype.h"
@@ -85,6 +86,28 @@ inline unsigned grid_for(int64_t n, int threads, int64_t max_blocks = 65535ll * 
 
 namespace hp {
 namespace cuda {
+
+// 16 bytes of T (8 bf16 or 4 f32), loaded and stored as one access; lanes read and written as
+// f32, so a kernel on Vec16 does per element exactly what its scalar form does.
+template <typename T>
+struct Vec16 {
+  static constexpr int kN = static_cast<int>(16 / sizeof(T));
+  uint4 raw;
+  __device__ __forceinline__ float get(int i) const {
+    return to_f32(reinterpret_cast<const T*>(&raw)[i]);
+  }
+  __device__ __forceinline__ void set(int i, float x) {
+    reinterpret_cast<T*>(&raw)[i] = from_f32<T>(x);
+  }
+};
+
+// Whether rows of d elements of `elem_bytes` each, at these base pointers, can be moved as Vec16.
+inline bool vec16_rows(int64_t d, size_t elem_bytes, std::initializer_list<const void*> ptrs) {
+  if ((d * static_cast<int64_t>(elem_bytes)) % 16 != 0) return false;
+  for (const void* p : ptrs)
+    if (reinterpret_cast<uintptr_t>(p) % 16 != 0) return false;
+  return true;
+}
 
 // Calls f(T{}) with T = float or bf16_t for the floating dtypes the CUDA backend stores.
 template <typename F>

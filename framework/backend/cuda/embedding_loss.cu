@@ -1,5 +1,6 @@
 // Token embedding (forward, deterministic backward) and the fused softmax cross-entropy.
 #include <cub/device/device_radix_sort.cuh>
+#include <type_traits>
 
 #include "framework/backend/cuda/cuda_common.cuh"
 #include "framework/backend/cuda/cuda_kernels.h"
@@ -45,6 +46,47 @@ __global__ void embedding_bwd_kernel(const T* dout, const int32_t* sorted_ids,
     for (int64_t r = j; r < end; ++r)
       acc += to_f32(dout[static_cast<int64_t>(sorted_pos[r]) * d + c]);
     dtable[id * d + c] += acc;
+  }
+}
+
+// embedding_fwd_kernel on Vec16 rows where table and out share a dtype (a plain row copy).
+__global__ void embedding_fwd_vec_kernel(const uint4* table, int64_t v, const int32_t* ids,
+                                         int64_t n, int64_t dv, uint4* out) {
+  const int64_t total = n * dv;
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total;
+       i += (int64_t)gridDim.x * blockDim.x) {
+    const int64_t t = i / dv, c = i - t * dv;
+    const int32_t id = ids[t];
+    out[i] = id >= 0 && id < v ? table[id * dv + c] : make_uint4(0, 0, 0, 0);
+  }
+}
+
+// embedding_bwd_kernel with a Vec16 of dout per thread and step (the same sums, in token order).
+template <typename T>
+__global__ void embedding_bwd_vec_kernel(const uint4* dout, const int32_t* sorted_ids,
+                                         const int32_t* sorted_pos, int64_t n, int64_t dv,
+                                         int64_t v, float* dtable) {
+  constexpr int kN = Vec16<T>::kN;
+  const int64_t j = blockIdx.x;
+  const int32_t id = sorted_ids[j];
+  if ((j > 0 && sorted_ids[j - 1] == id) || id < 0 || id >= v) return;
+  int64_t end = j + 1;
+  while (end < n && sorted_ids[end] == id) ++end;
+  for (int64_t c = threadIdx.x; c < dv; c += blockDim.x) {
+    float acc[kN] = {};
+    for (int64_t r = j; r < end; ++r) {
+      const Vec16<T> x{dout[static_cast<int64_t>(sorted_pos[r]) * dv + c]};
+      for (int q = 0; q < kN; ++q) acc[q] += x.get(q);
+    }
+    float4* dst = reinterpret_cast<float4*>(dtable + (id * dv + c) * kN);
+    for (int q = 0; q < kN / 4; ++q) {
+      float4 o = dst[q];
+      o.x += acc[4 * q];
+      o.y += acc[4 * q + 1];
+      o.z += acc[4 * q + 2];
+      o.w += acc[4 * q + 3];
+      dst[q] = o;
+    }
   }
 }
 
@@ -140,6 +182,12 @@ void launch_embedding_fwd(const void* table, DType table_t, int64_t v, const int
     using S = decltype(ss);
     dispatch_float(out_t, [&](auto ts) {
       using T = decltype(ts);
+      if (std::is_same<S, T>::value && vec16_rows(d, sizeof(T), {table, out})) {
+        const int64_t dv = d * static_cast<int64_t>(sizeof(T)) / 16;
+        embedding_fwd_vec_kernel<<<grid_for(n * dv, kThreads, 8192), kThreads, 0, stream>>>(
+            static_cast<const uint4*>(table), v, ids, n, dv, static_cast<uint4*>(out));
+        return;
+      }
       embedding_fwd_kernel<<<grid_for(n * d, kThreads, 8192), kThreads, 0, stream>>>(
           static_cast<const S*>(table), v, ids, n, d, static_cast<T*>(out));
     });
@@ -166,6 +214,12 @@ void launch_embedding_bwd(const void* dout, DType t, const int32_t* ids, int64_t
                                              sorted_pos, static_cast<int>(n), 0, end_bit, stream));
   dispatch_float(t, [&](auto ts) {
     using T = decltype(ts);
+    if (vec16_rows(d, sizeof(T), {dout, dtable})) {
+      const int64_t dv = d * static_cast<int64_t>(sizeof(T)) / 16;
+      embedding_bwd_vec_kernel<T><<<static_cast<unsigned>(n), kThreads, 0, stream>>>(
+          static_cast<const uint4*>(dout), sorted_ids, sorted_pos, n, dv, v, dtable);
+      return;
+    }
     embedding_bwd_kernel<<<static_cast<unsigned>(n), kThreads, 0, stream>>>(
         static_cast<const T*>(dout), sorted_ids, sorted_pos, n, d, v, dtable);
   });

@@ -81,6 +81,96 @@ __global__ void rope_fwd_kernel(T* x, int64_t n_tokens, int n_heads, int n_rot_h
   }
 }
 
+// The forward and backward on Vec16 rows (dv vectors of kN elements a row): one warp per row.
+template <typename T, typename W>
+__global__ void rmsnorm_fwd_vec_kernel(const uint4* x, const W* w, float eps, uint4* y, float* rstd,
+                                       int64_t rows, int64_t dv) {
+  constexpr int kN = Vec16<T>::kN;
+  const int64_t row = blockIdx.x * (int64_t)kWarpsPerBlock + threadIdx.x / 32;
+  const int lane = threadIdx.x & 31;
+  if (row >= rows) return;
+  const uint4* xr = x + row * dv;
+  float ss = 0.f;
+  for (int64_t c = lane; c < dv; c += 32) {
+    const Vec16<T> v{xr[c]};
+    for (int q = 0; q < kN; ++q) ss += v.get(q) * v.get(q);
+  }
+  ss = warp_sum(ss);
+  const float r = rsqrtf(ss / (float)(dv * kN) + eps);
+  for (int64_t c = lane; c < dv; c += 32) {
+    const Vec16<T> v{xr[c]};
+    Vec16<T> o;
+    for (int q = 0; q < kN; ++q) o.set(q, v.get(q) * r * to_f32(w[c * kN + q]));
+    y[row * dv + c] = o.raw;
+  }
+  if (lane == 0) rstd[row] = r;
+}
+
+template <typename T, typename W>
+__global__ void rmsnorm_bwd_vec_kernel(const uint4* x, const W* w, const float* rstd,
+                                       const uint4* dy, uint4* dx, int64_t rows, int64_t dv) {
+  constexpr int kN = Vec16<T>::kN;
+  const int64_t row = blockIdx.x * (int64_t)kWarpsPerBlock + threadIdx.x / 32;
+  const int lane = threadIdx.x & 31;
+  if (row >= rows) return;
+  const uint4* xr = x + row * dv;
+  const uint4* dyr = dy + row * dv;
+  float dot = 0.f;
+  for (int64_t c = lane; c < dv; c += 32) {
+    const Vec16<T> a{dyr[c]}, b{xr[c]};
+    for (int q = 0; q < kN; ++q) dot += a.get(q) * to_f32(w[c * kN + q]) * b.get(q);
+  }
+  dot = warp_sum(dot);
+  const float r = rstd[row];
+  const float k = r * r * r * dot / (float)(dv * kN);
+  for (int64_t c = lane; c < dv; c += 32) {
+    const Vec16<T> a{dyr[c]}, b{xr[c]};
+    Vec16<T> o;
+    for (int q = 0; q < kN; ++q) o.set(q, r * a.get(q) * to_f32(w[c * kN + q]) - k * b.get(q));
+    dx[row * dv + c] = o.raw;
+  }
+}
+
+// rope_fwd_kernel with kN consecutive rotation pairs a thread: 16-byte accesses to x, float4 to
+// the tables.
+template <typename T>
+__global__ void rope_vec_kernel(T* x, int64_t n_tokens, int n_heads, int n_rot_heads, int head_dim,
+                                const int32_t* positions, const float* cos_t, const float* sin_t,
+                                int64_t max_pos, bool inverse) {
+  constexpr int kN = Vec16<T>::kN;
+  const int half = head_dim / 2, hv = half / kN;
+  const int64_t n = n_tokens * n_rot_heads * hv;
+  for (int64_t idx = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; idx < n;
+       idx += (int64_t)gridDim.x * blockDim.x) {
+    const int i0 = static_cast<int>(idx % hv) * kN;
+    const int64_t th = idx / hv;
+    const int h = static_cast<int>(th % n_rot_heads);
+    const int64_t t = th / n_rot_heads;
+    int64_t pos = positions[t];
+    pos = pos < 0 ? 0 : (pos >= max_pos ? max_pos - 1 : pos);
+    float c[kN], sn[kN];
+    for (int q = 0; q < kN; q += 4) {
+      const float4 c4 = *reinterpret_cast<const float4*>(cos_t + pos * half + i0 + q);
+      const float4 s4 = *reinterpret_cast<const float4*>(sin_t + pos * half + i0 + q);
+      c[q] = c4.x, c[q + 1] = c4.y, c[q + 2] = c4.z, c[q + 3] = c4.w;
+      sn[q] = s4.x, sn[q + 1] = s4.y, sn[q + 2] = s4.z, sn[q + 3] = s4.w;
+    }
+    T* p = x + (t * n_heads + h) * (int64_t)head_dim + i0;
+    uint4* p1 = reinterpret_cast<uint4*>(p);
+    uint4* p2 = reinterpret_cast<uint4*>(p + half);
+    const Vec16<T> a{*p1}, b{*p2};
+    Vec16<T> ra, rb;
+    for (int q = 0; q < kN; ++q) {
+      const float s = inverse ? -sn[q] : sn[q];
+      const float x1 = a.get(q), x2 = b.get(q);
+      ra.set(q, x1 * c[q] - x2 * s);
+      rb.set(q, x2 * c[q] + x1 * s);
+    }
+    *p1 = ra.raw;
+    *p2 = rb.raw;
+  }
+}
+
 }  // namespace
 
 void launch_rmsnorm_fwd(const void* x, DType t, const void* w, DType w_t, float eps, void* y,
@@ -91,6 +181,12 @@ void launch_rmsnorm_fwd(const void* x, DType t, const void* w, DType w_t, float 
     using T = decltype(ts);
     dispatch_float(w_t, [&](auto ws) {
       using W = decltype(ws);
+      if (vec16_rows(d, sizeof(T), {x, y})) {
+        rmsnorm_fwd_vec_kernel<T, W><<<grid, kWarpsPerBlock * 32, 0, stream>>>(
+            static_cast<const uint4*>(x), static_cast<const W*>(w), eps, static_cast<uint4*>(y),
+            rstd, rows, d * static_cast<int64_t>(sizeof(T)) / 16);
+        return;
+      }
       rmsnorm_fwd_kernel<<<grid, kWarpsPerBlock * 32, 0, stream>>>(
           static_cast<const T*>(x), static_cast<const W*>(w), eps, static_cast<T*>(y), rstd, rows,
           d);
@@ -111,6 +207,13 @@ void launch_rmsnorm_bwd(const void* x, DType t, const void* w, DType w_t, const 
                    rows, d, 1.f, dw, alloc, stream);
     dispatch_float(w_t, [&](auto ws) {
       using W = decltype(ws);
+      if (vec16_rows(d, sizeof(T), {x, dy, dx})) {
+        rmsnorm_bwd_vec_kernel<T, W><<<grid, kWarpsPerBlock * 32, 0, stream>>>(
+            static_cast<const uint4*>(x), static_cast<const W*>(w), rstd,
+            static_cast<const uint4*>(dy), static_cast<uint4*>(dx), rows,
+            d * static_cast<int64_t>(sizeof(T)) / 16);
+        return;
+      }
       rmsnorm_bwd_kernel<<<grid, kWarpsPerBlock * 32, 0, stream>>>(
           static_cast<const T*>(x), static_cast<const W*>(w), rstd, static_cast<const T*>(dy),
           static_cast<T*>(dx), rows, d);
@@ -126,6 +229,14 @@ void launch_rope(void* x, DType t, int64_t n_tokens, int n_heads, int n_rot_head
   if (n == 0) return;
   dispatch_float(t, [&](auto ts) {
     using T = decltype(ts);
+    constexpr int kN = static_cast<int>(16 / sizeof(T));
+    if ((head_dim / 2) % kN == 0 && head_dim % 2 == 0 &&
+        vec16_rows(head_dim, sizeof(T), {x, cos_table, sin_table})) {
+      rope_vec_kernel<<<grid_for(n / kN, 256, 4096), 256, 0, stream>>>(
+          static_cast<T*>(x), n_tokens, n_heads, n_rot_heads, head_dim, positions, cos_table,
+          sin_table, max_pos, inverse);
+      return;
+    }
     rope_fwd_kernel<<<grid_for(n, 256, 4096), 256, 0, stream>>>(
         static_cast<T*>(x), n_tokens, n_heads, n_rot_heads, head_dim, positions, cos_table,
         sin_table, max_pos, inverse);

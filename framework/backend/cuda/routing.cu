@@ -218,6 +218,96 @@ __global__ void unpermute_combine_bwd_dw_kernel(const T* dout, const T* y, int64
   if (lane == 0) dw[a] = from_f32<W>(acc);
 }
 
+// The same four kernels on rows of Vec16 (dv vectors a row), where rows are 16-byte aligned.
+template <typename T>
+__global__ void permute_rows_fwd_vec_kernel(const uint4* x, int64_t dv, const int32_t* s2a,
+                                            int64_t m, int k, uint4* out) {
+  const int64_t total = m * dv;
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total;
+       i += (int64_t)gridDim.x * blockDim.x) {
+    const int64_t j = i / dv, c = i - j * dv;
+    out[i] = x[static_cast<int64_t>(s2a[j] / k) * dv + c];
+  }
+}
+
+template <typename T>
+__global__ void permute_rows_bwd_vec_kernel(const uint4* dout, int64_t dv, const int32_t* inv,
+                                            int64_t n, int k, uint4* dx) {
+  constexpr int kN = Vec16<T>::kN;
+  const int64_t total = n * dv;
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total;
+       i += (int64_t)gridDim.x * blockDim.x) {
+    const int64_t t = i / dv, c = i - t * dv;
+    Vec16<T> acc{dx[i]};
+    float a[kN];
+    for (int q = 0; q < kN; ++q) a[q] = acc.get(q);
+    for (int s = 0; s < k; ++s) {
+      const int32_t j = inv[t * k + s];
+      if (j < 0) continue;
+      const Vec16<T> v{dout[static_cast<int64_t>(j) * dv + c]};
+      for (int q = 0; q < kN; ++q) a[q] += v.get(q);
+    }
+    for (int q = 0; q < kN; ++q) acc.set(q, a[q]);
+    dx[i] = acc.raw;
+  }
+}
+
+template <typename T, typename W>
+__global__ void unpermute_combine_fwd_vec_kernel(const uint4* y, int64_t dv, const int32_t* a2s,
+                                                 const W* w, int64_t n, int k, uint4* out) {
+  constexpr int kN = Vec16<T>::kN;
+  const int64_t total = n * dv;
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total;
+       i += (int64_t)gridDim.x * blockDim.x) {
+    const int64_t t = i / dv, c = i - t * dv;
+    float a[kN] = {};
+    for (int s = 0; s < k; ++s) {
+      const float ws = to_f32(w[t * k + s]);
+      const Vec16<T> v{y[static_cast<int64_t>(a2s[t * k + s]) * dv + c]};
+      for (int q = 0; q < kN; ++q) a[q] += ws * v.get(q);
+    }
+    Vec16<T> r;
+    for (int q = 0; q < kN; ++q) r.set(q, a[q]);
+    out[i] = r.raw;
+  }
+}
+
+template <typename T, typename W>
+__global__ void unpermute_combine_bwd_dy_vec_kernel(const uint4* dout, int64_t dv,
+                                                    const int32_t* a2s, const W* w, int64_t n,
+                                                    int k, uint4* dy) {
+  constexpr int kN = Vec16<T>::kN;
+  const int64_t total = n * k * dv;
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total;
+       i += (int64_t)gridDim.x * blockDim.x) {
+    const int64_t a = i / dv, c = i - a * dv;
+    const float wa = to_f32(w[a]);
+    const Vec16<T> v{dout[(a / k) * dv + c]};
+    Vec16<T> r;
+    for (int q = 0; q < kN; ++q) r.set(q, wa * v.get(q));
+    dy[static_cast<int64_t>(a2s[a]) * dv + c] = r.raw;
+  }
+}
+
+// One warp per assignment, a vector per lane and step: dw[a] = dout[a / k] . y[a2s[a]].
+template <typename T, typename W>
+__global__ void unpermute_combine_bwd_dw_vec_kernel(const uint4* dout, const uint4* y, int64_t dv,
+                                                    const int32_t* a2s, int64_t n, int k, W* dw) {
+  constexpr int kN = Vec16<T>::kN;
+  const int64_t a = blockIdx.x * (int64_t)(blockDim.x / 32) + threadIdx.x / 32;
+  const int lane = threadIdx.x & 31;
+  if (a >= n * k) return;
+  const uint4* dr = dout + (a / k) * dv;
+  const uint4* yr = y + static_cast<int64_t>(a2s[a]) * dv;
+  float acc = 0.f;
+  for (int64_t c = lane; c < dv; c += 32) {
+    const Vec16<T> p{dr[c]}, q{yr[c]};
+    for (int e = 0; e < kN; ++e) acc += p.get(e) * q.get(e);
+  }
+  acc = warp_sum(acc);
+  if (lane == 0) dw[a] = from_f32<W>(acc);
+}
+
 unsigned warp_rows_grid(int64_t rows) {
   return static_cast<unsigned>((rows + kThreads / 32 - 1) / (kThreads / 32));
 }
@@ -322,6 +412,12 @@ void launch_permute_rows(const void* x, DType t, int64_t d, const int32_t* sorte
   if (m * d == 0) return;
   dispatch_float(t, [&](auto ts) {
     using T = decltype(ts);
+    if (vec16_rows(d, sizeof(T), {x, out})) {
+      const int64_t dv = d * static_cast<int64_t>(sizeof(T)) / 16;
+      permute_rows_fwd_vec_kernel<T><<<grid_for(m * dv, kThreads, 8192), kThreads, 0, stream>>>(
+          static_cast<const uint4*>(x), dv, sorted_to_assign, m, k, static_cast<uint4*>(out));
+      return;
+    }
     permute_rows_fwd_kernel<<<grid_for(m * d, kThreads, 8192), kThreads, 0, stream>>>(
         static_cast<const T*>(x), d, sorted_to_assign, m, k, static_cast<T*>(out));
   });
@@ -341,6 +437,12 @@ void launch_permute_rows_bwd(const void* dout, DType t, int64_t d, const int32_t
   }
   dispatch_float(t, [&](auto ts) {
     using T = decltype(ts);
+    if (vec16_rows(d, sizeof(T), {dout, dx})) {
+      const int64_t dv = d * static_cast<int64_t>(sizeof(T)) / 16;
+      permute_rows_bwd_vec_kernel<T><<<grid_for(n * dv, kThreads, 8192), kThreads, 0, stream>>>(
+          static_cast<const uint4*>(dout), dv, inv.data<int32_t>(), n, k, static_cast<uint4*>(dx));
+      return;
+    }
     permute_rows_bwd_kernel<<<grid_for(n * d, kThreads, 8192), kThreads, 0, stream>>>(
         static_cast<const T*>(dout), d, inv.data<int32_t>(), n, k, static_cast<T*>(dx));
   });
@@ -355,6 +457,14 @@ void launch_unpermute_combine(const void* y, DType t, int64_t d, const int32_t* 
     using T = decltype(ts);
     dispatch_float(w_t, [&](auto ws) {
       using W = decltype(ws);
+      if (vec16_rows(d, sizeof(T), {y, out})) {
+        const int64_t dv = d * static_cast<int64_t>(sizeof(T)) / 16;
+        unpermute_combine_fwd_vec_kernel<T, W>
+            <<<grid_for(n * dv, kThreads, 8192), kThreads, 0, stream>>>(
+                static_cast<const uint4*>(y), dv, assign_to_sorted, static_cast<const W*>(w), n, k,
+                static_cast<uint4*>(out));
+        return;
+      }
       unpermute_combine_fwd_kernel<<<grid_for(n * d, kThreads, 8192), kThreads, 0, stream>>>(
           static_cast<const T*>(y), d, assign_to_sorted, static_cast<const W*>(w), n, k,
           static_cast<T*>(out));
@@ -372,6 +482,17 @@ void launch_unpermute_combine_bwd(const void* dout, const void* y, DType t, int6
     using T = decltype(ts);
     dispatch_float(w_t, [&](auto ws) {
       using W = decltype(ws);
+      if (d > 0 && vec16_rows(d, sizeof(T), {dout, y, dy})) {
+        const int64_t dv = d * static_cast<int64_t>(sizeof(T)) / 16;
+        unpermute_combine_bwd_dy_vec_kernel<T, W>
+            <<<grid_for(n * k * dv, kThreads, 8192), kThreads, 0, stream>>>(
+                static_cast<const uint4*>(dout), dv, assign_to_sorted, static_cast<const W*>(w), n,
+                k, static_cast<uint4*>(dy));
+        unpermute_combine_bwd_dw_vec_kernel<T, W><<<warp_rows_grid(n * k), kThreads, 0, stream>>>(
+            static_cast<const uint4*>(dout), static_cast<const uint4*>(y), dv, assign_to_sorted, n,
+            k, static_cast<W*>(dw));
+        return;
+      }
       if (d > 0) {
         unpermute_combine_bwd_dy_kernel<<<grid_for(n * k * d, kThreads, 8192), kThreads, 0,
                                           stream>>>(static_cast<const T*>(dout), d,
