@@ -9,6 +9,7 @@
 #include <array>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace hp {
 
@@ -53,6 +54,14 @@ struct StepProfile {
   // Each sums to idle_ms; zero on the host backend.
   std::array<double, kNumStepPhases> idle_by_phase{};
   std::array<double, kNumOpFamilies> idle_by_family{};
+  // Device time by kernel name (memsets and copies by kind), the largest first: the time each
+  // ran (not split with concurrent work), and how many ran. Empty on the host backend.
+  struct KernelTime {
+    std::string name;
+    double ms = 0;
+    int64_t count = 0;
+  };
+  std::vector<KernelTime> top_kernels;
   int64_t kernels = 0;         // device work items seen (0 on the host backend)
   int64_t device_mallocs = 0;  // device allocations that missed the backend's cache
   int64_t plans_built = 0;     // kernel plans built on the way (cuDNN graphs)

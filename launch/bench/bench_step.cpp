@@ -3,6 +3,7 @@
 #include <sys/resource.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -22,6 +23,8 @@
 
 namespace hp {
 namespace {
+
+constexpr size_t kTopKernels = 20;
 
 // This rank's memory figure and what it measures (see BenchStepResult::memory_bytes).
 std::pair<std::string, int64_t> rank_memory(Backend& be) {
@@ -94,6 +97,16 @@ BenchStepResult measure_bench_step(const TrainOptions& o, const RankContext& ctx
       r.profile.by_family[k] += p.by_family[k];
       r.profile.idle_by_family[k] += p.idle_by_family[k];
     }
+    for (const StepProfile::KernelTime& t : p.top_kernels) {
+      auto it = std::find_if(r.profile.top_kernels.begin(), r.profile.top_kernels.end(),
+                             [&](const StepProfile::KernelTime& x) { return x.name == t.name; });
+      if (it == r.profile.top_kernels.end()) {
+        r.profile.top_kernels.push_back(t);
+      } else {
+        it->ms += t.ms;
+        it->count += t.count;
+      }
+    }
   }
   const double n = static_cast<double>(r.profiled_steps);
   r.profile.wall_ms /= n;
@@ -108,6 +121,14 @@ BenchStepResult measure_bench_step(const TrainOptions& o, const RankContext& ctx
     for (double& v : *a) v /= n;
   for (auto* a : {&r.profile.by_family, &r.profile.idle_by_family})
     for (double& v : *a) v /= n;
+  // Per step, the largest first; the table and the JSON keep the first kTopKernels.
+  for (StepProfile::KernelTime& t : r.profile.top_kernels) {
+    t.ms /= n;
+    t.count = static_cast<int64_t>(std::llround(t.count / n));
+  }
+  std::sort(r.profile.top_kernels.begin(), r.profile.top_kernels.end(),
+            [](const auto& a, const auto& b) { return a.ms > b.ms; });
+  if (r.profile.top_kernels.size() > kTopKernels) r.profile.top_kernels.resize(kTopKernels);
   // Every rank's memory, gathered: each rank fills its own slot, a MAX all-reduce joins them.
   const auto [kind, bytes] = rank_memory(be);
   r.memory_kind = kind;
@@ -186,6 +207,14 @@ std::string bench_step_table(const BenchStepResult& r) {
   std::snprintf(buf, sizeof(buf), "    %-18s %9.2f %6.1f%%\n", "idle", p.idle_ms,
                 p.wall_ms > 0 ? 100 * p.idle_ms / p.wall_ms : 0.0);
   out += buf;
+  if (!p.top_kernels.empty()) {
+    out += "  kernels with the most device time (ms a step, launches a step):\n";
+    for (const StepProfile::KernelTime& t : p.top_kernels) {
+      std::snprintf(buf, sizeof(buf), "    %9.2f %6lld  %s\n", t.ms,
+                    static_cast<long long>(t.count), t.name.c_str());
+      out += buf;
+    }
+  }
   return out;
 }
 
@@ -231,6 +260,9 @@ std::string bench_step_json(const BenchStepResult& r) {
     prof["by_family_ms"][name] = p.by_family[k];
     prof["idle_by_family_ms"][name] = p.idle_by_family[k];
   }
+  prof["top_kernels"] = nlohmann::ordered_json::array();
+  for (const StepProfile::KernelTime& t : p.top_kernels)
+    prof["top_kernels"].push_back({{"name", t.name}, {"ms", t.ms}, {"count", t.count}});
   j["profile"] = prof;
   return j.dump();
 }

@@ -1,11 +1,13 @@
 #include "framework/backend/cuda/cuda_profiler.h"
 
 #include <cupti.h>
+#include <cxxabi.h>
 
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <string>
 #include <unordered_map>
 #include <vector>
 
@@ -36,11 +38,49 @@ struct Work {
   uint64_t start, end;
   uint32_t correlation;
   int8_t family;  // >= 0: fixed by its kind or name (copies, collectives); -1: from its mark
+  int32_t name;   // index into Collector::names
 };
 
 struct Collector {
   std::mutex mu;
   std::vector<Work> work;
+  std::vector<std::string> names;  // kernel names, demangled and shortened
+  std::unordered_map<std::string, int32_t> name_ids;
+  int32_t intern(const char* raw) {
+    const std::string key = raw ? raw : "?";
+    auto it = name_ids.find(key);
+    if (it != name_ids.end()) return it->second;
+    names.push_back(short_kernel_name(key));
+    return name_ids[key] = static_cast<int32_t>(names.size() - 1);
+  }
+  // "void hp::cuda::(anonymous namespace)::add_kernel<float>(float*, int)" -> "add_kernel<float>".
+  static std::string short_kernel_name(const std::string& mangled) {
+    if (mangled.empty() || mangled[0] == '(') return mangled;  // "(memset)", "(memcpy)"
+    int status = 0;
+    char* d = abi::__cxa_demangle(mangled.c_str(), nullptr, nullptr, &status);
+    std::string s = status == 0 && d ? d : mangled;
+    std::free(d);
+    int depth = 0;
+    size_t cut = s.size(), begin = 0;
+    for (size_t i = 0; i < s.size(); ++i) {  // the argument list: the first '(' outside <>
+      if (s[i] == '<') ++depth;
+      if (s[i] == '>') --depth;
+      if (s[i] == '(' && depth == 0 && s.compare(i, 11, "(anonymous ") != 0) {
+        cut = i;
+        break;
+      }
+    }
+    s.resize(cut);
+    depth = 0;
+    for (size_t i = 0; i < s.size(); ++i) {  // drop the return type and the namespaces
+      if (s[i] == '<') ++depth;
+      if (s[i] == '>') --depth;
+      if (depth == 0 && (s[i] == ' ' || (s[i] == ':' && i + 1 < s.size() && s[i + 1] == ':')))
+        begin = s[i] == ' ' ? i + 1 : i + 2;
+    }
+    s = s.substr(begin);
+    return s.size() > 96 ? s.substr(0, 93) + "..." : s;
+  }
   std::unordered_map<uint32_t, uint64_t> marks;  // correlation id -> mark
   bool registered = false;
 };
@@ -69,18 +109,19 @@ void CUPTIAPI buffer_completed(CUcontext, uint32_t, uint8_t* buffer, size_t, siz
       case CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL:
       case CUPTI_ACTIVITY_KIND_KERNEL: {
         const auto* k = reinterpret_cast<const CUpti_ActivityKernel10*>(rec);
-        c.work.push_back({k->start, k->end, k->correlationId, family_of_kernel(k->name)});
+        c.work.push_back(
+            {k->start, k->end, k->correlationId, family_of_kernel(k->name), c.intern(k->name)});
         break;
       }
       case CUPTI_ACTIVITY_KIND_MEMCPY: {
         const auto* m = reinterpret_cast<const CUpti_ActivityMemcpy6*>(rec);
-        c.work.push_back(
-            {m->start, m->end, m->correlationId, static_cast<int8_t>(OpFamily::kCopies)});
+        c.work.push_back({m->start, m->end, m->correlationId,
+                          static_cast<int8_t>(OpFamily::kCopies), c.intern("(memcpy)")});
         break;
       }
       case CUPTI_ACTIVITY_KIND_MEMSET: {
         const auto* m = reinterpret_cast<const CUpti_ActivityMemset4*>(rec);
-        c.work.push_back({m->start, m->end, m->correlationId, -1});
+        c.work.push_back({m->start, m->end, m->correlationId, -1, c.intern("(memset)")});
         break;
       }
       case CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION: {
@@ -153,9 +194,12 @@ StepProfile profile_end() {
   };
   std::vector<Edge> edges;
   std::vector<std::pair<int, int>> attr;  // (phase, family) per item
+  std::vector<StepProfile::KernelTime> by_name(c.names.size());
   for (const Work& w : c.work) {
     const uint64_t s = std::max(w.start, g_t0), e = std::min(w.end, t1);
     if (e <= s) continue;
+    by_name[static_cast<size_t>(w.name)].ms += (e - s) * 1e-6;
+    by_name[static_cast<size_t>(w.name)].count += 1;
     int phase = static_cast<int>(StepPhase::kOther);
     int family = static_cast<int>(OpFamily::kOther);
     auto it = c.marks.find(w.correlation);
@@ -172,6 +216,11 @@ StepProfile profile_end() {
     edges.push_back({e, item, false});
   }
   p.kernels = static_cast<int64_t>(attr.size());
+  for (size_t i = 0; i < by_name.size(); ++i) by_name[i].name = c.names[i];
+  std::sort(by_name.begin(), by_name.end(),
+            [](const auto& a, const auto& b) { return a.ms > b.ms; });
+  while (!by_name.empty() && by_name.back().count == 0) by_name.pop_back();
+  p.top_kernels = std::move(by_name);
   std::sort(edges.begin(), edges.end(), [](const Edge& a, const Edge& b) {
     return a.t != b.t ? a.t < b.t : (a.open < b.open);  // closes before opens at equal times
   });
