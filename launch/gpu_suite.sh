@@ -11,6 +11,9 @@
 #   attention  attention forward+backward per path (tiled, cuDNN) next to PyTorch's varlen_attn
 #   step       `hotpath bench step` next to the PyTorch anchor (torch_ref.py with torch.compile)
 #              on one HDF5 token file of documents uniform in 64..4095 tokens, 16,384 tokens a step
+#   experts    the MoE layers' expert GEMMs run each way `expert_gemm` offers (serial, streams,
+#              grouped): `bench step` at GPT-OSS-20b (4 layers) and GPT-OSS-120b (1 layer) on the
+#              step section's token file; ms a step and the expert-GEMM time, against serial
 #   hf         Hugging Face fixtures imported, fine-tuned on the GPU, exported in bf16 and loaded by
 #              transformers; logits compared (tests/hf/gpu_check.sh; needs hp_hf_compare bundled)
 #   sweep      the one-GPU scaling sweep (examples/scaling/sweeps/gpu-1x.ini) into LOG_DIR/scaling,
@@ -21,8 +24,9 @@
 # Environment: GPU_BIN (default .gpu/bin), LOG_DIR, ANCHOR_DIR (default .gpu/anchors: the
 # anchor's torch_ref.py and make_uniform_docs.py), STEP_MODELS (default "gptoss llama qwen"),
 # STEP_ARGS (extra hotpath flags for every bench step), COMPUTE_SANITIZER (default: on PATH, else
-# the CUDA toolkit's), SANITIZE_FILTER, RACECHECK_FILTER (gtest filters), SANITIZE_ARGS (extra
-# hotpath flags for the sanitized training steps).
+# the CUDA toolkit's), SANITIZE_TOOLS (default "memcheck racecheck initcheck synccheck"),
+# SANITIZE_FILTER, RACECHECK_FILTER (gtest filters), SANITIZE_ARGS (extra hotpath flags for the
+# sanitized training steps).
 set -uo pipefail
 
 bin=${GPU_BIN:-.gpu/bin}
@@ -121,8 +125,8 @@ if want sanitize; then
     # on every path; the long GPT-OSS-shaped cases take too long under it.
     race_filter=${RACECHECK_FILTER:-'CudaConsistency.*:*CudaAttention.*/d64_gqa_sinks_*:*CudaAttention.*/d128_mqa_window_*:*CudaAttention.*/d80_simple_*:*CudaAttention.*/d32_simple_*:*CudaAttention.*/d64_window1_*'}
     declare -A tool_args=([memcheck]="--leak-check full" [racecheck]=""
-                          [initcheck]="" [synccheck]="")
-    for tool in memcheck racecheck initcheck synccheck; do
+                          [initcheck]="--nvtx yes" [synccheck]="")
+    for tool in ${SANITIZE_TOOLS:-memcheck racecheck initcheck synccheck}; do
       f=$filter
       [ "$tool" = racecheck ] && f=$race_filter
       # shellcheck disable=SC2086
@@ -167,6 +171,20 @@ if want step; then
   done
 fi
 
+if want experts; then
+  docs="$log_dir/docs_uniform_64_4096.h5"
+  [ -f "$docs" ] || python3 "$anchors/make_uniform_docs.py" "$docs" --eot 128001 --tokens 1048576 >/dev/null
+  declare -A ecfg=([20b]="examples/configs/gptoss-20b.ini --n_layers=4" [120b]="examples/configs/gptoss-120b.ini --n_layers=1")
+  for shape in 20b 120b; do
+    for impl in serial streams grouped; do
+      # shellcheck disable=SC2086
+      run "experts_${shape}_$impl" "$bin/hotpath" bench step --config ${ecfg[$shape]} --data="$docs" \
+        --eot_token=128001 --shuffle=false --batch_tokens=16384 --bench_steps=6 --bench_warmup=2 \
+        --expert_gemm=$impl --bench_json="$log_dir/experts_${shape}_$impl.json" ${STEP_ARGS:-}
+    done
+  done
+fi
+
 if want hf && [ -x "$bin/hotpath" ]; then
   run hf_vs_transformers env HP="$bin/hotpath" CMP="$bin/hp_hf_compare" PY=python3 \
     sh tests/hf/gpu_check.sh "$log_dir/hf"
@@ -186,6 +204,24 @@ printf '%s\n' "${rows[@]}"
 if want attention && [ -f "$log_dir/attention_vs_torch.log" ]; then
   echo "-- attention fwd+bwd vs torch varlen_attn (ratio = hotpath / torch)"
   cat "$log_dir/attention_vs_torch.log"
+fi
+if want experts; then
+  echo "-- expert GEMMs by expert_gemm (ratio: tok/s against serial's; ms from the profiled steps)"
+  python3 - "$log_dir" <<'PY'
+import json, os, sys
+d = sys.argv[1]
+print(f"{'shape':6s} {'impl':8s} {'step ms':>8s} {'expert ms':>9s} {'tok/s':>8s} {'ratio':>6s}")
+for shape in ("20b", "120b"):
+    base = None
+    for impl in ("serial", "streams", "grouped"):
+        f = os.path.join(d, f"experts_{shape}_{impl}.json")
+        if not os.path.exists(f):
+            print(f"{shape:6s} {impl:8s} (no result)"); continue
+        j = json.load(open(f))
+        ms = j["profile"]["wall_ms"]; ex = j["profile"]["by_family_ms"].get("expert_gemm", 0)
+        base = base or j["tokens_per_s"]
+        print(f"{shape:6s} {impl:8s} {ms:8.1f} {ex:9.1f} {j['tokens_per_s']:8.0f} {j['tokens_per_s']/base:6.3f}")
+PY
 fi
 if want step; then
   echo "-- bench step vs torch.compile, same token file (documents uniform 64..4095)"

@@ -142,6 +142,10 @@ po::options_description describe_options(TrainOptions& o, RawEnums& raw) {
       "deterministic", po::value(&o.device.deterministic)->default_value(o.device.deterministic),
       "CUDA: bitwise-reproducible results (a deterministic attention backward; false allows "
       "cuDNN's faster one, whose dQ sums arrive in varying order)")(
+      "expert_gemm", po::value(&o.device.expert_gemm)->default_value(o.device.expert_gemm),
+      "CUDA: how the experts' GEMMs of a MoE layer run: serial (one after another) | streams "
+      "(spread over 4 streams, the same bits as serial) | grouped (one cuBLAS grouped call per "
+      "group; its own kernels, so other last bits)")(
       "cpu_dtype", po::value(&raw.cpu_dtype)->default_value(raw.cpu_dtype),
       "CPU backend precision: f32 | f64")(
       "batch_tokens", po::value(&o.data.batch_tokens)->default_value(o.data.batch_tokens),
@@ -502,6 +506,9 @@ void validate_train_options(const TrainOptions& o, int world) {
   const DeviceOptions& dev = o.device;
   require(dev.attention == "auto" || dev.attention == "cudnn" || dev.attention == "tiled",
           "attention", str_cat("must be auto, cudnn or tiled, got '", dev.attention, "'"));
+  require(
+      dev.expert_gemm == "serial" || dev.expert_gemm == "streams" || dev.expert_gemm == "grouped",
+      "expert_gemm", str_cat("must be serial, streams or grouped, got '", dev.expert_gemm, "'"));
   require(dev.cpu_dtype == DType::kF32 || dev.cpu_dtype == DType::kF64, "cpu_dtype",
           "must be f32 or f64");
   const DataOptions& d = o.data;

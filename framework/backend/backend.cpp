@@ -1,5 +1,7 @@
 #include "framework/backend/backend.h"
 
+#include "framework/core/error.h"
+
 namespace hp {
 
 Tensor Backend::zeros(Shape shape, DType dtype) {
@@ -10,6 +12,25 @@ Tensor Backend::zeros(Shape shape, DType dtype) {
 
 std::shared_ptr<Storage> Backend::pinned_host_storage(size_t bytes) {
   return std::make_shared<Storage>(&host_allocator(), bytes);
+}
+
+void Backend::gemm_bias(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c,
+                        const Tensor& bias) {
+  gemm(a, trans_a, b, trans_b, c, 1.0, 0.0);
+  add_bias(c, bias);
+}
+
+void Backend::gemm_group(const std::vector<GemmProblem>& problems, bool trans_a, bool trans_b,
+                         double beta) {
+  for (const GemmProblem& p : problems) {
+    Tensor c = p.c;
+    if (p.bias.defined()) {
+      HP_CHECK(beta == 0, "gemm_group: a bias needs beta == 0, got ", beta);
+      gemm_bias(p.a, trans_a, p.b, trans_b, c, p.bias);
+    } else {
+      gemm(p.a, trans_a, p.b, trans_b, c, 1.0, beta);
+    }
+  }
 }
 
 Tensor Backend::upload(const Tensor& host) {

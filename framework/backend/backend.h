@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "framework/backend/profile.h"
 #include "framework/core/sync_counter.h"
@@ -181,6 +182,19 @@ class Backend {
   // c = alpha * op(a) @ op(b) + beta * c, 2-D. op(x) = x^T when the flag is set.
   virtual void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c,
                     double alpha, double beta) = 0;
+  // c = op(a) @ op(b) + bias[N] on every row, 2-D. Default: gemm, then add_bias; a backend may
+  // fuse the two (rounding once where the default rounds twice).
+  virtual void gemm_bias(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c,
+                         const Tensor& bias);
+  // A group of products that share the transposes and beta, such as the experts of a MoE layer:
+  // for each problem, c = op(a) @ op(b) + beta * c, then + bias where bias is defined (beta
+  // must be 0 then; as gemm_bias). The c's must not overlap. The backend may run the problems in
+  // any order or at once (deterministic all the same). Default: one after another.
+  struct GemmProblem {
+    Tensor a, b, c, bias;
+  };
+  virtual void gemm_group(const std::vector<GemmProblem>& problems, bool trans_a, bool trans_b,
+                          double beta);
   // y[M,N] += b[N] broadcast over rows.
   virtual void add_bias(Tensor& y, const Tensor& bias) = 0;
   // db[N] += sum over rows of dy[M,N].

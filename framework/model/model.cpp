@@ -1,5 +1,6 @@
 #include "framework/model/model.h"
 
+#include <array>
 #include <cmath>
 #include <type_traits>
 
@@ -228,9 +229,38 @@ void Model::refresh_working_copies() {
   }
 }
 
+// Zeroing is deferred to the backward: the GEMMs that produce most of the gradient bytes then
+// write them (beta 0) instead of reading zeros back, and no fill pass runs over them.
 void Model::zero_grads() {
+  for (auto& p : params_.all()) p->grad_zero = true;
+}
+
+double Model::grad_beta(Param& p) {
+  const bool zero = p.grad_zero;
+  p.grad_zero = false;
+  return zero ? 0.0 : 1.0;
+}
+
+Tensor& Model::grad_acc(Param& p) {
+  if (p.grad_zero) {
+    be_.fill(p.grad, 0.0);
+    p.grad_zero = false;
+  }
+  return p.grad;
+}
+
+void Model::settle_grads(int l) {
+  if (params_by_layer_.empty()) {
+    params_by_layer_.resize(static_cast<size_t>(cfg_.n_layers) + 1);
+    for (auto& p : params_.all())
+      params_by_layer_[static_cast<size_t>(param_layer(p->name) + 1)].push_back(p.get());
+  }
   FamilyScope scope(be_, OpFamily::kElementwise);
-  for (auto& p : params_.all()) be_.fill(p->grad, 0.0);
+  for (size_t i = 0; i < params_by_layer_.size(); ++i) {
+    if (l != -2 && static_cast<int>(i) != l + 1) continue;
+    for (Param* p : params_by_layer_[i])
+      if (p->grad_zero) grad_acc(*p);
+  }
 }
 
 Tensor Model::new_act(Shape s) { return be_.empty(std::move(s), be_.act_dtype()); }
@@ -251,8 +281,10 @@ void Model::layer_forward(int l, const BatchMeta& meta_in, LayerActs& a, bool re
   be_.rmsnorm_fwd(a.x, L.attn_norm->work, cfg_.norm_eps, a.xn, a.rstd1);
   family(be_, OpFamily::kDenseGemm);
   Tensor qkv_flat = new_act({n, htot * hd});
-  matmul(be_, a.xn, L.wqkv->work, qkv_flat);
-  if (L.bqkv) be_.add_bias(qkv_flat, L.bqkv->work);
+  if (L.bqkv)
+    be_.gemm_bias(a.xn, false, L.wqkv->work, false, qkv_flat, L.bqkv->work);
+  else
+    matmul(be_, a.xn, L.wqkv->work, qkv_flat);
   a.qkv = qkv_flat.reshape({n, htot, hd});
   family(be_, OpFamily::kElementwise);
   if (cfg_.qk_norm) {
@@ -270,8 +302,11 @@ void Model::layer_forward(int l, const BatchMeta& meta_in, LayerActs& a, bool re
   be_.attention_fwd(a.qkv, L.sinks ? L.sinks->work : no_sinks, a.meta, L.attn, a.attn, a.lse);
   a.h = new_act({n, d});
   family(be_, OpFamily::kDenseGemm);
-  matmul(be_, a.attn.reshape({n, hq * hd}), L.wo->work, a.h);
-  if (L.bo) be_.add_bias(a.h, L.bo->work);
+  const Tensor attn_flat = a.attn.reshape({n, hq * hd});
+  if (L.bo)
+    be_.gemm_bias(attn_flat, false, L.wo->work, false, a.h, L.bo->work);
+  else
+    matmul(be_, attn_flat, L.wo->work, a.h);
   family(be_, OpFamily::kElementwise);
   be_.add(a.h, a.x, a.h);
   // FFN block.
@@ -297,8 +332,7 @@ void Model::moe_forward(int l, LayerActs& a, bool recompute) {
   const int64_t f = cfg_.expert_ffn_dim;
   a.logits = new_act({n, e});
   family(be_, OpFamily::kRouting);
-  matmul(be_, a.hn, L.wr->work, a.logits);
-  be_.add_bias(a.logits, L.br->work);
+  be_.gemm_bias(a.hn, false, L.wr->work, false, a.logits, L.br->work);
   a.idx = be_.empty({n, k}, DType::kI32);
   a.w = new_act({n, k});
   be_.router_topk(a.logits, static_cast<int>(k), a.idx, a.w);
@@ -323,18 +357,22 @@ void Model::moe_forward(int l, LayerActs& a, bool recompute) {
   a.he = new_act({rows, 2 * f});
   a.ae = new_act({rows, f});
   a.ye = new_act({rows, d});
+  // The experts' products go to the backend as groups (which may run them at once); the chunks
+  // tile the expert rows, so the activation runs over all of them in one call.
+  std::vector<Backend::GemmProblem> up, down;
   for (const auto& c : a.plan.chunks()) {
     if (c.rows == 0) continue;
-    Tensor xe = a.xe.slice(c.begin, c.begin + c.rows);
-    Tensor he = a.he.slice(c.begin, c.begin + c.rows);
-    Tensor ae = a.ae.slice(c.begin, c.begin + c.rows);
-    Tensor ye = a.ye.slice(c.begin, c.begin + c.rows);
-    family(be_, OpFamily::kExpertGemm);
-    matmul(be_, xe, L.w1->work[c.local_expert], he);
-    be_.add_bias(he, L.b1->work[c.local_expert]);
-    be_.glu_fwd(he, glu_, ae);
-    matmul(be_, ae, L.w2->work[c.local_expert], ye);
-    be_.add_bias(ye, L.b2->work[c.local_expert]);
+    const int64_t b = c.begin, en = c.begin + c.rows;
+    up.push_back({a.xe.slice(b, en), L.w1->work[c.local_expert], a.he.slice(b, en),
+                  L.b1->work[c.local_expert]});
+    down.push_back({a.ae.slice(b, en), L.w2->work[c.local_expert], a.ye.slice(b, en),
+                    L.b2->work[c.local_expert]});
+  }
+  family(be_, OpFamily::kExpertGemm);
+  if (rows > 0) {
+    be_.gemm_group(up, false, false, 0.0);
+    be_.glu_fwd(a.he, glu_, a.ae);
+    be_.gemm_group(down, false, false, 0.0);
   }
   family(be_, OpFamily::kRouting);
   a.ys = exchange_->combine(be_, a.plan, a.ye);
@@ -437,10 +475,10 @@ void Model::loss(double grad_scale, const Tensor& lm_sum) {
     Tensor dhc = st.d_hidden.slice(r0, r1);
     if (lm_head_) {
       matmul(be_, dlogits, lm_head_->work, dhc, false, true);
-      matmul(be_, hc, dlogits, lm_head_->grad, true, false, 1.0);
+      matmul(be_, hc, dlogits, lm_head_->grad, true, false, grad_beta(*lm_head_));
     } else {
       matmul(be_, dlogits, embed_->work, dhc);
-      matmul(be_, dlogits, hc, embed_->grad, true, false, 1.0);
+      matmul(be_, dlogits, hc, embed_->grad, true, false, grad_beta(*embed_));
     }
   }
 }
@@ -453,7 +491,8 @@ void Model::backward(GradReadyHook* grad_ready) {
   const bool ckpt = opts_.checkpoint_activations;
   Tensor dx = new_act({n, d});
   FamilyScope scope(be_, OpFamily::kElementwise);
-  be_.rmsnorm_bwd(st.x_last, final_norm_->work, st.rstd_final, st.d_hidden, dx, final_norm_->grad);
+  be_.rmsnorm_bwd(st.x_last, final_norm_->work, st.rstd_final, st.d_hidden, dx,
+                  grad_acc(*final_norm_));
   st.hidden = Tensor();
   st.d_hidden = Tensor();
   for (int l = cfg_.n_layers - 1; l >= 0; --l) {
@@ -463,11 +502,13 @@ void Model::backward(GradReadyHook* grad_ready) {
     if (ckpt) layer_forward(l, st.meta, a, true);
     layer_backward(l, a, dx);
     a = LayerActs();
+    settle_grads(l);
     if (grad_ready) grad_ready->layer_ready(l);
   }
   if (st.store) st.store->end_step();
   family(be_, OpFamily::kEmbedding);
-  be_.embedding_bwd(dx, st.meta.inputs, embed_->grad);
+  be_.embedding_bwd(dx, st.meta.inputs, grad_acc(*embed_));
+  settle_grads(-2);
   if (grad_ready) grad_ready->layer_ready(-1);
   pass_.reset();
 }
@@ -485,28 +526,28 @@ void Model::layer_backward(int l, LayerActs& a, Tensor& dx) {
     Tensor dact = new_act({n, f});
     family(be_, OpFamily::kDenseGemm);
     matmul(be_, dx, L.w_down->work, dact, false, true);
-    matmul(be_, a.act, dx, L.w_down->grad, true, false, 1.0);
+    matmul(be_, a.act, dx, L.w_down->grad, true, false, grad_beta(*L.w_down));
     Tensor dgu = new_act({n, 2 * f});
     family(be_, OpFamily::kElementwise);
     be_.glu_bwd(a.gu, dact, glu_, dgu);
     family(be_, OpFamily::kDenseGemm);
     matmul(be_, dgu, L.w_gate_up->work, dhn, false, true);
-    matmul(be_, a.hn, dgu, L.w_gate_up->grad, true, false, 1.0);
+    matmul(be_, a.hn, dgu, L.w_gate_up->grad, true, false, grad_beta(*L.w_gate_up));
   }
   Tensor dh = new_act({n, d});
   family(be_, OpFamily::kElementwise);
-  be_.rmsnorm_bwd(a.h, L.ffn_norm->work, a.rstd2, dhn, dh, L.ffn_norm->grad);
+  be_.rmsnorm_bwd(a.h, L.ffn_norm->work, a.rstd2, dhn, dh, grad_acc(*L.ffn_norm));
   be_.add(dh, dx, dh);
   // h = x + attn @ wo + bo.
   family(be_, OpFamily::kDenseGemm);
-  if (L.bo) be_.bias_grad(dh, L.bo->grad);
-  matmul(be_, a.attn.reshape({n, hq * hd}), dh, L.wo->grad, true, false, 1.0);
+  if (L.bo) be_.bias_grad(dh, grad_acc(*L.bo));
+  matmul(be_, a.attn.reshape({n, hq * hd}), dh, L.wo->grad, true, false, grad_beta(*L.wo));
   Tensor dattn = new_act({n, hq, hd});
   Tensor dattn_flat = dattn.reshape({n, hq * hd});
   matmul(be_, dh, L.wo->work, dattn_flat, false, true);
   Tensor dqkv = new_act({n, htot, hd});
   Tensor no_sinks;
-  Tensor dsinks = L.sinks ? L.sinks->grad : no_sinks;
+  Tensor dsinks = L.sinks ? grad_acc(*L.sinks) : no_sinks;
   family(be_, OpFamily::kAttention);
   be_.attention_bwd(a.qkv, L.sinks ? L.sinks->work : no_sinks, a.meta, L.attn, a.attn, a.lse, dattn,
                     dqkv, dsinks);
@@ -515,18 +556,18 @@ void Model::layer_backward(int l, LayerActs& a, Tensor& dx) {
   if (cfg_.qk_norm) {
     Tensor dpre = new_act({n, htot, hd});
     be_.qk_norm_bwd(a.qkv_pre, L.q_norm->work, L.k_norm->work, hq, hkv, a.qk_rstd, dqkv, dpre,
-                    L.q_norm->grad, L.k_norm->grad);
+                    grad_acc(*L.q_norm), grad_acc(*L.k_norm));
     dqkv = dpre;
   }
   Tensor dqkv_flat = dqkv.reshape({n, htot * hd});
   family(be_, OpFamily::kDenseGemm);
-  if (L.bqkv) be_.bias_grad(dqkv_flat, L.bqkv->grad);
-  matmul(be_, a.xn, dqkv_flat, L.wqkv->grad, true, false, 1.0);
+  if (L.bqkv) be_.bias_grad(dqkv_flat, grad_acc(*L.bqkv));
+  matmul(be_, a.xn, dqkv_flat, L.wqkv->grad, true, false, grad_beta(*L.wqkv));
   Tensor dxn = new_act({n, d});
   matmul(be_, dqkv_flat, L.wqkv->work, dxn, false, true);
   Tensor dx_new = new_act({n, d});
   family(be_, OpFamily::kElementwise);
-  be_.rmsnorm_bwd(a.x, L.attn_norm->work, a.rstd1, dxn, dx_new, L.attn_norm->grad);
+  be_.rmsnorm_bwd(a.x, L.attn_norm->work, a.rstd1, dxn, dx_new, grad_acc(*L.attn_norm));
   be_.add(dx_new, dh, dx_new);
   dx = dx_new;
 }
@@ -545,22 +586,64 @@ void Model::moe_backward(int l, LayerActs& a, const Tensor& dy, Tensor& dhn) {
   Tensor dxe = new_act({rows, d});
   Tensor dae = new_act({rows, f});
   Tensor dhe = new_act({rows, 2 * f});
-  for (const auto& c : a.plan.chunks()) {
+  // Weight gradients accumulate per expert; under ep > 1 an expert has a chunk from each source
+  // rank, in source order. The first product of an expert after zero_grads writes (beta 0), the
+  // others add (beta 1); each group has one beta and disjoint outputs, and the groups run in
+  // source order, so every expert sums its chunks in the order one product after another would.
+  const std::vector<ExchangePlan::Chunk> chunks = a.plan.chunks();
+  const bool w_zero = L.w1->grad_zero;
+  HP_CHECK(L.w2->grad_zero == w_zero, "moe_backward: w1 and w2 gradients out of step");
+  std::vector<char> written(static_cast<size_t>(local_experts_), w_zero ? 0 : 1);
+  std::vector<Backend::GemmProblem> dact, dinput;
+  // [source][0: writes, 1: adds]
+  std::vector<std::array<std::vector<Backend::GemmProblem>, 2>> dw2(
+      static_cast<size_t>(a.plan.ep_size)),
+      dw1(static_cast<size_t>(a.plan.ep_size));
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    const auto& c = chunks[i];
     if (c.rows == 0) continue;
     const int le = c.local_expert;
-    Tensor dy_c = dye.slice(c.begin, c.begin + c.rows);
-    Tensor da_c = dae.slice(c.begin, c.begin + c.rows);
-    Tensor dh_c = dhe.slice(c.begin, c.begin + c.rows);
-    Tensor dx_c = dxe.slice(c.begin, c.begin + c.rows);
-    Tensor b2g = L.b2->grad[le], w2g = L.w2->grad[le], b1g = L.b1->grad[le], w1g = L.w1->grad[le];
-    family(be_, OpFamily::kExpertGemm);
-    be_.bias_grad(dy_c, b2g);
-    matmul(be_, a.ae.slice(c.begin, c.begin + c.rows), dy_c, w2g, true, false, 1.0);
-    matmul(be_, dy_c, L.w2->work[le], da_c, false, true);
-    be_.glu_bwd(a.he.slice(c.begin, c.begin + c.rows), da_c, glu_, dh_c);
-    be_.bias_grad(dh_c, b1g);
-    matmul(be_, a.xe.slice(c.begin, c.begin + c.rows), dh_c, w1g, true, false, 1.0);
-    matmul(be_, dh_c, L.w1->work[le], dx_c, false, true);
+    const size_t src = i / static_cast<size_t>(a.plan.experts_per_rank);
+    const int adds = written[static_cast<size_t>(le)];
+    written[static_cast<size_t>(le)] = 1;
+    const int64_t b = c.begin, en = c.begin + c.rows;
+    dw2[src][adds].push_back({a.ae.slice(b, en), dye.slice(b, en), L.w2->grad[le], {}});
+    dact.push_back({dye.slice(b, en), L.w2->work[le], dae.slice(b, en), {}});
+    dw1[src][adds].push_back({a.xe.slice(b, en), dhe.slice(b, en), L.w1->grad[le], {}});
+    dinput.push_back({dhe.slice(b, en), L.w1->work[le], dxe.slice(b, en), {}});
+  }
+  L.w1->grad_zero = L.w2->grad_zero = false;
+  family(be_, OpFamily::kExpertGemm);
+  for (int le = 0; le < local_experts_; ++le) {  // experts no row reached: their zero gradient
+    if (written[static_cast<size_t>(le)]) continue;
+    Tensor g1 = L.w1->grad[le], g2 = L.w2->grad[le];
+    be_.fill(g1, 0.0);
+    be_.fill(g2, 0.0);
+  }
+  auto run_dw = [&](const std::vector<std::array<std::vector<Backend::GemmProblem>, 2>>& groups) {
+    for (const auto& g : groups) {
+      be_.gemm_group(g[0], true, false, 0.0);
+      be_.gemm_group(g[1], true, false, 1.0);
+    }
+  };
+  if (rows > 0) {
+    grad_acc(*L.b2);  // zero-filled once: the experts' bias gradients add over their chunks
+    grad_acc(*L.b1);
+    for (const auto& c : chunks) {
+      if (c.rows == 0) continue;
+      Tensor b2g = L.b2->grad[c.local_expert];
+      be_.bias_grad(dye.slice(c.begin, c.begin + c.rows), b2g);
+    }
+    run_dw(dw2);
+    be_.gemm_group(dact, false, true, 0.0);
+    be_.glu_bwd(a.he, dae, glu_, dhe);
+    for (const auto& c : chunks) {
+      if (c.rows == 0) continue;
+      Tensor b1g = L.b1->grad[c.local_expert];
+      be_.bias_grad(dhe.slice(c.begin, c.begin + c.rows), b1g);
+    }
+    run_dw(dw1);
+    be_.gemm_group(dinput, false, true, 0.0);
   }
   family(be_, OpFamily::kRouting);
   Tensor dxs = exchange_->combine(be_, a.plan, dxe);
@@ -569,8 +652,8 @@ void Model::moe_backward(int l, LayerActs& a, const Tensor& dy, Tensor& dhn) {
   Tensor dlogits = new_act({n, e});
   be_.router_topk_bwd(a.idx, a.w, dw, dlogits);
   if (a.daux.defined()) be_.add(dlogits, a.daux, dlogits);
-  be_.bias_grad(dlogits, L.br->grad);
-  matmul(be_, a.hn, dlogits, L.wr->grad, true, false, 1.0);
+  be_.bias_grad(dlogits, grad_acc(*L.br));
+  matmul(be_, a.hn, dlogits, L.wr->grad, true, false, grad_beta(*L.wr));
   matmul(be_, dlogits, L.wr->work, dhn, false, true, 1.0);
 }
 

@@ -116,6 +116,13 @@ class Model {
   void layer_backward(int l, LayerActs& a, Tensor& dx);
   void moe_forward(int l, LayerActs& a, bool recompute);
   void moe_backward(int l, LayerActs& a, const Tensor& dy, Tensor& dhn);
+  // The gradient of p, under zero_grads' deferred zeroing: grad_beta is the beta for a GEMM that
+  // writes all of it (0 the first time: nothing is read), grad_acc the tensor for an op that
+  // adds to it (zero-filled first the first time). settle_grads fills what a backward left
+  // unwritten, for the parameters of layer l (-1: those outside the layers; -2: all).
+  double grad_beta(Param& p);
+  Tensor& grad_acc(Param& p);
+  void settle_grads(int l);
   Tensor new_act(Shape s);
   Tensor new_master(Shape s);
 
@@ -124,6 +131,7 @@ class Model {
   Backend& be_;
   std::shared_ptr<ExpertExchange> exchange_;
   ParamRegistry params_;
+  std::vector<std::vector<Param*>> params_by_layer_;  // [layer + 1] (settle_grads)
   std::vector<std::unique_ptr<Layer>> layers_;
   Param* embed_ = nullptr;
   Param* final_norm_ = nullptr;

@@ -28,7 +28,10 @@ struct Param {
   Tensor master;  // master dtype (fp32; fp64 in gradient checks)
   Tensor work;    // act dtype copy the model computes with (aliases master when dtypes match)
   Tensor grad;    // master dtype, accumulated by backward
-  Tensor m, v;    // AdamW moments, master dtype
+  // Set by Model::zero_grads: the gradient is zero but its memory is not (the first op of the
+  // backward that touches it writes instead of accumulating; see Model::grad_beta / grad_acc).
+  bool grad_zero = false;
+  Tensor m, v;  // AdamW moments, master dtype
 
   // Optimizer-state sharding (optimizer_sharding=zero1): when sharded(), master, m and v hold
   // only the leading-axis rows [shard_begin, shard_begin + shard_rows) of the local tensor, and

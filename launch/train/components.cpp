@@ -21,6 +21,7 @@ std::unique_ptr<Backend> make_backend(const TrainOptions& o, int local_rank) {
     CudaBackendOptions cuda;
     cuda.attention = parse_attention_impl(o.device.attention);
     cuda.deterministic = o.device.deterministic;
+    cuda.expert_gemm = parse_expert_gemm_impl(o.device.expert_gemm);
     return make_cuda_backend(local_rank % gpus, cuda);
   }
 #else

@@ -199,6 +199,105 @@ TEST_F(CudaConsistency, GemmAllTransposes) {
   }
 }
 
+// The bias rides in cuBLASLt's epilogue where it can (aligned rows), else is added after the
+// product; either way the result matches the reference's gemm + add_bias.
+TEST_F(CudaConsistency, GemmBias) {
+  for (const int64_t n : {int64_t{48}, int64_t{45}}) {
+    for (const DType bias_t : {DType::kBF16, DType::kF32}) {
+      const int64_t m = 77, k = 136;
+      Tensor a = rand({m, k}, 50), b = rand({k, n}, 51), bias = rand({n}, 52, 2.0);
+      Tensor cc = cpu_->empty({m, n}, DType::kF32), gc = gpu_->empty({m, n}, DType::kBF16);
+      cpu_->gemm_bias(on_cpu(a), false, on_cpu(b), false, cc, on_cpu(bias));
+      gpu_->gemm_bias(on_gpu(a), false, on_gpu(b), false, gc, on_gpu(bias, bias_t));
+      expect_close(("gemm_bias n=" + std::to_string(n) + " bias " + dtype_name(bias_t)).c_str(), gc,
+                   cc);
+    }
+  }
+}
+
+// Every product writes every element of its output (beta 0 reads nothing): outputs start as
+// NaN and none is left. The backend tells compute-sanitizer's initcheck that these outputs are
+// written (it does not see cuBLASLt's tensor-memory stores), which this makes safe to say.
+TEST_F(CudaConsistency, GemmWritesEveryElement) {
+  const int64_t m = 1000, k = 136;
+  for (const int64_t n : {int64_t{96}, int64_t{45}}) {
+    for (const DType out_t : {DType::kBF16, DType::kF32}) {
+      Tensor a = rand({m, k}, 55), b = rand({k, n}, 56), bias = rand({n}, 57);
+      Tensor c = gpu_->empty({m, n}, out_t);
+      gpu_->fill(c, std::nan(""));
+      gpu_->gemm(on_gpu(a), false, on_gpu(b), false, c, 1.0, 0.0);
+      int64_t left = 0;
+      for (double v : gpu_values(c)) left += std::isnan(v);
+      EXPECT_EQ(left, 0) << "gemm n=" << n << " " << dtype_name(out_t);
+      if (out_t != DType::kBF16) continue;
+      gpu_->fill(c, std::nan(""));
+      gpu_->gemm_bias(on_gpu(a), false, on_gpu(b), false, c, on_gpu(bias));
+      left = 0;
+      for (double v : gpu_values(c)) left += std::isnan(v);
+      EXPECT_EQ(left, 0) << "gemm_bias n=" << n;
+    }
+  }
+}
+
+// The experts' products of a MoE layer as groups, on every expert_gemm choice: row slices of
+// one buffer (an empty expert among them), forward with biases, the input gradient (b
+// transposed) and the f32 weight gradients accumulated with beta 1 (a transposed). Each choice
+// matches the reference; streams gives serial's bits exactly.
+TEST_F(CudaConsistency, GemmGroupEveryImpl) {
+  const std::vector<int64_t> rows = {37, 0, 256, 1000, 129, 8};
+  const int64_t d = 136, f = 72, total = 1430;
+  const int64_t e = static_cast<int64_t>(rows.size());
+  Tensor x = rand({total, d}, 60), dy = rand({total, f}, 61);
+  std::vector<Tensor> w, bias, wg0;
+  for (int64_t i = 0; i < e; ++i) {
+    w.push_back(rand({d, f}, 70 + static_cast<uint64_t>(i), 0.1));
+    bias.push_back(rand({f}, 80 + static_cast<uint64_t>(i)));
+    wg0.push_back(rand({d, f}, 90 + static_cast<uint64_t>(i)));
+  }
+  // Runs the three groups on `be` (inputs converted by `put`); returns y, dx and the weight
+  // gradients, in that order.
+  auto run = [&](Backend& be, auto&& put, DType grad_t) {
+    Tensor bx = put(x, be.act_dtype()), bdy = put(dy, be.act_dtype());
+    Tensor y = be.empty({total, f}, be.act_dtype()), dx = be.empty({total, d}, be.act_dtype());
+    std::vector<Tensor> out = {y, dx};
+    std::vector<Backend::GemmProblem> fwd, dinput, dw;
+    int64_t r = 0;
+    for (int64_t i = 0; i < e; ++i) {
+      const int64_t b = r, en = r + rows[static_cast<size_t>(i)];
+      r = en;
+      Tensor wi = put(w[i], be.act_dtype()), g = put(wg0[i], grad_t);
+      out.push_back(g);
+      fwd.push_back({bx.slice(b, en), wi, y.slice(b, en), put(bias[i], be.act_dtype())});
+      dinput.push_back({bdy.slice(b, en), wi, dx.slice(b, en), {}});
+      dw.push_back({bx.slice(b, en), bdy.slice(b, en), g, {}});
+    }
+    be.gemm_group(fwd, false, false, 0.0);
+    be.gemm_group(dinput, false, true, 0.0);
+    be.gemm_group(dw, true, false, 1.0);
+    return out;
+  };
+  auto put_cpu = [&](const Tensor& h, DType) { return on_cpu(h); };
+  const std::vector<Tensor> ref = run(*cpu_, put_cpu, DType::kF32);
+  std::vector<std::vector<std::vector<double>>> got;
+  for (const ExpertGemmImpl impl :
+       {ExpertGemmImpl::kSerial, ExpertGemmImpl::kStreams, ExpertGemmImpl::kGrouped}) {
+    CudaBackendOptions o;
+    o.expert_gemm = impl;
+    gpu_ = make_cuda_backend(0, o);
+    auto put_gpu = [&](const Tensor& h, DType dt) { return on_gpu(h, dt); };
+    const std::vector<Tensor> out = run(*gpu_, put_gpu, DType::kF32);
+    std::vector<std::vector<double>> vals;
+    for (size_t i = 0; i < out.size(); ++i) {
+      const std::string what =
+          "impl " + std::to_string(static_cast<int>(impl)) + " output " + std::to_string(i);
+      expect_close(what.c_str(), out[i], ref[i]);
+      vals.push_back(gpu_values(out[i]));
+    }
+    got.push_back(vals);
+  }
+  EXPECT_EQ(got[0], got[1]) << "streams must give serial's bits";
+}
+
 TEST_F(CudaConsistency, BiasAddAxpy) {
   Tensor y = rand({67, 45}, 40), b = rand({45}, 41);
   Tensor cy = on_cpu(y), gy = on_gpu(y);
@@ -229,42 +328,50 @@ TEST_F(CudaConsistency, BiasAddAxpy) {
 // -------------------------------------------------------------------
 
 TEST_F(CudaConsistency, RmsNorm) {
-  const int64_t m = 75, d = 200;
-  Tensor x = rand({m, d}, 50, 2.0, 0.3), w = rand({d}, 51, 0.5, 1.0), dy = rand({m, d}, 52);
-  Tensor dw0 = rand({d}, 53);
-  Tensor cy = cpu_->empty({m, d}, DType::kF32), cr = cpu_->empty({m}, DType::kF32);
-  Tensor gy = gpu_->empty({m, d}, DType::kBF16), gr = gpu_->empty({m}, DType::kF32);
-  cpu_->rmsnorm_fwd(on_cpu(x), on_cpu(w), 1e-5, cy, cr);
-  gpu_->rmsnorm_fwd(on_gpu(x), on_gpu(w), 1e-5, gy, gr);
-  expect_close("rmsnorm y", gy, cy);
-  expect_close("rmsnorm rstd", gr, cr, 1e-4);
-  Tensor cdx = cpu_->empty({m, d}, DType::kF32), gdx = gpu_->empty({m, d}, DType::kBF16);
-  Tensor cdw = on_cpu(dw0), gdw = on_gpu(dw0, DType::kF32);
-  cpu_->rmsnorm_bwd(on_cpu(x), on_cpu(w), cr, on_cpu(dy), cdx, cdw);
-  gpu_->rmsnorm_bwd(on_gpu(x), on_gpu(w), gr, on_gpu(dy), gdx, gdw);
-  expect_close("rmsnorm dx", gdx, cdx);
-  expect_close("rmsnorm dw", gdw, cdw);
+  // d = 200: the 16-byte-vector kernels; d = 203: the scalar ones.
+  for (const int64_t d : {int64_t{200}, int64_t{203}}) {
+    SCOPED_TRACE("d=" + std::to_string(d));
+    const int64_t m = 75;
+    Tensor x = rand({m, d}, 50, 2.0, 0.3), w = rand({d}, 51, 0.5, 1.0), dy = rand({m, d}, 52);
+    Tensor dw0 = rand({d}, 53);
+    Tensor cy = cpu_->empty({m, d}, DType::kF32), cr = cpu_->empty({m}, DType::kF32);
+    Tensor gy = gpu_->empty({m, d}, DType::kBF16), gr = gpu_->empty({m}, DType::kF32);
+    cpu_->rmsnorm_fwd(on_cpu(x), on_cpu(w), 1e-5, cy, cr);
+    gpu_->rmsnorm_fwd(on_gpu(x), on_gpu(w), 1e-5, gy, gr);
+    expect_close("rmsnorm y", gy, cy);
+    expect_close("rmsnorm rstd", gr, cr, 1e-4);
+    Tensor cdx = cpu_->empty({m, d}, DType::kF32), gdx = gpu_->empty({m, d}, DType::kBF16);
+    Tensor cdw = on_cpu(dw0), gdw = on_gpu(dw0, DType::kF32);
+    cpu_->rmsnorm_bwd(on_cpu(x), on_cpu(w), cr, on_cpu(dy), cdx, cdw);
+    gpu_->rmsnorm_bwd(on_gpu(x), on_gpu(w), gr, on_gpu(dy), gdx, gdw);
+    expect_close("rmsnorm dx", gdx, cdx);
+    expect_close("rmsnorm dw", gdw, cdw);
+  }
 }
 
 TEST_F(CudaConsistency, RopeForwardAndInverse) {
-  const int64_t n = 33, h = 5, d = 64, n_pos = 50;
-  Tensor cs = Tensor::host({n_pos, d / 2}, DType::kF32),
-         sn = Tensor::host({n_pos, d / 2}, DType::kF32);
-  for (int64_t p = 0; p < n_pos; ++p) {
-    for (int64_t i = 0; i < d / 2; ++i) {
-      const double ang = p * std::pow(10000.0, -2.0 * i / d);
-      cs.data<float>()[p * d / 2 + i] = static_cast<float>(std::cos(ang));
-      sn.data<float>()[p * d / 2 + i] = static_cast<float>(std::sin(ang));
+  // Head dim 64: the 16-byte-vector kernel; 36 (18 pairs): the scalar one.
+  for (const int64_t d : {int64_t{64}, int64_t{36}}) {
+    SCOPED_TRACE("head_dim=" + std::to_string(d));
+    const int64_t n = 33, h = 5, n_pos = 50;
+    Tensor cs = Tensor::host({n_pos, d / 2}, DType::kF32),
+           sn = Tensor::host({n_pos, d / 2}, DType::kF32);
+    for (int64_t p = 0; p < n_pos; ++p) {
+      for (int64_t i = 0; i < d / 2; ++i) {
+        const double ang = p * std::pow(10000.0, -2.0 * i / d);
+        cs.data<float>()[p * d / 2 + i] = static_cast<float>(std::cos(ang));
+        sn.data<float>()[p * d / 2 + i] = static_cast<float>(std::sin(ang));
+      }
     }
-  }
-  RopeTable ct{on_cpu(cs), on_cpu(sn)}, gt{on_gpu(cs, DType::kF32), on_gpu(sn, DType::kF32)};
-  Tensor pos = ints(rand_ids(n, n_pos, 60));
-  Tensor x = rand({n, h, d}, 61);
-  for (bool inverse : {false, true}) {
-    Tensor cx = on_cpu(x), gx = on_gpu(x);
-    cpu_->rope(cx, 4, on_cpu(pos), ct, inverse);
-    gpu_->rope(gx, 4, on_gpu(pos), gt, inverse);
-    expect_close(inverse ? "rope inverse" : "rope", gx, cx);
+    RopeTable ct{on_cpu(cs), on_cpu(sn)}, gt{on_gpu(cs, DType::kF32), on_gpu(sn, DType::kF32)};
+    Tensor pos = ints(rand_ids(n, n_pos, 60));
+    Tensor x = rand({n, h, d}, 61);
+    for (bool inverse : {false, true}) {
+      Tensor cx = on_cpu(x), gx = on_gpu(x);
+      cpu_->rope(cx, 4, on_cpu(pos), ct, inverse);
+      gpu_->rope(gx, 4, on_gpu(pos), gt, inverse);
+      expect_close(inverse ? "rope inverse" : "rope", gx, cx);
+    }
   }
 }
 
@@ -439,20 +546,54 @@ TEST_F(CudaConsistency, CachedAndRebuiltMetadataAgree) {
 // ---------------------------------------------------------------------------------
 
 TEST_F(CudaConsistency, Glu) {
-  const int64_t m = 50, f = 96;
-  for (GluKind kind : {GluKind::kSwiGLU, GluKind::kGptOss}) {
-    GluParams p;
-    p.kind = kind;
-    Tensor hh = rand({m, 2 * f}, 120, kind == GluKind::kGptOss ? 5.0 : 2.0), da = rand({m, f}, 121);
-    Tensor ca = cpu_->empty({m, f}, DType::kF32), ga = gpu_->empty({m, f}, DType::kBF16);
-    cpu_->glu_fwd(on_cpu(hh), p, ca);
-    gpu_->glu_fwd(on_gpu(hh), p, ga);
-    expect_close("glu fwd", ga, ca);
-    Tensor cdh = cpu_->empty({m, 2 * f}, DType::kF32), gdh = gpu_->empty({m, 2 * f}, DType::kBF16);
-    cpu_->glu_bwd(on_cpu(hh), on_cpu(da), p, cdh);
-    gpu_->glu_bwd(on_gpu(hh), on_gpu(da), p, gdh);
-    expect_close("glu bwd", gdh, cdh);
+  // f = 96: the 16-byte-vector kernels; f = 93: the scalar ones.
+  for (const int64_t f : {int64_t{96}, int64_t{93}}) {
+    const int64_t m = 50;
+    for (GluKind kind : {GluKind::kSwiGLU, GluKind::kGptOss}) {
+      SCOPED_TRACE("f=" + std::to_string(f) + " kind=" + std::to_string(static_cast<int>(kind)));
+      GluParams p;
+      p.kind = kind;
+      Tensor hh = rand({m, 2 * f}, 120, kind == GluKind::kGptOss ? 5.0 : 2.0),
+             da = rand({m, f}, 121);
+      Tensor ca = cpu_->empty({m, f}, DType::kF32), ga = gpu_->empty({m, f}, DType::kBF16);
+      cpu_->glu_fwd(on_cpu(hh), p, ca);
+      gpu_->glu_fwd(on_gpu(hh), p, ga);
+      expect_close("glu fwd", ga, ca);
+      Tensor cdh = cpu_->empty({m, 2 * f}, DType::kF32),
+             gdh = gpu_->empty({m, 2 * f}, DType::kBF16);
+      cpu_->glu_bwd(on_cpu(hh), on_cpu(da), p, cdh);
+      gpu_->glu_bwd(on_gpu(hh), on_gpu(da), p, gdh);
+      expect_close("glu bwd", gdh, cdh);
+    }
   }
+}
+
+// The vector kernels do per element what the scalar ones do: the same inputs one element off
+// 16-byte alignment (scalar path) give the same bits.
+TEST_F(CudaConsistency, GluVectorEqualsScalarBitwise) {
+  const int64_t m = 33, f = 64;
+  GluParams p;
+  p.kind = GluKind::kGptOss;
+  Tensor hh = rand({m, 2 * f}, 122, 5.0), da = rand({m, f}, 123);
+  Tensor h_al = on_gpu(hh), da_al = on_gpu(da);
+  // Copies that start one element into a larger buffer.
+  Tensor hbuf = gpu_->empty({m * 2 * f + 1}, DType::kBF16),
+         dbuf = gpu_->empty({m * f + 1}, DType::kBF16);
+  Tensor h_flat = hbuf.slice(1, m * 2 * f + 1), da_flat = dbuf.slice(1, m * f + 1);
+  gpu_->copy(h_al.reshape({m * 2 * f}), h_flat);
+  gpu_->copy(da_al.reshape({m * f}), da_flat);
+  Tensor h_un = h_flat.reshape({m, 2 * f}), da_un = da_flat.reshape({m, f});
+  Tensor a_al = gpu_->empty({m, f}, DType::kBF16), abuf = gpu_->empty({m * f + 1}, DType::kBF16);
+  Tensor a_un = abuf.slice(1, m * f + 1).reshape({m, f});
+  gpu_->glu_fwd(h_al, p, a_al);
+  gpu_->glu_fwd(h_un, p, a_un);
+  EXPECT_EQ(gpu_values(a_al), gpu_values(a_un)) << "glu_fwd";
+  Tensor dh_al = gpu_->empty({m, 2 * f}, DType::kBF16),
+         dhbuf = gpu_->empty({m * 2 * f + 1}, DType::kBF16);
+  Tensor dh_un = dhbuf.slice(1, m * 2 * f + 1).reshape({m, 2 * f});
+  gpu_->glu_bwd(h_al, da_al, p, dh_al);
+  gpu_->glu_bwd(h_un, da_un, p, dh_un);
+  EXPECT_EQ(gpu_values(dh_al), gpu_values(dh_un)) << "glu_bwd";
 }
 
 // ---- routing
@@ -485,7 +626,7 @@ TEST_F(CudaConsistency, RouterTopkAndAuxLoss) {
 }
 
 TEST_F(CudaConsistency, HistogramScanSortPermute) {
-  const int64_t n = 301, d = 40;
+  const int64_t n = 301;
   const int k = 4, e = 9;
   const int64_t m = n * k;
   Tensor ids = ints(rand_ids(m, e, 140));
@@ -504,46 +645,54 @@ TEST_F(CudaConsistency, HistogramScanSortPermute) {
   expect_equal_ints("sort_by_id sorted_to_assign", gs2a, cs2a);
   expect_equal_ints("sort_by_id assign_to_sorted", ga2s, ca2s);
 
-  Tensor x = rand({n, d}, 141), dout = rand({m, d}, 142), dx0 = rand({n, d}, 143);
-  Tensor cp = cpu_->empty({m, d}, DType::kF32), gp = gpu_->empty({m, d}, DType::kBF16);
-  cpu_->permute_rows(on_cpu(x), cs2a, k, cp);
-  gpu_->permute_rows(on_gpu(x), gs2a, k, gp);
-  expect_close("permute_rows", gp, cp);
-  Tensor cdx = on_cpu(dx0), gdx = on_gpu(dx0);
-  cpu_->permute_rows_bwd(on_cpu(dout), cs2a, k, cdx);
-  gpu_->permute_rows_bwd(on_gpu(dout), gs2a, k, gdx);
-  expect_close("permute_rows_bwd", gdx, cdx);
+  // Rows of 40 go through the 16-byte-vector kernels, rows of 45 through the scalar ones.
+  for (const int64_t d : {int64_t{40}, int64_t{45}}) {
+    SCOPED_TRACE("d=" + std::to_string(d));
+    Tensor x = rand({n, d}, 141), dout = rand({m, d}, 142), dx0 = rand({n, d}, 143);
+    Tensor cp = cpu_->empty({m, d}, DType::kF32), gp = gpu_->empty({m, d}, DType::kBF16);
+    cpu_->permute_rows(on_cpu(x), cs2a, k, cp);
+    gpu_->permute_rows(on_gpu(x), gs2a, k, gp);
+    expect_close("permute_rows", gp, cp);
+    Tensor cdx = on_cpu(dx0), gdx = on_gpu(dx0);
+    cpu_->permute_rows_bwd(on_cpu(dout), cs2a, k, cdx);
+    gpu_->permute_rows_bwd(on_gpu(dout), gs2a, k, gdx);
+    expect_close("permute_rows_bwd", gdx, cdx);
 
-  Tensor y = rand({m, d}, 144), w = rand({n, k}, 145, 0.3, 0.25), dcomb = rand({n, d}, 146);
-  Tensor cu = cpu_->empty({n, d}, DType::kF32), gu = gpu_->empty({n, d}, DType::kBF16);
-  cpu_->unpermute_combine(on_cpu(y), ca2s, on_cpu(w), cu);
-  gpu_->unpermute_combine(on_gpu(y), ga2s, on_gpu(w), gu);
-  expect_close("unpermute_combine", gu, cu);
-  Tensor cdy = cpu_->empty({m, d}, DType::kF32), gdy = gpu_->empty({m, d}, DType::kBF16);
-  Tensor cdw = cpu_->empty({n, k}, DType::kF32), gdw = gpu_->empty({n, k}, DType::kBF16);
-  cpu_->unpermute_combine_bwd(on_cpu(dcomb), on_cpu(y), ca2s, on_cpu(w), cdy, cdw);
-  gpu_->unpermute_combine_bwd(on_gpu(dcomb), on_gpu(y), ga2s, on_gpu(w), gdy, gdw);
-  expect_close("unpermute_combine_bwd dy", gdy, cdy);
-  expect_close("unpermute_combine_bwd dw", gdw, cdw);
+    Tensor y = rand({m, d}, 144), w = rand({n, k}, 145, 0.3, 0.25), dcomb = rand({n, d}, 146);
+    Tensor cu = cpu_->empty({n, d}, DType::kF32), gu = gpu_->empty({n, d}, DType::kBF16);
+    cpu_->unpermute_combine(on_cpu(y), ca2s, on_cpu(w), cu);
+    gpu_->unpermute_combine(on_gpu(y), ga2s, on_gpu(w), gu);
+    expect_close("unpermute_combine", gu, cu);
+    Tensor cdy = cpu_->empty({m, d}, DType::kF32), gdy = gpu_->empty({m, d}, DType::kBF16);
+    Tensor cdw = cpu_->empty({n, k}, DType::kF32), gdw = gpu_->empty({n, k}, DType::kBF16);
+    cpu_->unpermute_combine_bwd(on_cpu(dcomb), on_cpu(y), ca2s, on_cpu(w), cdy, cdw);
+    gpu_->unpermute_combine_bwd(on_gpu(dcomb), on_gpu(y), ga2s, on_gpu(w), gdy, gdw);
+    expect_close("unpermute_combine_bwd dy", gdy, cdy);
+    expect_close("unpermute_combine_bwd dw", gdw, cdw);
+  }
 }
 
 // ---- embedding and loss
 // ---------------------------------------------------------------------------
 
 TEST_F(CudaConsistency, Embedding) {
-  const int64_t v = 1000, d = 72, n = 777;
-  Tensor table = rand({v, d}, 150), dout = rand({n, d}, 151), dt0 = rand({v, d}, 152);
-  std::vector<int32_t> idv = rand_ids(n, 50, 153);  // many repeats
-  idv[5] = static_cast<int32_t>(v - 1);
-  Tensor ids = ints(idv);
-  Tensor co = cpu_->empty({n, d}, DType::kF32), go = gpu_->empty({n, d}, DType::kBF16);
-  cpu_->embedding_fwd(on_cpu(table), on_cpu(ids), co);
-  gpu_->embedding_fwd(on_gpu(table), on_gpu(ids), go);
-  expect_close("embedding_fwd", go, co);
-  Tensor cdt = on_cpu(dt0), gdt = on_gpu(dt0, DType::kF32);
-  cpu_->embedding_bwd(on_cpu(dout), on_cpu(ids), cdt);
-  gpu_->embedding_bwd(on_gpu(dout), on_gpu(ids), gdt);
-  expect_close("embedding_bwd", gdt, cdt, 1e-3);
+  // Rows of 72 go through the 16-byte-vector kernels, rows of 75 through the scalar ones.
+  for (const int64_t d : {int64_t{72}, int64_t{75}}) {
+    SCOPED_TRACE("d=" + std::to_string(d));
+    const int64_t v = 1000, n = 777;
+    Tensor table = rand({v, d}, 150), dout = rand({n, d}, 151), dt0 = rand({v, d}, 152);
+    std::vector<int32_t> idv = rand_ids(n, 50, 153);  // many repeats
+    idv[5] = static_cast<int32_t>(v - 1);
+    Tensor ids = ints(idv);
+    Tensor co = cpu_->empty({n, d}, DType::kF32), go = gpu_->empty({n, d}, DType::kBF16);
+    cpu_->embedding_fwd(on_cpu(table), on_cpu(ids), co);
+    gpu_->embedding_fwd(on_gpu(table), on_gpu(ids), go);
+    expect_close("embedding_fwd", go, co);
+    Tensor cdt = on_cpu(dt0), gdt = on_gpu(dt0, DType::kF32);
+    cpu_->embedding_bwd(on_cpu(dout), on_cpu(ids), cdt);
+    gpu_->embedding_bwd(on_gpu(dout), on_gpu(ids), gdt);
+    expect_close("embedding_bwd", gdt, cdt, 1e-3);
+  }
 }
 
 TEST_F(CudaConsistency, CrossEntropy) {

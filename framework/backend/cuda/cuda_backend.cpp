@@ -5,6 +5,7 @@
 
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
+#include <nvtx3/nvToolsExtMemCudaRt.h>
 
 #include <cmath>
 #include <condition_variable>
@@ -178,6 +179,24 @@ class PinnedStaging {
   std::vector<Slot> slots_;
 };
 
+// compute-sanitizer's initcheck does not see the stores of cuBLASLt's Hopper kernels (tensor
+// memory accelerator writes), so the next kernel to read a product would be reported as reading
+// uninitialized memory. Each product's output is declared written here, through NVTX: a no-op
+// unless a tool is attached (the GPU suite runs initcheck with --nvtx yes). The products write
+// every element (CudaConsistency.GemmWritesEveryElement).
+void mark_written(const Tensor& c, cudaStream_t stream) {
+  static nvtxDomainHandle_t domain = nvtxDomainCreateA("hotpath");
+  const nvtxMemVirtualRangeDesc_t range{static_cast<size_t>(c.nbytes()), c.raw()};
+  nvtxMemMarkInitializedBatch_t batch{};
+  batch.extCompatID = NVTX_EXT_COMPATID_MEM;
+  batch.structSize = sizeof(batch);
+  batch.regionType = NVTX_MEM_TYPE_VIRTUAL_ADDRESS;
+  batch.regionDescCount = 1;
+  batch.regionDescElementSize = sizeof(range);
+  batch.regionDescElements = &range;
+  nvtxMemCudaMarkInitialized(domain, stream, 0, &batch);
+}
+
 // ---- the backend
 // ------------------------------------------------------------------------------------
 
@@ -195,7 +214,7 @@ class CudaBackend final : public Backend {
     CUBLAS_CHECK(cublasCreate(&cublas_));
     CUBLAS_CHECK(cublasSetStream(cublas_, cur_stream()));
     // An explicit workspace keeps cuBLAS from allocating on its own and its results reproducible.
-    cublas_workspace_ = Tensor::empty(*alloc_, {kCublasWorkspaceBytes / 4}, DType::kI32);
+    cublas_workspace_ = new_cublas_workspace();
     CUBLAS_CHECK(cublasSetWorkspace(cublas_, cublas_workspace_.raw(), cublas_workspace_.nbytes()));
     CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&info_host_), 4 * sizeof(int32_t),
                              cudaHostAllocDefault));
@@ -222,6 +241,12 @@ class CudaBackend final : public Backend {
     stop_issuer();
     for (cudaStream_t s : streams_) cudaStreamSynchronize(s);
     cublasDestroy(cublas_);
+    for (Lane& l : lanes_) {
+      if (l.stream) cudaStreamSynchronize(l.stream);
+      if (l.stream) cudaStreamDestroy(l.stream);
+      if (l.done) cudaEventDestroy(l.done);
+    }
+    if (fork_) cudaEventDestroy(fork_);
     for (cudaStream_t s : streams_) cudaStreamDestroy(s);
     cudaFreeHost(info_host_);
   }
@@ -491,8 +516,12 @@ class CudaBackend final : public Backend {
   // Row-major C[m,n] = op(A) op(B) is column-major C^T[n,m] = op(B)^T op(A)^T: cuBLAS gets B
   // first, and a row-major matrix is its own transpose read column-major, so each operand keeps
   // its transpose flag.
-  void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c, double alpha,
-            double beta) override {
+  // The shape of c = op(a) op(b), checked.
+  struct GemmDims {
+    int m = 0, n = 0, k = 0;
+  };
+  static GemmDims gemm_dims(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b,
+                            const Tensor& c) {
     const char* op = "gemm";
     check_ndim(op, "a", a, 2);
     check_ndim(op, "b", b, 2);
@@ -509,8 +538,49 @@ class CudaBackend final : public Backend {
              (trans_b ? " (transposed)" : ""), " does not fit c ", c.desc());
     constexpr int64_t kMaxInt = std::numeric_limits<int>::max();
     HP_CHECK(m <= kMaxInt && n <= kMaxInt && k <= kMaxInt, "gemm: dimensions exceed int range");
-    if (m == 0 || n == 0) return;
-    if (k == 0) {  // op(a) op(b) is all zeros: c = beta c
+    return {static_cast<int>(m), static_cast<int>(n), static_cast<int>(k)};
+  }
+
+  // c = alpha op(a) op(b) + beta c (+ bias) through cuBLASLt on `stream` with workspace `ws`;
+  // false (nothing issued) where cuBLASLt has no algorithm for it. With a bias cuBLASLt cannot
+  // fuse, the product goes through cuBLASLt and the bias is added after it on the same stream.
+  bool lt_gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c,
+               const GemmDims& d, float alpha, float beta, const Tensor* bias, cudaStream_t stream,
+               const Tensor& ws) {
+    if (a.dtype() != DType::kBF16 || d.k == 0) return false;
+    const cudaDataType c_type = c.dtype() == DType::kBF16 ? CUDA_R_16BF : CUDA_R_32F;
+    // Row-major c = op(a) op(b) is column-major c^T = op(b)^T op(a)^T.
+    auto run = [&](const void* bias_ptr, cudaDataType bias_type) {
+      return lt_.run(trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, d.n,
+                     d.m, d.k, alpha, b.raw(), static_cast<int>(b.dim(1)), a.raw(),
+                     static_cast<int>(a.dim(1)), beta, c.raw(), c_type, d.n, ws.raw(), ws.nbytes(),
+                     stream, bias_ptr, bias_type);
+    };
+    if (!bias) {
+      if (!run(nullptr, CUDA_R_16BF)) return false;
+      mark_written(c, stream);
+      return true;
+    }
+    if (aligned16(bias->raw()) &&
+        run(bias->raw(), bias->dtype() == DType::kBF16 ? CUDA_R_16BF : CUDA_R_32F)) {
+      mark_written(c, stream);
+      return true;
+    }
+    if (!run(nullptr, CUDA_R_16BF)) return false;
+    mark_written(c, stream);
+    cuda::launch_add_bias(c.raw(), c.dtype(), bias->raw(), bias->dtype(), c.dim(0), c.dim(1),
+                          stream);
+    return true;
+  }
+
+  // Row-major C[m,n] = op(A) op(B) is column-major C^T[n,m] = op(B)^T op(A)^T: cuBLAS gets B
+  // first, and a row-major matrix is its own transpose read column-major, so each operand keeps
+  // its transpose flag.
+  void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c, double alpha,
+            double beta) override {
+    const GemmDims d = gemm_dims(a, trans_a, b, trans_b, c);
+    if (d.m == 0 || d.n == 0) return;
+    if (d.k == 0) {  // op(a) op(b) is all zeros: c = beta c
       if (beta == 0) {
         fill(c, 0.0);
       } else {
@@ -520,21 +590,149 @@ class CudaBackend final : public Backend {
       return;
     }
     const float alpha_f = static_cast<float>(alpha), beta_f = static_cast<float>(beta);
+    if (lt_gemm(a, trans_a, b, trans_b, c, d, alpha_f, beta_f, nullptr, cur_stream(),
+                cublas_workspace_))
+      return;
     const cudaDataType ab_type = a.dtype() == DType::kBF16 ? CUDA_R_16BF : CUDA_R_32F;
     const cudaDataType c_type = c.dtype() == DType::kBF16 ? CUDA_R_16BF : CUDA_R_32F;
-    // Row-major c = op(a) op(b) is column-major c^T = op(b)^T op(a)^T.
-    if (ab_type == CUDA_R_16BF &&
-        lt_.run(trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, trans_a ? CUBLAS_OP_T : CUBLAS_OP_N,
-                static_cast<int>(n), static_cast<int>(m), static_cast<int>(k), alpha_f, b.raw(),
-                static_cast<int>(b.dim(1)), a.raw(), static_cast<int>(a.dim(1)), beta_f, c.raw(),
-                c_type, static_cast<int>(n), cublas_workspace_.raw(), cublas_workspace_.nbytes(),
-                cur_stream()))
+    CUBLAS_CHECK(cublasGemmEx(cublas_, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
+                              trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, d.n, d.m, d.k, &alpha_f, b.raw(),
+                              ab_type, static_cast<int>(b.dim(1)), a.raw(), ab_type,
+                              static_cast<int>(a.dim(1)), &beta_f, c.raw(), c_type, d.n,
+                              CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    mark_written(c, cur_stream());
+  }
+
+  // The bias goes into cuBLASLt's epilogue: added in f32 to the accumulator, rounded once.
+  void gemm_bias(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c,
+                 const Tensor& bias) override {
+    const GemmDims d = gemm_dims(a, trans_a, b, trans_b, c);
+    check_float("gemm_bias", "bias", bias, {c.dim(1)});
+    if (d.m == 0 || d.n == 0) return;
+    if (lt_gemm(a, trans_a, b, trans_b, c, d, 1.f, 0.f, &bias, cur_stream(), cublas_workspace_))
       return;
-    CUBLAS_CHECK(cublasGemmEx(
-        cublas_, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, trans_a ? CUBLAS_OP_T : CUBLAS_OP_N,
-        static_cast<int>(n), static_cast<int>(m), static_cast<int>(k), &alpha_f, b.raw(), ab_type,
-        static_cast<int>(b.dim(1)), a.raw(), ab_type, static_cast<int>(a.dim(1)), &beta_f, c.raw(),
-        c_type, static_cast<int>(n), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    Backend::gemm_bias(a, trans_a, b, trans_b, c, bias);
+  }
+
+  void gemm_group(const std::vector<GemmProblem>& ps, bool trans_a, bool trans_b,
+                  double beta) override {
+    std::vector<GemmDims> dims;
+    dims.reserve(ps.size());
+    for (const GemmProblem& p : ps) {
+      dims.push_back(gemm_dims(p.a, trans_a, p.b, trans_b, p.c));
+      if (p.bias.defined()) {
+        check_float("gemm_group", "bias", p.bias, {p.c.dim(1)});
+        HP_CHECK(beta == 0, "gemm_group: a bias needs beta == 0, got ", beta);
+      }
+    }
+    if (options_.expert_gemm == ExpertGemmImpl::kSerial || ps.size() < 2) {
+      Backend::gemm_group(ps, trans_a, trans_b, beta);
+      return;
+    }
+    if (options_.expert_gemm == ExpertGemmImpl::kGrouped &&
+        cublas_grouped(ps, dims, trans_a, trans_b, beta))
+      return;
+    gemm_group_on_lanes(ps, dims, trans_a, trans_b, beta);
+  }
+
+  // The problems of a group spread round-robin over the compute stream and kGemmLanes - 1 side
+  // streams forked from it and joined back, so the partial last wave of one product overlaps the
+  // next. Each lane has its own cuBLASLt workspace; a product cuBLASLt cannot take runs on the
+  // compute stream after the join.
+  void gemm_group_on_lanes(const std::vector<GemmProblem>& ps, const std::vector<GemmDims>& dims,
+                           bool trans_a, bool trans_b, double beta) {
+    if (!lanes_[0].stream) {
+      for (Lane& l : lanes_) {
+        CUDA_CHECK(cudaStreamCreateWithFlags(&l.stream, cudaStreamNonBlocking));
+        CUDA_CHECK(cudaEventCreateWithFlags(&l.done, cudaEventDisableTiming));
+        l.workspace = new_cublas_workspace();
+      }
+      CUDA_CHECK(cudaEventCreateWithFlags(&fork_, cudaEventDisableTiming));
+    }
+    const cudaStream_t main = cur_stream();
+    CUDA_CHECK(cudaEventRecord(fork_, main));
+    for (Lane& l : lanes_) CUDA_CHECK(cudaStreamWaitEvent(l.stream, fork_, 0));
+    std::vector<size_t> later;
+    for (size_t i = 0; i < ps.size(); ++i) {
+      const GemmProblem& p = ps[i];
+      if (dims[i].m == 0 || dims[i].n == 0) continue;
+      const size_t lane = i % kGemmLanes;
+      const cudaStream_t s = lane == 0 ? main : lanes_[lane - 1].stream;
+      const Tensor& ws = lane == 0 ? cublas_workspace_ : lanes_[lane - 1].workspace;
+      Tensor c = p.c;
+      if (!lt_gemm(p.a, trans_a, p.b, trans_b, c, dims[i], 1.f, static_cast<float>(beta),
+                   p.bias.defined() ? &p.bias : nullptr, s, ws))
+        later.push_back(i);
+    }
+    for (Lane& l : lanes_) {
+      CUDA_CHECK(cudaEventRecord(l.done, l.stream));
+      CUDA_CHECK(cudaStreamWaitEvent(main, l.done, 0));
+    }
+    for (size_t i : later) {
+      const GemmProblem& p = ps[i];
+      Tensor c = p.c;
+      if (p.bias.defined())
+        Backend::gemm_bias(p.a, trans_a, p.b, trans_b, c, p.bias);
+      else
+        gemm(p.a, trans_a, p.b, trans_b, c, 1.0, beta);
+    }
+  }
+
+  // The whole group in one cublasGemmGroupedBatchedEx call (each problem a group of one), the
+  // biases added after it; false (nothing issued) where cuBLAS does not take the group.
+  bool cublas_grouped(const std::vector<GemmProblem>& ps, const std::vector<GemmDims>& dims,
+                      bool trans_a, bool trans_b, double beta) {
+    const DType c_t = ps[0].c.dtype();
+    std::vector<int> m, n, k, lda, ldb, ldc, ones;
+    std::vector<const void*> ptrs;  // all A, then all B, then all C (cuBLAS's names)
+    std::vector<size_t> used, zero_k;
+    for (size_t i = 0; i < ps.size(); ++i) {
+      const GemmProblem& p = ps[i];
+      if (p.a.dtype() != DType::kBF16 || p.c.dtype() != c_t) return false;
+      if (dims[i].m == 0 || dims[i].n == 0) continue;
+      if (dims[i].k == 0) {  // c = beta c: gemm's own case, after the group
+        zero_k.push_back(i);
+        continue;
+      }
+      used.push_back(i);
+      m.push_back(dims[i].n);
+      n.push_back(dims[i].m);
+      k.push_back(dims[i].k);
+      lda.push_back(static_cast<int>(p.b.dim(1)));
+      ldb.push_back(static_cast<int>(p.a.dim(1)));
+      ldc.push_back(dims[i].n);
+      ones.push_back(1);
+    }
+    const int g = static_cast<int>(used.size());
+    if (g == 0 || g > cuda::kMaxStoredPointers / 3) return false;
+    for (size_t i : used) ptrs.push_back(ps[i].b.raw());
+    for (size_t i : used) ptrs.push_back(ps[i].a.raw());
+    for (size_t i : used) ptrs.push_back(ps[i].c.raw());
+    Tensor dev = Tensor::empty(*alloc_, {static_cast<int64_t>(ptrs.size())}, DType::kI64);
+    cuda::launch_store_pointers(ptrs.data(), static_cast<int>(ptrs.size()),
+                                reinterpret_cast<void**>(dev.raw()), cur_stream());
+    void** d = reinterpret_cast<void**>(dev.raw());
+    const std::vector<cublasOperation_t> ta(g, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N),
+        tb(g, trans_a ? CUBLAS_OP_T : CUBLAS_OP_N);
+    const std::vector<float> alpha(g, 1.f), beta_v(g, static_cast<float>(beta));
+    const cudaDataType c_type = c_t == DType::kBF16 ? CUDA_R_16BF : CUDA_R_32F;
+    const cublasStatus_t rc = cublasGemmGroupedBatchedEx(
+        cublas_, ta.data(), tb.data(), m.data(), n.data(), k.data(), alpha.data(), d, CUDA_R_16BF,
+        lda.data(), d + g, CUDA_R_16BF, ldb.data(), beta_v.data(), d + 2 * g, c_type, ldc.data(), g,
+        ones.data(), CUBLAS_COMPUTE_32F);
+    if (rc == CUBLAS_STATUS_NOT_SUPPORTED || rc == CUBLAS_STATUS_INVALID_VALUE) return false;
+    CUBLAS_CHECK(rc);
+    for (size_t i : used) mark_written(ps[i].c, cur_stream());
+    for (size_t i : zero_k) {
+      Tensor c = ps[i].c;
+      gemm(ps[i].a, trans_a, ps[i].b, trans_b, c, 1.0, beta);
+    }
+    for (const GemmProblem& p : ps) {
+      if (!p.bias.defined()) continue;
+      cuda::launch_add_bias(p.c.raw(), p.c.dtype(), p.bias.raw(), p.bias.dtype(), p.c.dim(0),
+                            p.c.dim(1), cur_stream());
+    }
+    return true;
   }
 
   void add_bias(Tensor& y, const Tensor& bias) override {
@@ -1108,6 +1306,15 @@ class CudaBackend final : public Backend {
 
   static constexpr int64_t kCublasWorkspaceBytes = 32ll << 20;
 
+  // Zeroed once: cuBLASLt's split-K kernels write partial sums there with stores
+  // compute-sanitizer's initcheck does not see, and its reduction kernel reading them back would
+  // be reported as reading uninitialized memory.
+  Tensor new_cublas_workspace() {
+    Tensor ws = Tensor::empty(*alloc_, {kCublasWorkspaceBytes / 4}, DType::kI32);
+    CUDA_CHECK(cudaMemsetAsync(ws.raw(), 0, ws.nbytes(), compute_stream()));
+    return ws;
+  }
+
   void check_qk_norm(const char* op, const Tensor& qkv, const Tensor& qw, const Tensor& kw,
                      int64_t n_heads, int64_t n_kv_heads) const {
     check_ndim(op, "qkv", qkv, 3);
@@ -1191,6 +1398,15 @@ class CudaBackend final : public Backend {
   cudaStream_t streams_[3] = {};  // indexed by StreamKind: compute, copy, comm
   cublasHandle_t cublas_ = nullptr;
   Tensor cublas_workspace_;
+  // Side streams of gemm_group_on_lanes (made at its first use).
+  static constexpr size_t kGemmLanes = 4;
+  struct Lane {
+    cudaStream_t stream = nullptr;
+    cudaEvent_t done = nullptr;
+    Tensor workspace;
+  };
+  Lane lanes_[kGemmLanes - 1];
+  cudaEvent_t fork_ = nullptr;
   PinnedStaging staging_;
   int32_t* info_host_ = nullptr;
   // The copy issuer (see IssueOp): started by the first set_copy_arbiter with an arbiter.
@@ -1222,6 +1438,14 @@ AttentionImpl parse_attention_impl(const std::string& s) {
   if (s == "tiled") return AttentionImpl::kTiled;
   HP_USER_ERROR(ErrorKind::kConfig, "config key 'attention': '", s,
                 "' is not one of auto, cudnn, tiled");
+}
+
+ExpertGemmImpl parse_expert_gemm_impl(const std::string& s) {
+  if (s == "serial") return ExpertGemmImpl::kSerial;
+  if (s == "streams") return ExpertGemmImpl::kStreams;
+  if (s == "grouped") return ExpertGemmImpl::kGrouped;
+  HP_USER_ERROR(ErrorKind::kConfig, "config key 'expert_gemm': '", s,
+                "' is not one of serial, streams, grouped");
 }
 
 std::string cuda_attention_description(Backend& b) { return as_cuda(b).attention_description(); }

@@ -27,12 +27,23 @@ enum class AttentionImpl {
 // Parses "auto", "cudnn" or "tiled" (config key `attention`); throws a UserError naming the key.
 AttentionImpl parse_attention_impl(const std::string& s);
 
+// How a group of GEMMs (Backend::gemm_group: the experts of a MoE layer) runs.
+enum class ExpertGemmImpl {
+  kSerial,   // one cuBLASLt product after another on the compute stream
+  kStreams,  // round-robin over the compute stream and side streams, joined after the group
+  kGrouped,  // one cublasGemmGroupedBatchedEx call (serial where cuBLAS does not take it)
+};
+// Parses "serial", "streams" or "grouped" (config key `expert_gemm`); throws a UserError
+// naming the key.
+ExpertGemmImpl parse_expert_gemm_impl(const std::string& s);
+
 struct CudaBackendOptions {
   AttentionImpl attention = AttentionImpl::kAuto;
   // Bitwise-reproducible results. On: cuDNN's forward with cuDNN's atomic-free backward where
   // its workspace (quadratic in the longest sequence) stays under 1 GiB, else the tiled
   // backward. Off: cuDNN's faster backward, whose dQ sums arrive in varying order.
   bool deterministic = false;
+  ExpertGemmImpl expert_gemm = ExpertGemmImpl::kStreams;
 };
 
 // A backend on device `device_ordinal` (makes it the calling thread's current device).

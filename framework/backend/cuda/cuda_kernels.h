@@ -28,6 +28,10 @@ void launch_axpy(double alpha, const void* x, DType x_t, void* y, DType y_t, int
                  cudaStream_t stream);
 void launch_add_bias(void* y, DType y_t, const void* bias, DType bias_t, int64_t rows, int64_t cols,
                      cudaStream_t stream);
+// out[0..n) = host_ptrs[0..n) (n <= kMaxStoredPointers), stream-ordered: the pointers travel in
+// the kernel's parameters, so the host array may be reused as soon as the call returns.
+constexpr int kMaxStoredPointers = 480;
+void launch_store_pointers(const void* const* host_ptrs, int n, void** out, cudaStream_t stream);
 // kind: 0 SwiGLU, 1 GPT-OSS. h[rows, 2f], a[rows, f], all of dtype t.
 void launch_glu_fwd(const void* h, void* a, DType t, int64_t rows, int64_t f, int kind, float alpha,
                     float limit, cudaStream_t stream);

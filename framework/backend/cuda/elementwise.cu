@@ -76,49 +76,88 @@ __global__ void add_bias_kernel(Y* y, const B* bias, int64_t rows, int64_t cols)
 
 __device__ __forceinline__ float sigmoidf(float x) { return 1.f / (1.f + __expf(-x)); }
 
+struct GluArgs {
+  int kind;  // 0 SwiGLU, 1 GPT-OSS
+  float alpha, limit;
+};
+
+__device__ __forceinline__ float glu_value(float g, float u, GluArgs p) {
+  if (p.kind == 0) return g * sigmoidf(g) * u;
+  g = fminf(g, p.limit);
+  u = fminf(fmaxf(u, -p.limit), p.limit);
+  return g * sigmoidf(p.alpha * g) * (u + 1.f);
+}
+
+// d(loss)/dg and d(loss)/du from d = d(loss)/d(glu_value(g, u)).
+__device__ __forceinline__ void glu_grad(float g, float u, float d, GluArgs p, float& dg,
+                                         float& du) {
+  if (p.kind == 0) {
+    const float s = sigmoidf(g);
+    dg = d * u * s * (1.f + g * (1.f - s));
+    du = d * g * s;
+    return;
+  }
+  const float gc = fminf(g, p.limit);
+  const float uc = fminf(fmaxf(u, -p.limit), p.limit);
+  const float s = sigmoidf(p.alpha * gc);
+  dg = g <= p.limit ? d * (uc + 1.f) * (s + p.alpha * gc * s * (1.f - s)) : 0.f;
+  du = (u >= -p.limit && u <= p.limit) ? d * gc * s : 0.f;
+}
+
 template <typename T>
-__global__ void glu_fwd_kernel(const T* h, T* a, int64_t rows, int64_t f, int kind, float alpha,
-                               float limit) {
+__global__ void glu_fwd_kernel(const T* h, T* a, int64_t rows, int64_t f, GluArgs p) {
   const int64_t n = rows * f;
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
        i += (int64_t)gridDim.x * blockDim.x) {
     const int64_t r = i / f, c = i - r * f;
-    float g = to_f32(h[r * 2 * f + c]), u = to_f32(h[r * 2 * f + f + c]);
-    float out;
-    if (kind == 0) {
-      out = g * sigmoidf(g) * u;
-    } else {
-      g = fminf(g, limit);
-      u = fminf(fmaxf(u, -limit), limit);
-      out = g * sigmoidf(alpha * g) * (u + 1.f);
-    }
-    a[i] = from_f32<T>(out);
+    a[i] = from_f32<T>(glu_value(to_f32(h[r * 2 * f + c]), to_f32(h[r * 2 * f + f + c]), p));
   }
 }
 
 template <typename T>
-__global__ void glu_bwd_kernel(const T* h, const T* da, T* dh, int64_t rows, int64_t f, int kind,
-                               float alpha, float limit) {
+__global__ void glu_bwd_kernel(const T* h, const T* da, T* dh, int64_t rows, int64_t f, GluArgs p) {
   const int64_t n = rows * f;
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
        i += (int64_t)gridDim.x * blockDim.x) {
     const int64_t r = i / f, c = i - r * f;
-    const float g = to_f32(h[r * 2 * f + c]), u = to_f32(h[r * 2 * f + f + c]);
-    const float d = to_f32(da[i]);
     float dg, du;
-    if (kind == 0) {
-      const float s = sigmoidf(g);
-      dg = d * u * s * (1.f + g * (1.f - s));
-      du = d * g * s;
-    } else {
-      const float gc = fminf(g, limit);
-      const float uc = fminf(fmaxf(u, -limit), limit);
-      const float s = sigmoidf(alpha * gc);
-      dg = g <= limit ? d * (uc + 1.f) * (s + alpha * gc * s * (1.f - s)) : 0.f;
-      du = (u >= -limit && u <= limit) ? d * gc * s : 0.f;
-    }
+    glu_grad(to_f32(h[r * 2 * f + c]), to_f32(h[r * 2 * f + f + c]), to_f32(da[i]), p, dg, du);
     dh[r * 2 * f + c] = from_f32<T>(dg);
     dh[r * 2 * f + f + c] = from_f32<T>(du);
+  }
+}
+
+// The same on Vec16 columns (fv vectors of the f columns a row): 16-byte accesses.
+template <typename T>
+__global__ void glu_fwd_vec_kernel(const uint4* h, uint4* a, int64_t rows, int64_t fv, GluArgs p) {
+  const int64_t n = rows * fv;
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+       i += (int64_t)gridDim.x * blockDim.x) {
+    const int64_t r = i / fv, c = i - r * fv;
+    const Vec16<T> g{h[r * 2 * fv + c]}, u{h[r * 2 * fv + fv + c]};
+    Vec16<T> out;
+    for (int q = 0; q < Vec16<T>::kN; ++q) out.set(q, glu_value(g.get(q), u.get(q), p));
+    a[i] = out.raw;
+  }
+}
+
+template <typename T>
+__global__ void glu_bwd_vec_kernel(const uint4* h, const uint4* da, uint4* dh, int64_t rows,
+                                   int64_t fv, GluArgs p) {
+  const int64_t n = rows * fv;
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+       i += (int64_t)gridDim.x * blockDim.x) {
+    const int64_t r = i / fv, c = i - r * fv;
+    const Vec16<T> g{h[r * 2 * fv + c]}, u{h[r * 2 * fv + fv + c]}, d{da[i]};
+    Vec16<T> dg, du;
+    for (int q = 0; q < Vec16<T>::kN; ++q) {
+      float x, y;
+      glu_grad(g.get(q), u.get(q), d.get(q), p, x, y);
+      dg.set(q, x);
+      du.set(q, y);
+    }
+    dh[r * 2 * fv + c] = dg.raw;
+    dh[r * 2 * fv + fv + c] = du.raw;
   }
 }
 
@@ -218,6 +257,26 @@ void launch_axpy(double alpha, const void* x, DType x_t, void* y, DType y_t, int
   CUDA_CHECK_LAUNCH();
 }
 
+namespace {
+struct PointerList {
+  const void* p[kMaxStoredPointers];
+};
+__global__ void store_pointers_kernel(PointerList list, int n, void** out) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) out[i] = const_cast<void*>(list.p[i]);
+}
+}  // namespace
+
+void launch_store_pointers(const void* const* host_ptrs, int n, void** out, cudaStream_t stream) {
+  HP_CHECK(n >= 0 && n <= kMaxStoredPointers, "launch_store_pointers: ", n, " pointers (at most ",
+           kMaxStoredPointers, ")");
+  if (n == 0) return;
+  PointerList list{};
+  for (int i = 0; i < n; ++i) list.p[i] = host_ptrs[i];
+  store_pointers_kernel<<<1, kMaxStoredPointers, 0, stream>>>(list, n, out);
+  CUDA_CHECK_LAUNCH();
+}
+
 void launch_add_bias(void* y, DType y_t, const void* bias, DType bias_t, int64_t rows, int64_t cols,
                      cudaStream_t stream) {
   if (rows * cols == 0) return;
@@ -236,11 +295,17 @@ void launch_add_bias(void* y, DType y_t, const void* bias, DType bias_t, int64_t
 void launch_glu_fwd(const void* h, void* a, DType t, int64_t rows, int64_t f, int kind, float alpha,
                     float limit, cudaStream_t stream) {
   if (rows * f == 0) return;
-  const unsigned grid = grid_for(rows * f, kThreads, 4096);
+  const GluArgs p{kind, alpha, limit};
   dispatch_float(t, [&](auto tag) {
     using T = decltype(tag);
-    glu_fwd_kernel<<<grid, kThreads, 0, stream>>>(static_cast<const T*>(h), static_cast<T*>(a),
-                                                  rows, f, kind, alpha, limit);
+    if (vec16_rows(f, sizeof(T), {h, a})) {
+      const int64_t fv = f * static_cast<int64_t>(sizeof(T)) / 16;
+      glu_fwd_vec_kernel<T><<<grid_for(rows * fv, kThreads, 4096), kThreads, 0, stream>>>(
+          static_cast<const uint4*>(h), static_cast<uint4*>(a), rows, fv, p);
+      return;
+    }
+    glu_fwd_kernel<<<grid_for(rows * f, kThreads, 4096), kThreads, 0, stream>>>(
+        static_cast<const T*>(h), static_cast<T*>(a), rows, f, p);
   });
   CUDA_CHECK_LAUNCH();
 }
@@ -248,12 +313,18 @@ void launch_glu_fwd(const void* h, void* a, DType t, int64_t rows, int64_t f, in
 void launch_glu_bwd(const void* h, const void* da, void* dh, DType t, int64_t rows, int64_t f,
                     int kind, float alpha, float limit, cudaStream_t stream) {
   if (rows * f == 0) return;
-  const unsigned grid = grid_for(rows * f, kThreads, 4096);
+  const GluArgs p{kind, alpha, limit};
   dispatch_float(t, [&](auto tag) {
     using T = decltype(tag);
-    glu_bwd_kernel<<<grid, kThreads, 0, stream>>>(static_cast<const T*>(h),
-                                                  static_cast<const T*>(da), static_cast<T*>(dh),
-                                                  rows, f, kind, alpha, limit);
+    if (vec16_rows(f, sizeof(T), {h, da, dh})) {
+      const int64_t fv = f * static_cast<int64_t>(sizeof(T)) / 16;
+      glu_bwd_vec_kernel<T><<<grid_for(rows * fv, kThreads, 4096), kThreads, 0, stream>>>(
+          static_cast<const uint4*>(h), static_cast<const uint4*>(da), static_cast<uint4*>(dh),
+          rows, fv, p);
+      return;
+    }
+    glu_bwd_kernel<<<grid_for(rows * f, kThreads, 4096), kThreads, 0, stream>>>(
+        static_cast<const T*>(h), static_cast<const T*>(da), static_cast<T*>(dh), rows, f, p);
   });
   CUDA_CHECK_LAUNCH();
 }
