@@ -626,22 +626,21 @@ void Model::moe_backward(int l, LayerActs& a, const Tensor& dy, Tensor& dhn) {
       be_.gemm_group(g[1], true, false, 1.0);
     }
   };
-  if (rows > 0) {
-    grad_acc(*L.b2);  // zero-filled once: the experts' bias gradients add over their chunks
-    grad_acc(*L.b1);
+  // Each expert's bias gradient adds its chunks' rows (zero-filled once, first).
+  auto bias_grads = [&](const Tensor& dy, Param& bias) {
+    grad_acc(bias);
     for (const auto& c : chunks) {
       if (c.rows == 0) continue;
-      Tensor b2g = L.b2->grad[c.local_expert];
-      be_.bias_grad(dye.slice(c.begin, c.begin + c.rows), b2g);
+      Tensor g = bias.grad[c.local_expert];
+      be_.bias_grad(dy.slice(c.begin, c.begin + c.rows), g);
     }
+  };
+  if (rows > 0) {
+    bias_grads(dye, *L.b2);
     run_dw(dw2);
     be_.gemm_group(dact, false, true, 0.0);
     be_.glu_bwd(a.he, dae, glu_, dhe);
-    for (const auto& c : chunks) {
-      if (c.rows == 0) continue;
-      Tensor b1g = L.b1->grad[c.local_expert];
-      be_.bias_grad(dhe.slice(c.begin, c.begin + c.rows), b1g);
-    }
+    bias_grads(dhe, *L.b1);
     run_dw(dw1);
     be_.gemm_group(dinput, false, true, 0.0);
   }
