@@ -62,6 +62,17 @@ struct StepProfile {
     int64_t count = 0;
   };
   std::vector<KernelTime> top_kernels;
+  // Idle time by the pair of device work around each gap (the last to finish before it, the
+  // first to start after it), the largest first: where the device waits for the host. Phase
+  // and family are those of the work after the gap. Empty on the host backend.
+  struct IdleGap {
+    std::string before, after;
+    StepPhase phase = StepPhase::kOther;
+    OpFamily family = OpFamily::kOther;
+    double ms = 0;
+    int64_t count = 0;
+  };
+  std::vector<IdleGap> idle_gaps;
   int64_t kernels = 0;         // device work items seen (0 on the host backend)
   int64_t device_mallocs = 0;  // device allocations that missed the backend's cache
   int64_t plans_built = 0;     // kernel plans built on the way (cuDNN graphs)

@@ -25,6 +25,7 @@ namespace hp {
 namespace {
 
 constexpr size_t kTopKernels = 20;
+constexpr size_t kTopIdleGaps = 10;
 
 // This rank's memory figure and what it measures (see BenchStepResult::memory_bytes).
 std::pair<std::string, int64_t> rank_memory(Backend& be) {
@@ -107,6 +108,18 @@ BenchStepResult measure_bench_step(const TrainOptions& o, const RankContext& ctx
         it->count += t.count;
       }
     }
+    for (const StepProfile::IdleGap& g : p.idle_gaps) {
+      auto it = std::find_if(r.profile.idle_gaps.begin(), r.profile.idle_gaps.end(),
+                             [&](const StepProfile::IdleGap& x) {
+                               return x.before == g.before && x.after == g.after;
+                             });
+      if (it == r.profile.idle_gaps.end()) {
+        r.profile.idle_gaps.push_back(g);
+      } else {
+        it->ms += g.ms;
+        it->count += g.count;
+      }
+    }
   }
   const double n = static_cast<double>(r.profiled_steps);
   r.profile.wall_ms /= n;
@@ -129,6 +142,13 @@ BenchStepResult measure_bench_step(const TrainOptions& o, const RankContext& ctx
   std::sort(r.profile.top_kernels.begin(), r.profile.top_kernels.end(),
             [](const auto& a, const auto& b) { return a.ms > b.ms; });
   if (r.profile.top_kernels.size() > kTopKernels) r.profile.top_kernels.resize(kTopKernels);
+  for (StepProfile::IdleGap& g : r.profile.idle_gaps) {
+    g.ms /= n;
+    g.count = static_cast<int64_t>(std::llround(g.count / n));
+  }
+  std::sort(r.profile.idle_gaps.begin(), r.profile.idle_gaps.end(),
+            [](const auto& a, const auto& b) { return a.ms > b.ms; });
+  if (r.profile.idle_gaps.size() > kTopIdleGaps) r.profile.idle_gaps.resize(kTopIdleGaps);
   // Every rank's memory, gathered: each rank fills its own slot, a MAX all-reduce joins them.
   const auto [kind, bytes] = rank_memory(be);
   r.memory_kind = kind;
@@ -215,6 +235,17 @@ std::string bench_step_table(const BenchStepResult& r) {
       out += buf;
     }
   }
+  if (!p.idle_gaps.empty()) {
+    out +=
+        "  largest idle gaps, by the work around them (ms a step, gaps a step; phase/family "
+        "after):\n";
+    for (const StepProfile::IdleGap& g : p.idle_gaps) {
+      std::snprintf(buf, sizeof(buf), "    %9.2f %6lld  %s -> %s  [%s/%s]\n", g.ms,
+                    static_cast<long long>(g.count), g.before.c_str(), g.after.c_str(),
+                    step_phase_name(g.phase), op_family_name(g.family));
+      out += buf;
+    }
+  }
   return out;
 }
 
@@ -263,6 +294,14 @@ std::string bench_step_json(const BenchStepResult& r) {
   prof["top_kernels"] = nlohmann::ordered_json::array();
   for (const StepProfile::KernelTime& t : p.top_kernels)
     prof["top_kernels"].push_back({{"name", t.name}, {"ms", t.ms}, {"count", t.count}});
+  prof["idle_gaps"] = nlohmann::ordered_json::array();
+  for (const StepProfile::IdleGap& g : p.idle_gaps)
+    prof["idle_gaps"].push_back({{"before", g.before},
+                                 {"after", g.after},
+                                 {"phase", step_phase_name(g.phase)},
+                                 {"family", op_family_name(g.family)},
+                                 {"ms", g.ms},
+                                 {"count", g.count}});
   j["profile"] = prof;
   return j.dump();
 }

@@ -15,6 +15,7 @@
 #include "framework/backend/backend.h"
 #include "framework/backend/cuda/cuda_allocator.h"
 #include "framework/backend/cuda/cuda_check.h"
+#include "framework/backend/profile.h"
 #include "framework/core/rng.h"
 #include "framework/data/packed_batch.h"
 
@@ -99,6 +100,35 @@ TEST(CudaBackend, EventsOrderStreams) {
   Tensor h = Tensor::host({1 << 20}, DType::kF32);
   gpu->read_to_host(t, h, SyncCause::kOther);
   for (int64_t i = 0; i < h.numel(); i += 4097) ASSERT_EQ(h.data<float>()[i], 4.0f) << i;
+}
+
+// A host wait between two kernels leaves the device idle; the profile names that gap by the work
+// around it (and the gaps it lists are part of the idle time, never more).
+TEST(CudaBackend, ProfileNamesTheWorkAroundEachIdleGap) {
+  HP_SKIP_WITHOUT_GPU();
+  auto gpu = make_cuda_backend(0);
+  Tensor t = gpu->empty({1 << 20}, DType::kF32);
+  gpu->fill(t, 1.0);
+  Tensor h = Tensor::host({1}, DType::kF32);
+  gpu->profile_begin();
+  gpu->axpy(1.0, t, t);
+  gpu->read_to_host(t.slice(0, 1), h, SyncCause::kOther);  // the device drains; the host waits
+  gpu->fill(t, 3.0);
+  const StepProfile p = gpu->profile_end();
+  ASSERT_FALSE(p.idle_gaps.empty());
+  double listed = 0;
+  for (const StepProfile::IdleGap& g : p.idle_gaps) {
+    EXPECT_GT(g.count, 0);
+    EXPECT_GT(g.ms, 0);
+    listed += g.ms;
+  }
+  EXPECT_LE(listed, p.idle_ms + 1e-6);
+  const auto it = std::find_if(p.idle_gaps.begin(), p.idle_gaps.end(), [](const auto& g) {
+    return g.before == "(memcpy)" && g.after.find("fill") != std::string::npos;
+  });
+  ASSERT_NE(it, p.idle_gaps.end()) << "no gap between the read and the fill";
+  EXPECT_EQ(it->count, 1);
+  EXPECT_GE(p.kernels, 3);  // the axpy, the copy, the fill
 }
 
 // ---- timings (not a test of behaviour: run explicitly)

@@ -70,6 +70,10 @@ TEST(BenchStep, JsonCarriesTheBreakdown) {
   EXPECT_NEAR(families, busy, 1e-6 * wall);
   EXPECT_NEAR(busy + prof.at("idle_ms").get<double>(), wall, 1e-6 * wall);
   EXPECT_NE(bench_step_table(r).find("busy"), std::string::npos);
+  // Where the device waited, by the work around each gap: a list (empty on the host backend,
+  // which never waits).
+  ASSERT_TRUE(prof.at("idle_gaps").is_array());
+  EXPECT_EQ(prof.at("idle_gaps").size(), r.profile.idle_gaps.size());
 }
 
 // One rank: one memory figure, the process's peak resident set on the host backend, also printed

@@ -194,6 +194,7 @@ StepProfile profile_end() {
   };
   std::vector<Edge> edges;
   std::vector<std::pair<int, int>> attr;  // (phase, family) per item
+  std::vector<int32_t> item_name;         // name id per item
   std::vector<StepProfile::KernelTime> by_name(c.names.size());
   for (const Work& w : c.work) {
     const uint64_t s = std::max(w.start, g_t0), e = std::min(w.end, t1);
@@ -212,6 +213,7 @@ StepProfile profile_end() {
     if (family >= kNumOpFamilies) family = static_cast<int>(OpFamily::kOther);
     const int item = static_cast<int>(attr.size());
     attr.emplace_back(phase, family);
+    item_name.push_back(w.name);
     edges.push_back({s, item, true});
     edges.push_back({e, item, false});
   }
@@ -226,11 +228,28 @@ StepProfile profile_end() {
   });
   std::vector<int> active;
   uint64_t prev = g_t0;
+  int last_closed = -1;
+  std::unordered_map<uint64_t, size_t> gap_of_pair;  // (before name, after name) -> idle_gaps
   for (const Edge& e : edges) {
     if (active.empty() && e.open && e.t > prev) {  // a gap, ended by this item
       const double gap = (e.t - prev) * 1e-6;
       p.idle_by_phase[attr[e.item].first] += gap;
       p.idle_by_family[attr[e.item].second] += gap;
+      const int32_t before = last_closed >= 0 ? item_name[static_cast<size_t>(last_closed)] : -1;
+      const int32_t after = item_name[static_cast<size_t>(e.item)];
+      const uint64_t key = (static_cast<uint64_t>(static_cast<uint32_t>(before)) << 32) |
+                           static_cast<uint32_t>(after);
+      auto [it, fresh] = gap_of_pair.try_emplace(key, p.idle_gaps.size());
+      if (fresh) {
+        StepProfile::IdleGap g;
+        g.before = before >= 0 ? c.names[static_cast<size_t>(before)] : "(profile start)";
+        g.after = c.names[static_cast<size_t>(after)];
+        g.phase = static_cast<StepPhase>(attr[e.item].first);
+        g.family = static_cast<OpFamily>(attr[e.item].second);
+        p.idle_gaps.push_back(std::move(g));
+      }
+      p.idle_gaps[it->second].ms += gap;
+      p.idle_gaps[it->second].count += 1;
     }
     if (!active.empty() && e.t > prev) {
       const double share = (e.t - prev) * 1e-6 / static_cast<double>(active.size());
@@ -245,8 +264,11 @@ StepProfile profile_end() {
       active.push_back(e.item);
     } else {
       active.erase(std::find(active.begin(), active.end(), e.item));
+      last_closed = e.item;
     }
   }
+  std::sort(p.idle_gaps.begin(), p.idle_gaps.end(),
+            [](const auto& a, const auto& b) { return a.ms > b.ms; });
   if (t1 > prev) {
     p.idle_by_phase[static_cast<int>(StepPhase::kOther)] += (t1 - prev) * 1e-6;
     p.idle_by_family[static_cast<int>(OpFamily::kOther)] += (t1 - prev) * 1e-6;
