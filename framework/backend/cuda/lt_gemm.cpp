@@ -1,5 +1,6 @@
 #include "framework/backend/cuda/lt_gemm.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "framework/backend/cuda/cuda_check.h"
@@ -9,6 +10,9 @@ namespace hp::cuda {
 namespace {
 
 constexpr uint32_t kAlign = 16;
+// A data-dependent dimension's buckets up to this many rows are chosen together, at its first
+// product (expert rows: up to every token of a 16K batch times top-4 on one expert).
+constexpr int64_t kPrefillRows = 65536;
 
 // A matrix layout created for one call and destroyed with it (creation is a few host stores).
 class Layout {
@@ -98,10 +102,11 @@ bool LtGemm::run(cublasOperation_t op_a, cublasOperation_t op_b, int m, int n, i
   key = Key{ia, ib, m, nb, kb, lda, ldb, ldc, static_cast<int>(c_type), beta == 0, epilogue};
   auto it = algos_.find(key);
   if (it == algos_.end()) {
-    // The heuristic for the bucket's largest problem of this shape, asked for every bucket of
-    // the octave at once: a data-dependent dimension wanders over its octave from step to step,
-    // and a question to the heuristic costs the host as much as many products cost the GPU, so
-    // they are all asked the first time, not one by one in later steps.
+    // The heuristic for the bucket's largest problem of this shape, asked for every bucket from
+    // 64 rows to kPrefillRows (and to this one, if larger) at once: a data-dependent dimension
+    // wanders from step to step (an expert's rows go from a few to thousands), and a question
+    // to the heuristic costs the host as much as many products cost the GPU, so they are all
+    // asked the first time, not one by one in later steps.
     cublasLtMatmulPreference_t pref = nullptr;
     CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
     CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
@@ -133,12 +138,14 @@ bool LtGemm::run(cublasOperation_t op_a, cublasOperation_t op_b, int m, int n, i
       algos_.emplace(kk, e);
     };
     const bool n_bucketed = !ib, k_bucketed = !ia && ib;
-    const int bucketed = n_bucketed ? nb : k_bucketed ? kb : 0;
-    if (bucketed > 64) {
-      int lo = 64;  // the octave (lo, 2 lo] that holds the bucket
-      while (lo * 2 < bucketed) lo *= 2;
-      for (int v = lo + lo / 8; v <= 2 * lo; v += lo / 8)
-        ask(n_bucketed ? v : nb, k_bucketed ? v : kb);
+    if (n_bucketed || k_bucketed) {
+      const int bucketed = n_bucketed ? nb : kb;
+      auto ask_bucket = [&](int64_t v) {
+        ask(n_bucketed ? static_cast<int>(v) : nb, k_bucketed ? static_cast<int>(v) : kb);
+      };
+      ask_bucket(64);
+      for (int64_t lo = 64; lo < std::max<int64_t>(kPrefillRows, bucketed); lo *= 2)
+        for (int64_t v = lo + lo / 8; v <= 2 * lo; v += lo / 8) ask_bucket(v);
     } else {
       ask(nb, kb);
     }

@@ -7,8 +7,9 @@
 // m, n, k, where n and k are rounded up (to eight steps an octave, bucket_rows) when they are not
 // a row count of a stored matrix (the dimensions that follow the data: expert rows), and reuses
 // the algorithm for every size in the bucket (cublasLtMatmul checks that it applies; the caller
-// falls back to cublasGemmEx where it does not). Deterministic for a given algorithm, as cuBLAS
-// is.
+// falls back to cublasGemmEx where it does not). A shape's buckets up to 65,536 rows are all
+// chosen at its first product, so that no question to the heuristic falls in a later step.
+// Deterministic for a given algorithm, as cuBLAS is.
 #pragma once
 
 #include <cublasLt.h>
