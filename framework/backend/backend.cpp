@@ -20,6 +20,14 @@ void Backend::gemm_bias(const Tensor& a, bool trans_a, const Tensor& b, bool tra
   add_bias(c, bias);
 }
 
+void Backend::bias_grad_segments(const Tensor& dy, const std::vector<RowSegment>& segments) {
+  for (const RowSegment& g : segments) {
+    if (g.rows == 0) continue;
+    Tensor db = g.db;
+    bias_grad(dy.slice(g.begin, g.begin + g.rows), db);
+  }
+}
+
 void Backend::gemm_group(const std::vector<GemmProblem>& problems, bool trans_a, bool trans_b,
                          double beta) {
   for (const GemmProblem& p : problems) {

@@ -199,6 +199,14 @@ class Backend {
   virtual void add_bias(Tensor& y, const Tensor& bias) = 0;
   // db[N] += sum over rows of dy[M,N].
   virtual void bias_grad(const Tensor& dy, Tensor& db) = 0;
+  // bias_grad over row segments of one dy, in order: for each, its db[N] += sum over rows
+  // [begin, begin + rows) of dy, as bias_grad(dy.slice(begin, begin + rows), db) gives it. A
+  // backend may run them in few launches (the MoE layer has one segment per expert).
+  struct RowSegment {
+    int64_t begin = 0, rows = 0;
+    Tensor db;
+  };
+  virtual void bias_grad_segments(const Tensor& dy, const std::vector<RowSegment>& segments);
   // out = a + b (out may alias a or b).
   virtual void add(const Tensor& a, const Tensor& b, Tensor& out) = 0;
   // y += alpha * x.

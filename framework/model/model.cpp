@@ -626,14 +626,13 @@ void Model::moe_backward(int l, LayerActs& a, const Tensor& dy, Tensor& dhn) {
       be_.gemm_group(g[1], true, false, 1.0);
     }
   };
-  // Each expert's bias gradient adds its chunks' rows (zero-filled once, first).
+  // Each expert's bias gradient adds its chunks' rows (zero-filled once, first), in chunk order.
   auto bias_grads = [&](const Tensor& dy, Param& bias) {
     grad_acc(bias);
-    for (const auto& c : chunks) {
-      if (c.rows == 0) continue;
-      Tensor g = bias.grad[c.local_expert];
-      be_.bias_grad(dy.slice(c.begin, c.begin + c.rows), g);
-    }
+    std::vector<Backend::RowSegment> segments;
+    for (const auto& c : chunks)
+      if (c.rows > 0) segments.push_back({c.begin, c.rows, bias.grad[c.local_expert]});
+    be_.bias_grad_segments(dy, segments);
   };
   if (rows > 0) {
     bias_grads(dye, *L.b2);

@@ -319,6 +319,27 @@ TEST(CpuOpsDense, BiasGradOverManyChunks) {
   }
 }
 
+// Row segments of one dy, each adding its rows to its own gradient; two segments add to one.
+TEST(CpuOpsDense, BiasGradSegmentsAddEachSegmentsRows) {
+  auto be = make_cpu_backend(DType::kF64);
+  const int64_t m = 9, n = 3;
+  Tensor dy = randn(*be, {m, n}, "bgs.dy");
+  Tensor g = randn(*be, {2, n}, "bgs.g");
+  const auto g0 = vals(g);
+  // rows [0, 2) and [5, 9) into row 0 of g, [2, 2) (empty) and [2, 5) into row 1.
+  be->bias_grad_segments(dy, {{0, 2, g.slice(0, 1).reshape({n})},
+                              {2, 0, g.slice(1, 2).reshape({n})},
+                              {2, 3, g.slice(1, 2).reshape({n})},
+                              {5, 4, g.slice(0, 1).reshape({n})}});
+  const auto v = vals(dy), got = vals(g);
+  for (int64_t j = 0; j < n; ++j) {
+    double s0 = g0[j], s1 = g0[n + j];
+    for (int64_t i = 0; i < m; ++i) (i >= 2 && i < 5 ? s1 : s0) += v[i * n + j];
+    EXPECT_NEAR(got[j], s0, 1e-12);
+    EXPECT_NEAR(got[n + j], s1, 1e-12);
+  }
+}
+
 // ---- normalization ----------------------------------------------------------------------------
 
 TEST(CpuOpsNorm, RmsnormForwardAndGradients) {

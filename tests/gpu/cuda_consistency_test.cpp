@@ -324,6 +324,36 @@ TEST_F(CudaConsistency, BiasAddAxpy) {
   }
 }
 
+// Segments of one dy, as the MoE layer's experts have them: empty ones, more than one launch
+// holds, and two segments adding to one output (as an expert's chunks from two source ranks do).
+// Bitwise the per-segment bias_grad calls in order, and close to the CPU's.
+TEST_F(CudaConsistency, BiasGradSegmentsEqualPerSegmentCallsBitwise) {
+  const int64_t cols = 77;
+  std::vector<int64_t> rows;
+  for (int i = 0; i < 41; ++i) rows.push_back(i % 7 == 3 ? 0 : 5 + (i * 37) % 300);
+  int64_t total = 0;
+  for (int64_t r : rows) total += r;
+  Tensor dy = rand({total, cols}, 46), db0 = rand({40, cols}, 47);
+  Tensor gdy = on_gpu(dy), cdy = on_cpu(dy);
+  Tensor g_one = on_gpu(db0, DType::kF32), g_seg = on_gpu(db0, DType::kF32), c_seg = on_cpu(db0);
+  std::vector<Backend::RowSegment> gs, cs;
+  int64_t begin = 0;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const int64_t out = i == 40 ? 2 : static_cast<int64_t>(i);  // the last adds to row 2 again
+    Tensor g = g_one.slice(out, out + 1).reshape({cols});
+    if (rows[i] > 0) gpu_->bias_grad(gdy.slice(begin, begin + rows[i]), g);
+    gs.push_back({begin, rows[i], g_seg.slice(out, out + 1).reshape({cols})});
+    cs.push_back({begin, rows[i], c_seg.slice(out, out + 1).reshape({cols})});
+    begin += rows[i];
+  }
+  gpu_->bias_grad_segments(gdy, gs);
+  cpu_->bias_grad_segments(cdy, cs);
+  EXPECT_EQ(gpu_values(g_seg), gpu_values(g_one));
+  expect_close("bias_grad_segments", g_seg, c_seg, 1e-3);
+  Backend::RowSegment outside{total - 1, 2, g_seg.slice(0, 1).reshape({cols})};
+  EXPECT_THROW(gpu_->bias_grad_segments(gdy, {outside}), Error);
+}
+
 // ---- normalization and position
 // -------------------------------------------------------------------
 

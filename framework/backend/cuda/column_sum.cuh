@@ -11,13 +11,13 @@ namespace cuda {
 
 constexpr int kColSumX = 32, kColSumY = 8;
 
+// One block's partial: the sum over rows [r0, r1) of value(r, c) for its 32 columns, written to
+// partial[c] by the first row of threads. Every column sum below adds in this order.
 template <typename F>
-__global__ void column_partial_kernel(F value, int64_t rows, int64_t cols, int64_t rows_per_chunk,
-                                      float* partial) {
+__device__ void column_partial_block(const F& value, int64_t r0, int64_t r1, int64_t cols,
+                                     float* partial) {
   __shared__ float red[kColSumY][kColSumX + 1];
   const int64_t c = blockIdx.x * (int64_t)kColSumX + threadIdx.x;
-  const int64_t r0 = blockIdx.y * rows_per_chunk;
-  const int64_t r1 = min(rows, r0 + rows_per_chunk);
   float acc = 0.f;
   if (c < cols)
     for (int64_t r = r0 + threadIdx.y; r < r1; r += kColSumY) acc += value(r, c);
@@ -27,8 +27,32 @@ __global__ void column_partial_kernel(F value, int64_t rows, int64_t cols, int64
     float s = 0.f;
 #pragma unroll
     for (int i = 0; i < kColSumY; ++i) s += red[i][threadIdx.x];
-    partial[blockIdx.y * cols + c] = s;
+    partial[c] = s;
   }
+}
+
+template <typename F>
+__global__ void column_partial_kernel(F value, int64_t rows, int64_t cols, int64_t rows_per_chunk,
+                                      float* partial) {
+  const int64_t r0 = blockIdx.y * rows_per_chunk;
+  column_partial_block(value, r0, min(rows, r0 + rows_per_chunk), cols,
+                       partial + blockIdx.y * cols);
+}
+
+// The row partition of a column sum over `rows` rows: n_chunks chunks of rows_per_chunk rows (the
+// last may be shorter). A function of rows and cols only, so that a sum over a segment of a
+// larger matrix partitions its rows as a sum over those rows alone does.
+struct ColumnChunks {
+  int64_t n_chunks, rows_per_chunk;
+};
+inline ColumnChunks column_chunks(int64_t rows, int64_t cols) {
+  const int64_t col_blocks = (cols + kColSumX - 1) / kColSumX;
+  int64_t n_chunks = 2048 / col_blocks;
+  const int64_t max_chunks = (rows + 63) / 64;
+  if (n_chunks > max_chunks) n_chunks = max_chunks;
+  if (n_chunks < 1) n_chunks = 1;
+  const int64_t rows_per_chunk = (rows + n_chunks - 1) / n_chunks;
+  return {(rows + rows_per_chunk - 1) / rows_per_chunk, rows_per_chunk};
 }
 
 __global__ void column_finish_kernel(const float* partial, int64_t n_chunks, int64_t cols,
@@ -39,18 +63,13 @@ void column_sum_add(F value, int64_t rows, int64_t cols, float scale, float* out
                     cudaStream_t stream) {
   if (rows == 0 || cols == 0) return;
   const int64_t col_blocks = (cols + kColSumX - 1) / kColSumX;
-  int64_t n_chunks = 2048 / col_blocks;
-  const int64_t max_chunks = (rows + 63) / 64;
-  if (n_chunks > max_chunks) n_chunks = max_chunks;
-  if (n_chunks < 1) n_chunks = 1;
-  const int64_t rows_per_chunk = (rows + n_chunks - 1) / n_chunks;
-  n_chunks = (rows + rows_per_chunk - 1) / rows_per_chunk;
-  Tensor partial = Tensor::empty(alloc, {n_chunks, cols}, DType::kF32);
-  dim3 grid(static_cast<unsigned>(col_blocks), static_cast<unsigned>(n_chunks));
+  const ColumnChunks ch = column_chunks(rows, cols);
+  Tensor partial = Tensor::empty(alloc, {ch.n_chunks, cols}, DType::kF32);
+  dim3 grid(static_cast<unsigned>(col_blocks), static_cast<unsigned>(ch.n_chunks));
   column_partial_kernel<<<grid, dim3(kColSumX, kColSumY), 0, stream>>>(
-      value, rows, cols, rows_per_chunk, partial.data<float>());
+      value, rows, cols, ch.rows_per_chunk, partial.data<float>());
   CUDA_CHECK_LAUNCH();
-  column_finish_kernel<<<grid_for(cols, 256), 256, 0, stream>>>(partial.data<float>(), n_chunks,
+  column_finish_kernel<<<grid_for(cols, 256), 256, 0, stream>>>(partial.data<float>(), ch.n_chunks,
                                                                 cols, scale, out);
   CUDA_CHECK_LAUNCH();
 }

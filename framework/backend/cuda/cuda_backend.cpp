@@ -749,6 +749,20 @@ class CudaBackend final : public Backend {
                            cur_stream());
   }
 
+  void bias_grad_segments(const Tensor& dy, const std::vector<RowSegment>& segments) override {
+    check_ndim("bias_grad_segments", "dy", dy, 2);
+    std::vector<cuda::RowSegmentRef> refs;
+    refs.reserve(segments.size());
+    for (const RowSegment& g : segments) {
+      HP_CHECK(g.begin >= 0 && g.rows >= 0 && g.begin + g.rows <= dy.dim(0),
+               "bias_grad_segments: rows [", g.begin, ", ", g.begin + g.rows, ") outside dy ",
+               dy.desc());
+      check_tensor("bias_grad_segments", "db", g.db, DType::kF32, {dy.dim(1)});
+      refs.push_back({g.begin, g.rows, g.db.data<float>()});
+    }
+    cuda::launch_bias_grad_segments(dy.raw(), dy.dtype(), dy.dim(1), refs, *alloc_, cur_stream());
+  }
+
   void add(const Tensor& a, const Tensor& b, Tensor& out) override {
     check_float("add", "a", a);
     check_float("add", "b", b);

@@ -8,6 +8,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <vector>
 
 #include "framework/core/dtype.h"
 #include "framework/core/tensor.h"
@@ -42,6 +43,16 @@ void launch_glu_bwd(const void* h, const void* da, void* dh, DType t, int64_t ro
 // db[c] += sum_r dy[r, c].
 void launch_bias_grad(const void* dy, DType t, int64_t rows, int64_t cols, float* db,
                       Allocator& alloc, cudaStream_t stream);
+// For each segment: out[c] += sum over rows [begin, begin + rows) of dy[r, c], bitwise as
+// launch_bias_grad over those rows alone, one after another in the given order; two launches for
+// up to 32 segments with distinct outputs.
+struct RowSegmentRef {
+  int64_t begin, rows;
+  float* out;
+};
+void launch_bias_grad_segments(const void* dy, DType t, int64_t cols,
+                               const std::vector<RowSegmentRef>& segments, Allocator& alloc,
+                               cudaStream_t stream);
 // acc[0] += sum x^2.
 void launch_sum_squares(const void* x, DType t, int64_t n, float* acc, Allocator& alloc,
                         cudaStream_t stream);

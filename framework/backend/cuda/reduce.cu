@@ -1,4 +1,7 @@
 // Deterministic reductions: bias gradients, column sums, sums of squares, scalar sums.
+#include <algorithm>
+#include <vector>
+
 #include "framework/backend/cuda/column_sum.cuh"
 #include "framework/backend/cuda/cuda_kernels.h"
 
@@ -68,6 +71,87 @@ void launch_bias_grad(const void* dy, DType t, int64_t rows, int64_t cols, float
     column_sum_add(LoadValue<T>{static_cast<const T*>(dy), cols}, rows, cols, 1.f, db, alloc,
                    stream);
   });
+}
+
+namespace {
+
+// Up to kSegmentsPerLaunch row segments of one matrix, each with its own output row.
+constexpr int kSegmentsPerLaunch = 32;
+struct Segments {
+  int64_t begin[kSegmentsPerLaunch];
+  int64_t rows[kSegmentsPerLaunch];
+  int64_t rows_per_chunk[kSegmentsPerLaunch];
+  int32_t n_chunks[kSegmentsPerLaunch];
+  int32_t first_chunk[kSegmentsPerLaunch];  // of the segment, in the partial buffer
+  float* out[kSegmentsPerLaunch];
+};
+
+// Block (x: columns, y: chunk, z: segment): the chunk's partial, as column_partial_kernel computes
+// it for the segment's rows alone.
+template <typename T>
+__global__ void segment_partial_kernel(const T* dy, int64_t cols, Segments s, float* partial) {
+  const int z = blockIdx.z;
+  if (blockIdx.y >= static_cast<unsigned>(s.n_chunks[z])) return;
+  const int64_t r0 = blockIdx.y * s.rows_per_chunk[z];
+  const LoadValue<T> value{dy + s.begin[z] * cols, cols};
+  column_partial_block(value, r0, min(s.rows[z], r0 + s.rows_per_chunk[z]), cols,
+                       partial + (s.first_chunk[z] + blockIdx.y) * cols);
+}
+
+// out of segment z [c] += its partials, in chunk order (column_finish_kernel's sum).
+__global__ void segment_finish_kernel(const float* partial, int64_t cols, Segments s) {
+  const int z = blockIdx.y;
+  const int64_t c = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+  if (c >= cols) return;
+  const float* p = partial + s.first_chunk[z] * cols;
+  float acc = 0.f;
+  for (int64_t i = 0; i < s.n_chunks[z]; ++i) acc += p[i * cols + c];
+  s.out[z][c] += acc;
+}
+
+}  // namespace
+
+void launch_bias_grad_segments(const void* dy, DType t, int64_t cols,
+                               const std::vector<RowSegmentRef>& segments, Allocator& alloc,
+                               cudaStream_t stream) {
+  if (cols == 0) return;
+  const int64_t col_blocks = (cols + kColSumX - 1) / kColSumX;
+  // A launch takes segments in order until it is full or one would add to an output it already
+  // adds to: that one starts the next launch, so each output sums its segments in their order.
+  size_t i = 0;
+  while (i < segments.size()) {
+    Segments s{};
+    int n = 0;
+    int32_t chunks = 0, max_chunks = 0;
+    for (; i < segments.size() && n < kSegmentsPerLaunch; ++i) {
+      const RowSegmentRef& g = segments[i];
+      if (g.rows == 0) continue;
+      if (std::find(s.out, s.out + n, g.out) != s.out + n) break;
+      const ColumnChunks ch = column_chunks(g.rows, cols);
+      s.begin[n] = g.begin;
+      s.rows[n] = g.rows;
+      s.rows_per_chunk[n] = ch.rows_per_chunk;
+      s.n_chunks[n] = static_cast<int32_t>(ch.n_chunks);
+      s.first_chunk[n] = chunks;
+      s.out[n] = g.out;
+      chunks += s.n_chunks[n];
+      max_chunks = std::max(max_chunks, s.n_chunks[n]);
+      ++n;
+    }
+    if (n == 0) continue;
+    Tensor partial = Tensor::empty(alloc, {chunks, cols}, DType::kF32);
+    dispatch_float(t, [&](auto tag) {
+      using T = decltype(tag);
+      dim3 grid(static_cast<unsigned>(col_blocks), static_cast<unsigned>(max_chunks),
+                static_cast<unsigned>(n));
+      segment_partial_kernel<T><<<grid, dim3(kColSumX, kColSumY), 0, stream>>>(
+          static_cast<const T*>(dy), cols, s, partial.data<float>());
+    });
+    CUDA_CHECK_LAUNCH();
+    segment_finish_kernel<<<dim3(grid_for(cols, 256), static_cast<unsigned>(n)), 256, 0, stream>>>(
+        partial.data<float>(), cols, s);
+    CUDA_CHECK_LAUNCH();
+  }
 }
 
 void launch_column_sum_add(const float* x, int64_t rows, int64_t cols, float scale, float* out,
