@@ -5,7 +5,6 @@
 
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
-#include <nvtx3/nvToolsExtMemCudaRt.h>
 
 #include <cmath>
 #include <condition_variable>
@@ -24,6 +23,7 @@
 #include "framework/backend/cuda/cuda_profiler.h"
 #include "framework/backend/cuda/cudnn_attention.h"
 #include "framework/backend/cuda/lt_gemm.h"
+#include "framework/backend/cuda/mark_written.h"
 
 namespace hp {
 
@@ -179,22 +179,9 @@ class PinnedStaging {
   std::vector<Slot> slots_;
 };
 
-// compute-sanitizer's initcheck does not see the stores of cuBLASLt's Hopper kernels (tensor
-// memory accelerator writes), so the next kernel to read a product would be reported as reading
-// uninitialized memory. Each product's output is declared written here, through NVTX: a no-op
-// unless a tool is attached (the GPU suite runs initcheck with --nvtx yes). The products write
-// every element (CudaConsistency.GemmWritesEveryElement).
+// A product's output, declared written for initcheck (mark_written.h).
 void mark_written(const Tensor& c, cudaStream_t stream) {
-  static nvtxDomainHandle_t domain = nvtxDomainCreateA("hotpath");
-  const nvtxMemVirtualRangeDesc_t range{static_cast<size_t>(c.nbytes()), c.raw()};
-  nvtxMemMarkInitializedBatch_t batch{};
-  batch.extCompatID = NVTX_EXT_COMPATID_MEM;
-  batch.structSize = sizeof(batch);
-  batch.regionType = NVTX_MEM_TYPE_VIRTUAL_ADDRESS;
-  batch.regionDescCount = 1;
-  batch.regionDescElementSize = sizeof(range);
-  batch.regionDescElements = &range;
-  nvtxMemCudaMarkInitialized(domain, stream, 0, &batch);
+  cuda::mark_written(c.raw(), static_cast<size_t>(c.nbytes()), stream);
 }
 
 // ---- the backend

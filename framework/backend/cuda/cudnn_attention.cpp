@@ -11,6 +11,7 @@
 #include <unordered_map>
 
 #include "framework/backend/cuda/cuda_check.h"
+#include "framework/backend/cuda/mark_written.h"
 #include "framework/core/error.h"
 #include "framework/core/rng.h"
 
@@ -304,6 +305,9 @@ void CudnnAttention::forward(const AttnArgs& a, const CudnnBatch& b, void* out, 
   pack[kO] = out;
   pack[kStats] = lse;
   impl_->run(g, pack, alloc, stream);
+  const size_t rows = static_cast<size_t>(a.n_tokens) * static_cast<size_t>(a.hq);
+  mark_written(out, rows * static_cast<size_t>(a.head_dim) * 2, stream);  // bf16
+  mark_written(lse, rows * sizeof(float), stream);
   if (a.sinks)
     launch_sink_forward_fixup(out, lse, a.sinks, a.sinks_t, a.n_tokens, a.hq, a.head_dim, stream);
 }
@@ -333,6 +337,10 @@ void CudnnAttention::backward(const AttnArgs& a, const CudnnBatch& b, const void
   pack[kDK] = dbase + static_cast<int64_t>(a.hq) * a.head_dim;
   pack[kDV] = dbase + static_cast<int64_t>(a.hq + a.hkv) * a.head_dim;
   impl_->run(g, pack, alloc, stream);
+  mark_written(dqkv,
+               static_cast<size_t>(a.n_tokens) * static_cast<size_t>(a.hq + 2 * a.hkv) *
+                   static_cast<size_t>(a.head_dim) * 2,
+               stream);
 }
 
 }  // namespace hp::cuda
