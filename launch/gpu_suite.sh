@@ -18,9 +18,11 @@
 #              transformers; logits compared (tests/hf/gpu_check.sh; needs hp_hf_compare bundled)
 #   sweep      the one-GPU scaling sweep (examples/scaling/sweeps/gpu-1x.ini) into LOG_DIR/scaling,
 #              with its report (not in the default set: a few minutes)
-#   sanitize   compute-sanitizer's memcheck (--leak-check full), racecheck, initcheck and synccheck
-#              over the GPU tests of SANITIZE_FILTER (racecheck: RACECHECK_FILTER) and over two
-#              steps of tiny-moe on the GPU; each row gives the tool's error count (0 to pass)
+#   sanitize   compute-sanitizer's memcheck (--leak-check full), racecheck, initcheck and
+#              synccheck over the GPU tests of SANITIZE_FILTER (racecheck: RACECHECK_FILTER) in
+#              SANITIZE_SHARDS processes (default 8), and over two steps of tiny-moe on the GPU;
+#              each row gives the tool's error count (0 to pass), after a canary row per tool (a
+#              defective kernel the tool must report)
 # Environment: GPU_BIN (default .gpu/bin), LOG_DIR, ANCHOR_DIR (default .gpu/anchors: the
 # anchor's torch_ref.py and make_uniform_docs.py), STEP_MODELS (default "gptoss llama qwen"),
 # STEP_ARGS (extra hotpath flags for every bench step), COMPUTE_SANITIZER (default: on PATH, else
@@ -43,6 +45,13 @@ cudnn_lib=$(python3 -c 'import os, nvidia.cudnn as c; print(os.path.join(list(c.
 
 rows=()
 sanitize_origin=()
+# A compute-sanitizer log's count of reports: memcheck, initcheck and synccheck end with
+# "ERROR SUMMARY: N errors", racecheck with "RACECHECK SUMMARY: N hazards displayed (...)"; the
+# numbers of every such line (one per process), summed.
+summary_re='^========= (ERROR|RACECHECK) SUMMARY: [0-9]'
+tool_reports() {
+  grep -E "$summary_re" "$1" | sed -E 's/^[^0-9]*([0-9]+).*/\1/' | awk '{s += $1} END {print s + 0}'
+}
 failed=0
 # run NAME COMMAND...: one program, its log, one summary row.
 run() {
@@ -58,8 +67,8 @@ run() {
     detail+=", skipped $(grep -m1 '^\[  SKIPPED \] [0-9]' "$log" | grep -oE '[0-9]+' | head -1)"
     grep '^\[  FAILED  \] [A-Z]' "$log" | head -20
   fi
-  if grep -q '^========= ERROR SUMMARY' "$log"; then
-    detail+="${detail:+, }sanitizer errors $(grep '^========= ERROR SUMMARY' "$log" | tail -1 | grep -oE '[0-9]+' | head -1)"
+  if grep -qE "$summary_re" "$log"; then
+    detail+="${detail:+, }sanitizer errors $(tool_reports "$log")"
   fi
   tail -n 2 "$log"
   rows+=("$(printf '%-28s %-8s %5ss  %s' "$name" "$([ $rc -eq 0 ] && echo ok || echo "FAIL($rc)")" "$(($(date +%s) - start))" "$detail")")
@@ -103,11 +112,40 @@ print("zero1 vs none on one GPU:", "bitwise equal" if s == z else "DIFFER")
 sys.exit(0 if s == z and len(s) == 6 else 1)' "$r/s.jsonl" "$r/z.jsonl"
 fi
 
-# compute-sanitizer over a subset of the GPU tests (every op and attention path against the CPU
-# reference, the allocator, whole-model steps) and two training steps of tiny-moe. racecheck is
-# by far the slowest: it runs the kernels with shared-memory traffic (ops and attention) only.
+# compute-sanitizer over the GPU tests (every op and attention path against the CPU reference,
+# the allocator, whole-model steps) and two training steps of tiny-moe. The test runs are split
+# into SANITIZE_SHARDS processes at once (GoogleTest sharding), one GPU for all: the tools are
+# bound by host-side checking, so the shards overlap. Every tool sees every kernel (the tools'
+# kernel filters make racecheck fail inside cuBLASLt's kernels: an internal error of the tool).
+# Each tool first runs its canary (a kernel with one defect of the tool's kind,
+# tests/gpu/sanitizer_canary.cu) under the same options, which must be reported: a tool that
+# does not see hotpath's kernels would otherwise pass everything.
 # The OpenMP variables are set so hotpath does not execute itself again (launch/cpu_threads.h)
 # under the tool.
+# run_shards NAME SHARDS COMMAND...: COMMAND (a GoogleTest program) as SHARDS processes at once,
+# one log each, joined into NAME.log; one summary row with the counts summed.
+run_shards() {
+  local name=$1 shards=$2 log="$log_dir/$1.log" start rc=0 i pids=() detail
+  shift 2
+  echo "== $name ($shards shards): $*"
+  start=$(date +%s)
+  for ((i = 0; i < shards; i++)); do
+    GTEST_TOTAL_SHARDS=$shards GTEST_SHARD_INDEX=$i "$@" >"$log_dir/$name.shard$i.log" 2>&1 &
+    pids+=($!)
+  done
+  for i in "${pids[@]}"; do wait "$i" || rc=1; done
+  cat "$log_dir/$name".shard*.log >"$log"
+  rm -f "$log_dir/$name".shard*.log
+  # The first number of each matching line, summed over the shards.
+  sum() { grep -E "$1" "$log" | sed -E 's/^[^0-9]*([0-9]+).*/\1/' | awk '{s += $1} END {print s + 0}'; }
+  detail="passed $(sum '^\[  PASSED  \] [0-9]'), failed $(sum '^\[  FAILED  \] [0-9]')"
+  detail+=", skipped $(sum '^\[  SKIPPED \] [0-9]')"
+  grep '^\[  FAILED  \] [A-Z]' "$log" | head -20
+  grep -qE "$summary_re" "$log" && detail+=", sanitizer errors $(tool_reports "$log")"
+  tail -n 2 "$log"
+  rows+=("$(printf '%-28s %-8s %5ss  %s' "$name" "$([ $rc -eq 0 ] && echo ok || echo "FAIL($rc)")" "$(($(date +%s) - start))" "$detail")")
+  [ $rc -eq 0 ] || failed=1
+}
 if want sanitize; then
   cs=${COMPUTE_SANITIZER:-$(command -v compute-sanitizer || true)}
   for c in /usr/local/cuda/bin/compute-sanitizer /usr/local/cuda/compute-sanitizer/compute-sanitizer; do
@@ -118,33 +156,47 @@ if want sanitize; then
     rows+=("$(printf '%-28s %-8s' sanitize "FAIL(no compute-sanitizer)")")
     failed=1
   else
-    # CudaBackend.ErrorsNameTheStatement makes a failing cudaSetDevice on purpose, which the tools
-    # report as an API error: left out.
-    filter=${SANITIZE_FILTER:-'CudaConsistency.*:*CudaAttention.*:CudaBackend.*:CudaAllocator.*:CudaModel.*-CudaBackend.ErrorsNameTheStatement'}
-    # racecheck: every op, and attention at each head dim (32/64/80/128), with windows and sinks,
-    # on every path; the long GPT-OSS-shaped cases take too long under it.
-    race_filter=${RACECHECK_FILTER:-'CudaConsistency.*:*CudaAttention.*/d64_gqa_sinks_*:*CudaAttention.*/d128_mqa_window_*:*CudaAttention.*/d80_simple_*:*CudaAttention.*/d32_simple_*:*CudaAttention.*/d64_window1_*'}
+    "$cs" --version | tail -1
+    # Left out: CudaBackend.ErrorsNameTheStatement makes a failing cudaSetDevice on purpose, which
+    # the tools report as an API error; CudaBackend.ProfileNames* profiles through CUPTI, which
+    # cannot subscribe under a tool.
+    filter=${SANITIZE_FILTER:-'CudaConsistency.*:*CudaAttention.*:CudaBackend.*:CudaAllocator.*:CudaModel.*-CudaBackend.ErrorsNameTheStatement:CudaBackend.ProfileNames*'}
+    race_filter=${RACECHECK_FILTER:-$filter}
+    shards=${SANITIZE_SHARDS:-8}
     declare -A tool_args=([memcheck]="--leak-check full" [racecheck]=""
                           [initcheck]="--nvtx yes" [synccheck]="")
     for tool in ${SANITIZE_TOOLS:-memcheck racecheck initcheck synccheck}; do
       f=$filter
       [ "$tool" = racecheck ] && f=$race_filter
-      # shellcheck disable=SC2086
+      # shellcheck disable=SC2206
       san=("$cs" --tool "$tool" ${tool_args[$tool]} --error-exitcode 1 --print-limit 50)
-      [ -x "$bin/gpu_tests" ] && run "sanitize_${tool}_tests" env OMP_WAIT_POLICY=passive OMP_NUM_THREADS=4 \
-        "${san[@]}" "$bin/gpu_tests" --gtest_filter="$f"
+      if [ -x "$bin/gpu_tests" ]; then
+        # The canary passes when the tool reports its defect (exit 1 from --error-exitcode).
+        canary="$log_dir/sanitize_${tool}_canary.log"
+        timeout 120 env OMP_WAIT_POLICY=passive "${san[@]}" "$bin/gpu_tests" --gtest_also_run_disabled_tests \
+          --gtest_filter="Tool/SanitizerCanary.DISABLED_Defect/$tool" >"$canary" 2>&1
+        seen=$(tool_reports "$canary")
+        if [ "$seen" -gt 0 ]; then
+          rows+=("$(printf '%-28s %-8s %5s   the tool reports the defect of its canary (%s)' "sanitize_${tool}_canary" ok - "$seen")")
+        else
+          rows+=("$(printf '%-28s %-8s %5s   the tool did not report its canary: its 0 would mean nothing' "sanitize_${tool}_canary" FAIL -)")
+          failed=1
+        fi
+        run_shards "sanitize_${tool}_tests" "$shards" env OMP_WAIT_POLICY=passive OMP_NUM_THREADS=2 \
+          "${san[@]}" "$bin/gpu_tests" --gtest_filter="$f"
+      fi
       # shellcheck disable=SC2086
       [ -x "$bin/hotpath" ] && run "sanitize_${tool}_train" env OMP_WAIT_POLICY=passive OMP_NUM_THREADS=4 \
         "${san[@]}" "$bin/hotpath" train --config examples/configs/tiny-moe.ini --device=cuda \
         --steps=2 --log_every=1 ${SANITIZE_ARGS:-}
     done
     # Where the reports point: hotpath's own kernels, or NVIDIA's library kernels (cuBLAS nvjet,
-    # cuDNN's generated attention), whose wgmma/TMA traffic racecheck and initcheck are known to
-    # misread. Printed under the summary.
+    # cuDNN's generated attention). Printed under the summary.
     for f in "$log_dir"/sanitize_*.log; do
       [ -f "$f" ] || continue
-      own=$(grep -A4 -E '^========= (Race reported|Uninitialized|Invalid|Error)' "$f" | grep -cE ' at (void )?hp::' || true)
-      lib=$(grep -A4 -E '^========= (Race reported|Uninitialized|Invalid|Error)' "$f" | grep -cE ' at (void )?(nvjet|cudnn|cutlass|sm90_|cublas)' || true)
+      case $f in *_canary.log) continue ;; esac
+      own=$(grep -A4 -E '^========= (Race reported|Uninitialized|Invalid|Barrier|Error|Warning)' "$f" | grep -cE ' at (void )?hp::' || true)
+      lib=$(grep -A4 -E '^========= (Race reported|Uninitialized|Invalid|Barrier|Error|Warning)' "$f" | grep -cE ' at (void )?(nvjet|cudnn|cutlass|sm90_|cublas)' || true)
       sanitize_origin+=("$(printf '%-32s reports in hotpath kernels: %s, in library kernels: %s' "$(basename "$f" .log)" "$own" "$lib")")
     done
   fi
