@@ -49,9 +49,11 @@ sanitize_origin=()
 # "ERROR SUMMARY: N errors", racecheck with "RACECHECK SUMMARY: N hazards displayed (...)"; the
 # numbers of every such line (one per process), summed.
 summary_re='^========= (ERROR|RACECHECK) SUMMARY: [0-9]'
-tool_reports() {
-  grep -E "$summary_re" "$1" | sed -E 's/^[^0-9]*([0-9]+).*/\1/' | awk '{s += $1} END {print s + 0}'
+# sum_counts REGEX LOG: the first number of each line of LOG matching REGEX, summed (0 if none).
+sum_counts() {
+  grep -E "$1" "$2" | sed -E 's/^[^0-9]*([0-9]+).*/\1/' | awk '{s += $1} END {print s + 0}'
 }
+tool_reports() { sum_counts "$summary_re" "$1"; }
 failed=0
 # run NAME COMMAND...: one program, its log, one summary row.
 run() {
@@ -136,10 +138,10 @@ run_shards() {
   for i in "${pids[@]}"; do wait "$i" || rc=1; done
   cat "$log_dir/$name".shard*.log >"$log"
   rm -f "$log_dir/$name".shard*.log
-  # The first number of each matching line, summed over the shards.
-  sum() { grep -E "$1" "$log" | sed -E 's/^[^0-9]*([0-9]+).*/\1/' | awk '{s += $1} END {print s + 0}'; }
-  detail="passed $(sum '^\[  PASSED  \] [0-9]'), failed $(sum '^\[  FAILED  \] [0-9]')"
-  detail+=", skipped $(sum '^\[  SKIPPED \] [0-9]')"
+  # Each shard's counts, summed.
+  detail="passed $(sum_counts '^\[  PASSED  \] [0-9]' "$log")"
+  detail+=", failed $(sum_counts '^\[  FAILED  \] [0-9]' "$log")"
+  detail+=", skipped $(sum_counts '^\[  SKIPPED \] [0-9]' "$log")"
   grep '^\[  FAILED  \] [A-Z]' "$log" | head -20
   grep -qE "$summary_re" "$log" && detail+=", sanitizer errors $(tool_reports "$log")"
   tail -n 2 "$log"
