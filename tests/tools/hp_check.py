@@ -496,6 +496,10 @@ def cmd_spawn(a):
 
 # ---- file systems -------------------------------------------------------------------------------
 
+def as_nobody(cmd):
+    return ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--"] + cmd
+
+
 def cmd_fs(a):
     if os.geteuid() != 0 or shutil.which("mount") is None:
         say("skipped: mounting a tmpfs needs root")
@@ -503,6 +507,16 @@ def cmd_fs(a):
     if a.as_nobody and shutil.which("setpriv") is None:
         say("skipped: setpriv (util-linux) is needed to run as nobody")
         sys.exit(SKIP)
+    if a.as_nobody:
+        # The program and the files it is given must be readable by nobody: a checkout under a
+        # private directory (mktemp -d makes them 0700) is not, and the run would fail for that.
+        for arg in a.cmd:
+            path = arg.split("=", 1)[1] if arg.startswith("--") and "=" in arg else arg
+            if not os.path.isfile(path):
+                continue
+            if subprocess.call(as_nobody(["test", "-r", path])) != 0:
+                say(f"skipped: user nobody cannot read {path} (a parent directory is private)")
+                sys.exit(SKIP)
     if os.path.ismount(a.at):
         subprocess.call(["umount", a.at])
     remove(a.at)
@@ -521,7 +535,7 @@ def cmd_fs(a):
             fail(f"cannot remount {a.at} read-only")
         cmd = a.cmd
         if a.as_nobody:
-            cmd = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--"] + cmd
+            cmd = as_nobody(cmd)
         sys.stdout.flush()
         proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         sys.stdout.write(proc.stdout)
