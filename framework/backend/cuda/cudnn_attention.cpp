@@ -192,6 +192,10 @@ struct CudnnAttention::Impl {
     FE_CHECK(g.get_workspace_size(ws));
     Tensor workspace = ws > 0 ? Tensor::empty(alloc, {(ws + 3) / 4}, DType::kI32) : Tensor();
     CUDNN_CALL(fe::detail::set_stream(handle, stream));
+    // cuDNN's kernels hand partial results to each other through the workspace (the backward's
+    // per-query-head dK/dV, reduced over each group by fmha_reduce_head_ragged) with TMA stores
+    // that initcheck does not see; declared written, as the outputs are (mark_written.h).
+    if (ws > 0) mark_written(workspace.raw(), static_cast<size_t>(ws), stream);
     FE_CHECK(g.execute(handle, pack, ws > 0 ? workspace.raw() : nullptr));
   }
 };
