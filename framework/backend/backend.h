@@ -216,9 +216,9 @@ class Backend {
   // Rows of x[M,D]: y = x / sqrt(mean(x^2) + eps) * w; rstd[M] keeps 1/sqrt(...) for backward.
   virtual void rmsnorm_fwd(const Tensor& x, const Tensor& w, double eps, Tensor& y,
                            Tensor& rstd) = 0;
-  // dx written; dw += .
+  // dx written (accumulate_dx: dx += , the residual's gradient folded in); dw += .
   virtual void rmsnorm_bwd(const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dy,
-                           Tensor& dx, Tensor& dw) = 0;
+                           Tensor& dx, Tensor& dw, bool accumulate_dx) = 0;
   // In place on the first `n_rot_heads` heads of x[N,H,D]: half-split rotation by the angle of
   // positions[t]. inverse = true applies the transpose (the backward of the forward rotation).
   virtual void rope(Tensor& x, int n_rot_heads, const Tensor& positions, const RopeTable& table,

@@ -492,7 +492,7 @@ void Model::backward(GradReadyHook* grad_ready) {
   Tensor dx = new_act({n, d});
   FamilyScope scope(be_, OpFamily::kElementwise);
   be_.rmsnorm_bwd(st.x_last, final_norm_->work, st.rstd_final, st.d_hidden, dx,
-                  grad_acc(*final_norm_));
+                  grad_acc(*final_norm_), false);
   st.hidden = Tensor();
   st.d_hidden = Tensor();
   for (int l = cfg_.n_layers - 1; l >= 0; --l) {
@@ -534,10 +534,10 @@ void Model::layer_backward(int l, LayerActs& a, Tensor& dx) {
     matmul(be_, dgu, L.w_gate_up->work, dhn, false, true);
     matmul(be_, a.hn, dgu, L.w_gate_up->grad, true, false, grad_beta(*L.w_gate_up));
   }
-  Tensor dh = new_act({n, d});
+  // dh = dx + d(norm path), accumulated into dx's buffer (the FFN path has read dx by now).
   family(be_, OpFamily::kElementwise);
-  be_.rmsnorm_bwd(a.h, L.ffn_norm->work, a.rstd2, dhn, dh, grad_acc(*L.ffn_norm));
-  be_.add(dh, dx, dh);
+  be_.rmsnorm_bwd(a.h, L.ffn_norm->work, a.rstd2, dhn, dx, grad_acc(*L.ffn_norm), true);
+  Tensor dh = dx;
   // h = x + attn @ wo + bo.
   family(be_, OpFamily::kDenseGemm);
   if (L.bo) be_.bias_grad(dh, grad_acc(*L.bo));
@@ -565,11 +565,10 @@ void Model::layer_backward(int l, LayerActs& a, Tensor& dx) {
   matmul(be_, a.xn, dqkv_flat, L.wqkv->grad, true, false, grad_beta(*L.wqkv));
   Tensor dxn = new_act({n, d});
   matmul(be_, dqkv_flat, L.wqkv->work, dxn, false, true);
-  Tensor dx_new = new_act({n, d});
+  // d(layer input) = dh + d(norm path), into dh's buffer (the attention path has read dh).
   family(be_, OpFamily::kElementwise);
-  be_.rmsnorm_bwd(a.x, L.attn_norm->work, a.rstd1, dxn, dx_new, grad_acc(*L.attn_norm));
-  be_.add(dx_new, dh, dx_new);
-  dx = dx_new;
+  be_.rmsnorm_bwd(a.x, L.attn_norm->work, a.rstd1, dxn, dh, grad_acc(*L.attn_norm), true);
+  dx = dh;
 }
 
 void Model::moe_backward(int l, LayerActs& a, const Tensor& dy, Tensor& dhn) {

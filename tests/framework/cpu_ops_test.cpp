@@ -364,9 +364,16 @@ TEST(CpuOpsNorm, RmsnormForwardAndGradients) {
   };
   loss();
   Tensor dx = be->zeros({m, d}, DType::kF64), dw = be->zeros({d}, DType::kF64);
-  be->rmsnorm_bwd(x, w, rstd, r, dx, dw);
+  be->rmsnorm_bwd(x, w, rstd, r, dx, dw, false);
   EXPECT_TRUE(passes(check(x, dx, loss), "dx"));
   EXPECT_TRUE(passes(check(w, dw, loss), "dw"));
+  // accumulate_dx adds the same gradient to what dx holds (a residual's gradient); dw adds too.
+  Tensor acc = randn(*be, {m, d}, "rms.acc"), dw2 = be->zeros({d}, DType::kF64);
+  const auto before = vals(acc);
+  be->rmsnorm_bwd(x, w, rstd, r, acc, dw2, true);
+  const auto dxv = vals(dx), accv = vals(acc), dwv = vals(dw), dw2v = vals(dw2);
+  for (size_t i = 0; i < accv.size(); ++i) EXPECT_NEAR(accv[i], before[i] + dxv[i], 1e-12) << i;
+  for (size_t j = 0; j < dwv.size(); ++j) EXPECT_NEAR(dw2v[j], dwv[j], 1e-12) << j;
 }
 
 TEST(CpuOpsNorm, QkNormForwardAndGradients) {

@@ -372,10 +372,17 @@ TEST_F(CudaConsistency, RmsNorm) {
     expect_close("rmsnorm rstd", gr, cr, 1e-4);
     Tensor cdx = cpu_->empty({m, d}, DType::kF32), gdx = gpu_->empty({m, d}, DType::kBF16);
     Tensor cdw = on_cpu(dw0), gdw = on_gpu(dw0, DType::kF32);
-    cpu_->rmsnorm_bwd(on_cpu(x), on_cpu(w), cr, on_cpu(dy), cdx, cdw);
-    gpu_->rmsnorm_bwd(on_gpu(x), on_gpu(w), gr, on_gpu(dy), gdx, gdw);
+    cpu_->rmsnorm_bwd(on_cpu(x), on_cpu(w), cr, on_cpu(dy), cdx, cdw, false);
+    gpu_->rmsnorm_bwd(on_gpu(x), on_gpu(w), gr, on_gpu(dy), gdx, gdw, false);
     expect_close("rmsnorm dx", gdx, cdx);
     expect_close("rmsnorm dw", gdw, cdw);
+    // The residual's gradient folded in: dx += the norm's gradient.
+    Tensor res = rand({m, d}, 54, 3.0);
+    Tensor cacc = on_cpu(res), gacc = on_gpu(res);
+    cpu_->rmsnorm_bwd(on_cpu(x), on_cpu(w), cr, on_cpu(dy), cacc, cdw, true);
+    gpu_->rmsnorm_bwd(on_gpu(x), on_gpu(w), gr, on_gpu(dy), gacc, gdw, true);
+    expect_close("rmsnorm dx accumulated", gacc, cacc);
+    expect_close("rmsnorm dw twice", gdw, cdw);
   }
 }
 

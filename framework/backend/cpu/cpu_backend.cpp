@@ -204,11 +204,14 @@ T rmsnorm_row_fwd(const T* x, const T* w, int64_t d, double eps, T* y) {
 // Its backward: dr/dx_j = -r^3 x_j / D, so dx_j = r (w_j dy_j - x_j r^2 (sum_k dy_k w_k x_k) / D).
 // dx may alias dy.
 template <typename T>
-void rmsnorm_row_bwd(const T* x, const T* w, T r, const T* dy, int64_t d, T* dx) {
+void rmsnorm_row_bwd(const T* x, const T* w, T r, const T* dy, int64_t d, T* dx, bool add) {
   double s = 0;
   for (int64_t j = 0; j < d; ++j) s += static_cast<double>(dy[j]) * w[j] * x[j];
   const T c = static_cast<T>(s / static_cast<double>(d)) * r * r;
-  for (int64_t j = 0; j < d; ++j) dx[j] = r * (w[j] * dy[j] - x[j] * c);
+  for (int64_t j = 0; j < d; ++j) {
+    const T g = r * (w[j] * dy[j] - x[j] * c);
+    dx[j] = add ? dx[j] + g : g;
+  }
 }
 
 // ---- the backend --------------------------------------------------------------------------------
@@ -505,7 +508,7 @@ class CpuBackend final : public Backend {
 
   // dw_j = sum over rows of dy_j x_j r.
   void rmsnorm_bwd(const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dy,
-                   Tensor& dx, Tensor& dw) override {
+                   Tensor& dx, Tensor& dw, bool accumulate_dx) override {
     const char* op = "rmsnorm_bwd";
     check_ndim(op, "x", x, kDType, 2);
     const int64_t m = x.dim(0), d = x.dim(1);
@@ -532,7 +535,7 @@ class CpuBackend final : public Backend {
              dw.data<T>());
 #pragma omp parallel for schedule(static) if (m * d > kParallelMin)
     for (int64_t r = 0; r < m; ++r) {
-      rmsnorm_row_bwd(xp + r * d, wp, rp[r], dyp + r * d, d, dxp + r * d);
+      rmsnorm_row_bwd(xp + r * d, wp, rp[r], dyp + r * d, d, dxp + r * d, accumulate_dx);
     }
   }
 
@@ -633,7 +636,7 @@ class CpuBackend final : public Backend {
         T* dx = dxp + (t * h + hh) * d;
         if (hh < h_norm) {
           const T* w = hh < n_heads ? qw.data<T>() : kw.data<T>();
-          rmsnorm_row_bwd(xp + (t * h + hh) * d, w, rp[t * h_norm + hh], dy, d, dx);
+          rmsnorm_row_bwd(xp + (t * h + hh) * d, w, rp[t * h_norm + hh], dy, d, dx, false);
         } else if (dx != dy) {
           std::memcpy(dx, dy, static_cast<size_t>(d) * sizeof(T));
         }

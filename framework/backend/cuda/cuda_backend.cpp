@@ -784,7 +784,7 @@ class CudaBackend final : public Backend {
   }
 
   void rmsnorm_bwd(const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dy,
-                   Tensor& dx, Tensor& dw) override {
+                   Tensor& dx, Tensor& dw, bool accumulate_dx) override {
     const char* op = "rmsnorm_bwd";
     check_ndim(op, "x", x, 2);
     const int64_t m = x.dim(0), d = x.dim(1);
@@ -794,7 +794,8 @@ class CudaBackend final : public Backend {
     check_tensor(op, "dx", dx, x.dtype(), {m, d});
     check_tensor(op, "dw", dw, DType::kF32, {d});
     cuda::launch_rmsnorm_bwd(x.raw(), x.dtype(), w.raw(), w.dtype(), rstd.data<float>(), dy.raw(),
-                             dx.raw(), dw.data<float>(), m, d, *alloc_, cur_stream());
+                             dx.raw(), dw.data<float>(), m, d, accumulate_dx, *alloc_,
+                             cur_stream());
   }
 
   void rope(Tensor& x, int n_rot_heads, const Tensor& positions, const RopeTable& table,

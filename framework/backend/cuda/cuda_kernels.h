@@ -64,11 +64,12 @@ void launch_column_sum_add(const float* x, int64_t rows, int64_t cols, float sca
                            Allocator& alloc, cudaStream_t stream);
 
 // ---- norm_rope.cu ------------------------------------------------------------------------------
-// x, y, dy, dx have dtype t; w has dtype w_t; rstd and dw are f32.
+// x, y, dy, dx have dtype t; w has dtype w_t; rstd and dw are f32. add_dx: dx += the gradient
+// (added in f32, rounded once).
 void launch_rmsnorm_fwd(const void* x, DType t, const void* w, DType w_t, float eps, void* y,
                         float* rstd, int64_t rows, int64_t d, cudaStream_t stream);
 void launch_rmsnorm_bwd(const void* x, DType t, const void* w, DType w_t, const float* rstd,
-                        const void* dy, void* dx, float* dw, int64_t rows, int64_t d,
+                        const void* dy, void* dx, float* dw, int64_t rows, int64_t d, bool add_dx,
                         Allocator& alloc, cudaStream_t stream);
 // Per-head RMSNorm of the first hq_norm + hkv_norm heads of x[n, h, d] (q heads use qw, the next
 // hkv_norm heads kw); the remaining heads are copied. rstd[n, hq_norm + hkv_norm] f32.

@@ -31,7 +31,7 @@ __global__ void rmsnorm_fwd_kernel(const T* x, const W* w, float eps, T* y, floa
 
 template <typename T, typename W>
 __global__ void rmsnorm_bwd_kernel(const T* x, const W* w, const float* rstd, const T* dy, T* dx,
-                                   int64_t rows, int64_t d) {
+                                   int64_t rows, int64_t d, bool add_dx) {
   const int64_t row = blockIdx.x * (int64_t)kWarpsPerBlock + threadIdx.x / 32;
   const int lane = threadIdx.x & 31;
   if (row >= rows) return;
@@ -43,8 +43,10 @@ __global__ void rmsnorm_bwd_kernel(const T* x, const W* w, const float* rstd, co
   const float r = rstd[row];
   const float c = r * r * r * dot / (float)d;
   T* dxr = dx + row * d;
-  for (int64_t i = lane; i < d; i += 32)
-    dxr[i] = from_f32<T>(r * to_f32(dyr[i]) * to_f32(w[i]) - c * to_f32(xr[i]));
+  for (int64_t i = lane; i < d; i += 32) {
+    const float g = r * to_f32(dyr[i]) * to_f32(w[i]) - c * to_f32(xr[i]);
+    dxr[i] = from_f32<T>(add_dx ? to_f32(dxr[i]) + g : g);
+  }
 }
 
 template <typename T>
@@ -108,7 +110,8 @@ __global__ void rmsnorm_fwd_vec_kernel(const uint4* x, const W* w, float eps, ui
 
 template <typename T, typename W>
 __global__ void rmsnorm_bwd_vec_kernel(const uint4* x, const W* w, const float* rstd,
-                                       const uint4* dy, uint4* dx, int64_t rows, int64_t dv) {
+                                       const uint4* dy, uint4* dx, int64_t rows, int64_t dv,
+                                       bool add_dx) {
   constexpr int kN = Vec16<T>::kN;
   const int64_t row = blockIdx.x * (int64_t)kWarpsPerBlock + threadIdx.x / 32;
   const int lane = threadIdx.x & 31;
@@ -125,8 +128,12 @@ __global__ void rmsnorm_bwd_vec_kernel(const uint4* x, const W* w, const float* 
   const float k = r * r * r * dot / (float)(dv * kN);
   for (int64_t c = lane; c < dv; c += 32) {
     const Vec16<T> a{dyr[c]}, b{xr[c]};
-    Vec16<T> o;
-    for (int q = 0; q < kN; ++q) o.set(q, r * a.get(q) * to_f32(w[c * kN + q]) - k * b.get(q));
+    Vec16<T> o, prev{};
+    if (add_dx) prev.raw = dx[row * dv + c];
+    for (int q = 0; q < kN; ++q) {
+      const float g = r * a.get(q) * to_f32(w[c * kN + q]) - k * b.get(q);
+      o.set(q, add_dx ? prev.get(q) + g : g);
+    }
     dx[row * dv + c] = o.raw;
   }
 }
@@ -196,7 +203,7 @@ void launch_rmsnorm_fwd(const void* x, DType t, const void* w, DType w_t, float 
 }
 
 void launch_rmsnorm_bwd(const void* x, DType t, const void* w, DType w_t, const float* rstd,
-                        const void* dy, void* dx, float* dw, int64_t rows, int64_t d,
+                        const void* dy, void* dx, float* dw, int64_t rows, int64_t d, bool add_dx,
                         Allocator& alloc, cudaStream_t stream) {
   if (rows == 0) return;
   const unsigned grid = static_cast<unsigned>((rows + kWarpsPerBlock - 1) / kWarpsPerBlock);
@@ -211,12 +218,12 @@ void launch_rmsnorm_bwd(const void* x, DType t, const void* w, DType w_t, const 
         rmsnorm_bwd_vec_kernel<T, W><<<grid, kWarpsPerBlock * 32, 0, stream>>>(
             static_cast<const uint4*>(x), static_cast<const W*>(w), rstd,
             static_cast<const uint4*>(dy), static_cast<uint4*>(dx), rows,
-            d * static_cast<int64_t>(sizeof(T)) / 16);
+            d * static_cast<int64_t>(sizeof(T)) / 16, add_dx);
         return;
       }
       rmsnorm_bwd_kernel<<<grid, kWarpsPerBlock * 32, 0, stream>>>(
           static_cast<const T*>(x), static_cast<const W*>(w), rstd, static_cast<const T*>(dy),
-          static_cast<T*>(dx), rows, d);
+          static_cast<T*>(dx), rows, d, add_dx);
     });
     CUDA_CHECK_LAUNCH();
   });
