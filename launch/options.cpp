@@ -146,6 +146,10 @@ po::options_description describe_options(TrainOptions& o, RawEnums& raw) {
       "CUDA: how the experts' GEMMs of a MoE layer run: serial (one after another) | streams "
       "(spread over 4 streams, the same bits as serial) | grouped (one cuBLAS grouped call per "
       "group; its own kernels, so other last bits)")(
+      "gemm_autotune", po::value(&o.device.gemm_autotune)->default_value(o.device.gemm_autotune),
+      "CUDA: time cuBLASLt's candidate algorithms for each large GEMM shape in the first steps, "
+      "without waiting for them, and keep the fastest (off under deterministic=true: timings "
+      "pick the algorithm, and so the last bits)")(
       "cpu_dtype", po::value(&raw.cpu_dtype)->default_value(raw.cpu_dtype),
       "CPU backend precision: f32 | f64")(
       "batch_tokens", po::value(&o.data.batch_tokens)->default_value(o.data.batch_tokens),

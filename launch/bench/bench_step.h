@@ -30,6 +30,9 @@ struct BenchStepResult {
   double idle_ms = 0;             // ms - profile.busy_ms, at least 0
   double startup_s = 0;           // process start to the first step
   int64_t memory_plan_bytes = 0;  // what the memory plan expected per rank (CUDA)
+  // GEMM buckets whose candidate algorithms were timed by the end of the timed steps (CUDA,
+  // gemm_autotune; 0 elsewhere).
+  int64_t gemm_tuned_buckets = 0;
   // Memory of every rank after the profiled steps, gathered to each rank (index = world rank).
   // On a device backend: the peak of device bytes the caching allocator has handed out to
   // tensors since the process started ("device_peak_allocated"; the allocator's cached free

@@ -22,6 +22,7 @@ std::unique_ptr<Backend> make_backend(const TrainOptions& o, int local_rank) {
     cuda.attention = parse_attention_impl(o.device.attention);
     cuda.deterministic = o.device.deterministic;
     cuda.expert_gemm = parse_expert_gemm_impl(o.device.expert_gemm);
+    cuda.gemm_autotune = o.device.gemm_autotune;
     return make_cuda_backend(local_rank % gpus, cuda);
   }
 #else

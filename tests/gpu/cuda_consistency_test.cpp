@@ -239,6 +239,50 @@ TEST_F(CudaConsistency, GemmWritesEveryElement) {
   }
 }
 
+// gemm_autotune: a large product's first call also issues its bucket's candidates, timed
+// between events, and a later call that finds them done switches to the fastest; no call waits
+// for them. Results match the reference before and after the switch. deterministic=true turns
+// tuning off, and an accumulating product (beta 1) is never tuned: a candidate run twice on its
+// own output would add twice.
+TEST_F(CudaConsistency, GemmAutotuneSwitchesWithoutWaiting) {
+  const int64_t m = 1024, n = 2048, k = 2048;  // 8.6 GFLOP, above LtGemm's tuning threshold
+  Tensor a = rand({m, k}, 100), b = rand({n, k}, 101, 0.05), g0 = rand({m, n}, 102);
+  Tensor cc = cpu_->empty({m, n}, DType::kF32), cg = on_cpu(g0);
+  cpu_->gemm(on_cpu(a), false, on_cpu(b), true, cc, 1.0, 0.0);
+  cpu_->gemm(on_cpu(a), false, on_cpu(b), true, cg, 1.0, 1.0);
+  for (const bool deterministic : {false, true}) {
+    SCOPED_TRACE(deterministic ? "deterministic" : "autotune");
+    CudaBackendOptions o;
+    o.deterministic = deterministic;
+    gpu_ = make_cuda_backend(0, o);
+    const Tensor ga = on_gpu(a), gb = on_gpu(b);
+    Tensor c1 = gpu_->empty({m, n}, DType::kBF16), c2 = gpu_->empty({m, n}, DType::kBF16);
+    gpu_->syncs().reset();
+    gpu_->gemm(ga, false, gb, true, c1, 1.0, 0.0);
+    EXPECT_EQ(gpu_->syncs().total(), 0) << "the first product waited for its candidates";
+    EXPECT_EQ(cuda_gemm_tuned_buckets(*gpu_), 0) << "nothing can be compared before a later call";
+    expect_close("first product", c1, cc);  // reads c1 back: the candidates are done too
+    gpu_->gemm(ga, false, gb, true, c2, 1.0, 0.0);
+    EXPECT_EQ(cuda_gemm_tuned_buckets(*gpu_), deterministic ? 0 : 1);
+    expect_close("product after the switch", c2, cc);
+    for (int rep = 0; rep < 2; ++rep) {
+      Tensor g = on_gpu(g0, DType::kF32);
+      gpu_->gemm(ga, false, gb, true, g, 1.0, 1.0);
+      expect_close("accumulating product", g, cg);
+    }
+    EXPECT_EQ(cuda_gemm_tuned_buckets(*gpu_), deterministic ? 0 : 1);
+    // A group's products (the experts') are not tuned either: halves of 4.3 GFLOP each.
+    const std::vector<Backend::GemmProblem> halves = {
+        {ga.slice(0, m / 2), gb, c1.slice(0, m / 2), {}},
+        {ga.slice(m / 2, m), gb, c1.slice(m / 2, m), {}}};
+    for (int rep = 0; rep < 2; ++rep) {
+      gpu_->gemm_group(halves, false, true, 0.0);
+      expect_close("group of halves", c1, cc);
+    }
+    EXPECT_EQ(cuda_gemm_tuned_buckets(*gpu_), deterministic ? 0 : 1);
+  }
+}
+
 // The experts' products of a MoE layer as groups, on every expert_gemm choice: row slices of
 // one buffer (an empty expert among them), forward with biases, the input gradient (b
 // transposed) and the f32 weight gradients accumulated with beta 1 (a transposed). Each choice

@@ -57,8 +57,9 @@ TEST(BenchStep, JsonCarriesTheBreakdown) {
   const BenchStepResult& r = measured();
   const auto j = nlohmann::json::parse(bench_step_json(r));
   for (const char* k : {"ms_per_step", "tokens_per_s", "syncs_per_step", "mfu", "gpu_busy_fraction",
-                        "attention", "data"})
+                        "attention", "data", "gemm_tuned_buckets"})
     EXPECT_TRUE(j.contains(k)) << k;
+  EXPECT_EQ(j.at("gemm_tuned_buckets").get<int64_t>(), 0) << "the CPU reference tunes nothing";
   const auto& prof = j.at("profile");
   double phases = 0, families = 0;
   for (int k = 0; k < kNumStepPhases; ++k)

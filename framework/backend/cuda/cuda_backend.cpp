@@ -203,6 +203,7 @@ class CudaBackend final : public Backend {
     // An explicit workspace keeps cuBLAS from allocating on its own and its results reproducible.
     cublas_workspace_ = new_cublas_workspace();
     CUBLAS_CHECK(cublasSetWorkspace(cublas_, cublas_workspace_.raw(), cublas_workspace_.nbytes()));
+    lt_.set_autotune(options_.gemm_autotune && !options_.deterministic);
     CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&info_host_), 4 * sizeof(int32_t),
                              cudaHostAllocDefault));
     if (options_.attention != AttentionImpl::kTiled) {
@@ -252,6 +253,7 @@ class CudaBackend final : public Backend {
   cudaStream_t compute_stream() const { return streams_[0]; }
   cudaStream_t comm_stream() const { return streams_[static_cast<int>(StreamKind::kComm)]; }
   int device_ordinal() const { return device_; }
+  int gemm_tuned_buckets() const { return lt_.tuned_buckets(); }
 
   // ---- memory
   // -------------------------------------------------------------------------------------
@@ -531,9 +533,10 @@ class CudaBackend final : public Backend {
   // c = alpha op(a) op(b) + beta c (+ bias) through cuBLASLt on `stream` with workspace `ws`;
   // false (nothing issued) where cuBLASLt has no algorithm for it. With a bias cuBLASLt cannot
   // fuse, the product goes through cuBLASLt and the bias is added after it on the same stream.
+  // may_tune: LtGemm may time candidates for the product's bucket (gemm_autotune).
   bool lt_gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c,
                const GemmDims& d, float alpha, float beta, const Tensor* bias, cudaStream_t stream,
-               const Tensor& ws) {
+               const Tensor& ws, bool may_tune) {
     if (a.dtype() != DType::kBF16 || d.k == 0) return false;
     const cudaDataType c_type = c.dtype() == DType::kBF16 ? CUDA_R_16BF : CUDA_R_32F;
     // Row-major c = op(a) op(b) is column-major c^T = op(b)^T op(a)^T.
@@ -541,7 +544,7 @@ class CudaBackend final : public Backend {
       return lt_.run(trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, d.n,
                      d.m, d.k, alpha, b.raw(), static_cast<int>(b.dim(1)), a.raw(),
                      static_cast<int>(a.dim(1)), beta, c.raw(), c_type, d.n, ws.raw(), ws.nbytes(),
-                     stream, bias_ptr, bias_type);
+                     stream, bias_ptr, bias_type, may_tune);
     };
     if (!bias) {
       if (!run(nullptr, CUDA_R_16BF)) return false;
@@ -578,7 +581,7 @@ class CudaBackend final : public Backend {
     }
     const float alpha_f = static_cast<float>(alpha), beta_f = static_cast<float>(beta);
     if (lt_gemm(a, trans_a, b, trans_b, c, d, alpha_f, beta_f, nullptr, cur_stream(),
-                cublas_workspace_))
+                cublas_workspace_, !in_group_))
       return;
     const cudaDataType ab_type = a.dtype() == DType::kBF16 ? CUDA_R_16BF : CUDA_R_32F;
     const cudaDataType c_type = c.dtype() == DType::kBF16 ? CUDA_R_16BF : CUDA_R_32F;
@@ -596,7 +599,8 @@ class CudaBackend final : public Backend {
     const GemmDims d = gemm_dims(a, trans_a, b, trans_b, c);
     check_float("gemm_bias", "bias", bias, {c.dim(1)});
     if (d.m == 0 || d.n == 0) return;
-    if (lt_gemm(a, trans_a, b, trans_b, c, d, 1.f, 0.f, &bias, cur_stream(), cublas_workspace_))
+    if (lt_gemm(a, trans_a, b, trans_b, c, d, 1.f, 0.f, &bias, cur_stream(), cublas_workspace_,
+                !in_group_))
       return;
     Backend::gemm_bias(a, trans_a, b, trans_b, c, bias);
   }
@@ -612,6 +616,12 @@ class CudaBackend final : public Backend {
         HP_CHECK(beta == 0, "gemm_group: a bias needs beta == 0, got ", beta);
       }
     }
+    // A group's products are not tuned (lt_gemm.h), whichever way they run.
+    in_group_ = true;
+    struct LeaveGroup {
+      bool& in_group;
+      ~LeaveGroup() { in_group = false; }
+    } leave{in_group_};
     if (options_.expert_gemm == ExpertGemmImpl::kSerial || ps.size() < 2) {
       Backend::gemm_group(ps, trans_a, trans_b, beta);
       return;
@@ -648,7 +658,7 @@ class CudaBackend final : public Backend {
       const Tensor& ws = lane == 0 ? cublas_workspace_ : lanes_[lane - 1].workspace;
       Tensor c = p.c;
       if (!lt_gemm(p.a, trans_a, p.b, trans_b, c, dims[i], 1.f, static_cast<float>(beta),
-                   p.bias.defined() ? &p.bias : nullptr, s, ws))
+                   p.bias.defined() ? &p.bias : nullptr, s, ws, false))
         later.push_back(i);
     }
     for (Lane& l : lanes_) {
@@ -1393,6 +1403,7 @@ class CudaBackend final : public Backend {
   CudaBackendOptions options_;
   CudaCachingAllocator* alloc_;
   cuda::LtGemm lt_;                              // bf16 GEMMs (lt_gemm.h)
+  bool in_group_ = false;                        // inside gemm_group: products not tuned
   std::unique_ptr<cuda::CudnnAttention> cudnn_;  // null: the tiled kernels
   std::string attention_desc_;
   int64_t profile_mallocs_ = 0, profile_plans_ = 0;  // at profile_begin
@@ -1457,5 +1468,7 @@ CUstream_st* cuda_compute_stream(Backend& b) { return as_cuda(b).compute_stream(
 CUstream_st* cuda_comm_stream(Backend& b) { return as_cuda(b).comm_stream(); }
 
 int cuda_backend_device(Backend& b) { return as_cuda(b).device_ordinal(); }
+
+int cuda_gemm_tuned_buckets(Backend& b) { return as_cuda(b).gemm_tuned_buckets(); }
 
 }  // namespace hp

@@ -44,6 +44,9 @@ struct CudaBackendOptions {
   // backward. Off: cuDNN's faster backward, whose dQ sums arrive in varying order.
   bool deterministic = false;
   ExpertGemmImpl expert_gemm = ExpertGemmImpl::kStreams;
+  // Time cuBLASLt's candidate algorithms for each large GEMM bucket at its first products and
+  // keep the fastest (lt_gemm.h); not under deterministic=true, since timings pick the bits.
+  bool gemm_autotune = true;
 };
 
 // A backend on device `device_ordinal` (makes it the calling thread's current device).
@@ -60,6 +63,9 @@ CUstream_st* cuda_compute_stream(Backend& b);
 // collectives there so that they overlap compute; events order it against compute. Throws if
 // `b` is not a CUDA backend.
 CUstream_st* cuda_comm_stream(Backend& b);
+// GEMM buckets whose candidate algorithms have been timed and compared (gemm_autotune). Throws
+// if `b` is not a CUDA backend.
+int cuda_gemm_tuned_buckets(Backend& b);
 // The device ordinal of a CUDA backend. Throws if `b` is not a CUDA backend.
 int cuda_backend_device(Backend& b);
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <utility>
 
 #include "framework/backend/cuda/cuda_check.h"
 #include "framework/core/rng.h"
@@ -74,7 +75,7 @@ LtGemm::~LtGemm() {
 bool LtGemm::run(cublasOperation_t op_a, cublasOperation_t op_b, int m, int n, int k, float alpha,
                  const void* a, int lda, const void* b, int ldb, float beta, void* c,
                  cudaDataType c_type, int ldc, void* workspace, size_t workspace_bytes,
-                 cudaStream_t stream, const void* bias, cudaDataType bias_type) {
+                 cudaStream_t stream, const void* bias, cudaDataType bias_type, bool may_tune) {
   // The cached algorithms are chosen for 16-byte alignment (expert slices of a row-major buffer
   // keep that where rows are a multiple of 8 elements); anything else goes to cublasGemmEx.
   for (const void* p : {a, b, static_cast<const void*>(c)})
@@ -135,7 +136,7 @@ bool LtGemm::run(cublasOperation_t op_a, cublasOperation_t op_b, int m, int n, i
         e.ok = true;
         e.algo = result.algo;
       }
-      algos_.emplace(kk, e);
+      algos_.emplace(kk, std::move(e));
     };
     const bool n_bucketed = !ib, k_bucketed = !ia && ib;
     if (n_bucketed || k_bucketed) {
@@ -152,12 +153,102 @@ bool LtGemm::run(cublasOperation_t op_a, cublasOperation_t op_b, int m, int n, i
     cublasLtMatmulPreferenceDestroy(pref);
     it = algos_.find(key);
   }
-  if (!it->second.ok) return false;
-  const cublasStatus_t rc = cublasLtMatmul(handle_, desc, &alpha, a, la, b, lb, &beta, c, lc, c, lc,
-                                           &it->second.algo, workspace, workspace_bytes, stream);
-  if (rc == CUBLAS_STATUS_SUCCESS) return true;
-  if (rc != CUBLAS_STATUS_NOT_SUPPORTED && rc != CUBLAS_STATUS_INVALID_VALUE) CUBLAS_CHECK(rc);
-  return false;
+  Entry& e = it->second;
+  if (!e.ok) return false;
+  if (e.tuning) {
+    finish_tuning(e);
+  } else if (autotune_ && may_tune && !e.tuned && beta == 0 &&
+             2.0 * m * static_cast<double>(n) * k >= kTuneMinFlop) {
+    start_tuning(e, desc, la, lb, lc, m, nb, kb, lda, ldb, ldc, c_type, ia, ib, &alpha, a, b, &beta,
+                 c, workspace, workspace_bytes, stream);
+  }
+  auto product = [&](const cublasLtMatmulAlgo_t& algo) {
+    const cublasStatus_t rc = cublasLtMatmul(handle_, desc, &alpha, a, la, b, lb, &beta, c, lc, c,
+                                             lc, &algo, workspace, workspace_bytes, stream);
+    if (rc != CUBLAS_STATUS_SUCCESS && rc != CUBLAS_STATUS_NOT_SUPPORTED &&
+        rc != CUBLAS_STATUS_INVALID_VALUE)
+      CUBLAS_CHECK(rc);
+    return rc == CUBLAS_STATUS_SUCCESS;
+  };
+  if (product(e.algo)) return true;
+  // The tuned algorithm was timed on one size of the bucket; the heuristic's choice, made for
+  // the bucket's largest, may still apply to this one.
+  return e.tuned && product(e.heuristic);
+}
+
+LtGemm::Tuning::~Tuning() {
+  for (auto* events : {&start, &end})
+    for (cudaEvent_t ev : *events) cudaEventDestroy(ev);
+}
+
+void LtGemm::start_tuning(Entry& e, cublasLtMatmulDesc_t desc, cublasLtMatrixLayout_t la,
+                          cublasLtMatrixLayout_t lb, cublasLtMatrixLayout_t lc, int m, int nq,
+                          int kq, int lda, int ldb, int ldc, cudaDataType c_type, bool ia, bool ib,
+                          const void* alpha, const void* a, const void* b, const void* beta,
+                          void* c, void* workspace, size_t workspace_bytes, cudaStream_t stream) {
+  e.heuristic = e.algo;
+  // The candidates, asked for the bucket's largest problem as its first choice was.
+  cublasLtMatmulPreference_t pref = nullptr;
+  CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+  CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                    &workspace_bytes, sizeof(workspace_bytes)));
+  for (auto attr :
+       {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES}) {
+    const uint32_t align = kAlign;
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, attr, &align, sizeof(align)));
+  }
+  const Layout ba(CUDA_R_16BF, ia ? kq : m, ia ? m : kq, lda);
+  const Layout bb(CUDA_R_16BF, ib ? nq : kq, ib ? kq : nq, ldb);
+  const Layout bc(c_type, m, nq, ldc);
+  cublasLtMatmulHeuristicResult_t results[kTuneCandidates];
+  int found = 0;
+  const cublasStatus_t hs = cublasLtMatmulAlgoGetHeuristic(handle_, desc, ba, bb, bc, bc, pref,
+                                                           kTuneCandidates, results, &found);
+  cublasLtMatmulPreferenceDestroy(pref);
+  e.tuned = true;  // unless candidates are issued below, the heuristic's choice stays
+  if (hs != CUBLAS_STATUS_SUCCESS || found < 2) return;
+  auto t = std::make_unique<Tuning>();
+  for (int i = 0; i < found; ++i) {
+    auto product = [&] {
+      return cublasLtMatmul(handle_, desc, alpha, a, la, b, lb, beta, c, lc, c, lc,
+                            &results[i].algo, workspace, workspace_bytes, stream);
+    };
+    // An untimed first run loads the kernel and shows whether the candidate applies here.
+    const cublasStatus_t rc = product();
+    if (rc == CUBLAS_STATUS_NOT_SUPPORTED || rc == CUBLAS_STATUS_INVALID_VALUE) continue;
+    CUBLAS_CHECK(rc);
+    cudaEvent_t ev[2];
+    for (cudaEvent_t& x : ev) CUDA_CHECK(cudaEventCreate(&x));
+    t->algos.push_back(results[i].algo);
+    t->start.push_back(ev[0]);
+    t->end.push_back(ev[1]);
+    CUDA_CHECK(cudaEventRecord(ev[0], stream));
+    for (int r = 0; r < kTuneRuns; ++r) CUBLAS_CHECK(product());
+    CUDA_CHECK(cudaEventRecord(ev[1], stream));
+  }
+  if (t->algos.size() < 2) return;
+  e.tuned = false;
+  e.tuning = std::move(t);
+}
+
+void LtGemm::finish_tuning(Entry& e) {
+  Tuning& t = *e.tuning;
+  const cudaError_t q = cudaEventQuery(t.end.back());
+  if (q == cudaErrorNotReady) return;
+  CUDA_CHECK(q);
+  float best = 0;
+  for (size_t i = 0; i < t.algos.size(); ++i) {
+    float ms = 0;
+    CUDA_CHECK(cudaEventElapsedTime(&ms, t.start[i], t.end[i]));
+    if (i == 0 || ms < best) {
+      best = ms;
+      e.algo = t.algos[i];
+    }
+  }
+  e.tuned = true;
+  e.tuning.reset();
+  ++tuned_;
 }
 
 }  // namespace hp::cuda

@@ -10,13 +10,25 @@
 // falls back to cublasGemmEx where it does not). A shape's buckets up to 65,536 rows are all
 // chosen at its first product, so that no question to the heuristic falls in a later step.
 // Deterministic for a given algorithm, as cuBLAS is.
+//
+// With autotune on, a bucket's first product of at least kTuneMinFlop (beta 0, so a product may
+// be run again on its own output; the caller says may_tune) also times the heuristic's
+// candidates for the bucket on its stream, between events, before the product itself; the host
+// never waits for them: a later product of the bucket that finds the last event complete
+// switches to the fastest candidate. The backend tunes its single products (dense layers, the
+// unembedding), not the experts' groups: their rows reach a new bucket in most steps, and the
+// candidates' runs then cost more than the winners save.
+// Which algorithm wins depends on timings, so the bits may differ from process to process
+// (the backend turns autotune off under deterministic=true).
 #pragma once
 
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <memory>
 #include <unordered_map>
+#include <vector>
 
 namespace hp::cuda {
 
@@ -34,10 +46,20 @@ class LtGemm {
   // Column-major D = alpha op(A) op(B) + beta C (+ bias[m] on every column where bias is not
   // null) with C == D: A, B bf16; C bf16 or f32 (c_type); bias of bias_type; f32 compute and
   // epilogue. Returns false (nothing issued) where no cached or heuristic algorithm applies.
+  // may_tune: the product's bucket may be tuned (autotune on; the caller's products of this
+  // shape keep to few buckets).
   bool run(cublasOperation_t op_a, cublasOperation_t op_b, int m, int n, int k, float alpha,
            const void* a, int lda, const void* b, int ldb, float beta, void* c, cudaDataType c_type,
            int ldc, void* workspace, size_t workspace_bytes, cudaStream_t stream,
-           const void* bias = nullptr, cudaDataType bias_type = CUDA_R_16BF);
+           const void* bias = nullptr, cudaDataType bias_type = CUDA_R_16BF, bool may_tune = false);
+
+  // Products this large (2 m n k) are worth timing the heuristic's candidates for.
+  static constexpr double kTuneMinFlop = 4e9;
+  // The heuristic's first candidates timed, each over this many runs after an untimed one.
+  static constexpr int kTuneCandidates = 8, kTuneRuns = 2;
+  void set_autotune(bool on) { autotune_ = on; }
+  // Buckets whose timed candidates have been compared (the winner then runs).
+  int tuned_buckets() const { return tuned_; }
 
  private:
   struct Key {
@@ -47,11 +69,30 @@ class LtGemm {
   struct KeyHash {
     size_t operator()(const Key& k) const;
   };
+  // The candidates of a bucket being timed: each one's runs between start[i] and end[i].
+  struct Tuning {
+    std::vector<cublasLtMatmulAlgo_t> algos;
+    std::vector<cudaEvent_t> start, end;
+    ~Tuning();
+  };
   struct Entry {
     bool ok = false;
-    cublasLtMatmulAlgo_t algo{};
+    cublasLtMatmulAlgo_t algo{};       // what runs: the heuristic's choice, then the tuned one
+    cublasLtMatmulAlgo_t heuristic{};  // where the tuned one does not apply to a size
+    bool tuned = false;
+    std::unique_ptr<Tuning> tuning;  // while the candidates' timings are outstanding
   };
+  // Issues the timed candidates of `e` for this problem on `stream` (nothing waits for them).
+  void start_tuning(Entry& e, cublasLtMatmulDesc_t desc, cublasLtMatrixLayout_t la,
+                    cublasLtMatrixLayout_t lb, cublasLtMatrixLayout_t lc, int m, int nq, int kq,
+                    int lda, int ldb, int ldc, cudaDataType c_type, bool ia, bool ib,
+                    const void* alpha, const void* a, const void* b, const void* beta, void* c,
+                    void* workspace, size_t workspace_bytes, cudaStream_t stream);
+  // Picks the fastest candidate of `e` once its last event has completed; else nothing.
+  void finish_tuning(Entry& e);
   cublasLtHandle_t handle_ = nullptr;
+  bool autotune_ = false;
+  int tuned_ = 0;
   // By op_a, op_b (N, T) and epilogue (none, bias of bf16, bias of f32).
   cublasLtMatmulDesc_t desc_[2][2][3] = {};
   std::unordered_map<Key, Entry, KeyHash> algos_;
