@@ -35,6 +35,32 @@ std::pair<std::string, int64_t> rank_memory(Backend& be) {
   return {"host_peak_rss", static_cast<int64_t>(u.ru_maxrss) * 1024};  // ru_maxrss is in KiB
 }
 
+// Adds each entry of `step` (ms, count) to the entry of `sum` that `same` matches, or appends it.
+template <typename Entry, typename Same>
+void add_entries(std::vector<Entry>& sum, const std::vector<Entry>& step, Same same) {
+  for (const Entry& e : step) {
+    auto it = std::find_if(sum.begin(), sum.end(), [&](const Entry& x) { return same(x, e); });
+    if (it == sum.end()) {
+      sum.push_back(e);
+    } else {
+      it->ms += e.ms;
+      it->count += e.count;
+    }
+  }
+}
+
+// Sums over `steps` steps made per step, the largest ms first, at most `keep` of them.
+template <typename Entry>
+void keep_largest_per_step(std::vector<Entry>& entries, double steps, size_t keep) {
+  for (Entry& e : entries) {
+    e.ms /= steps;
+    e.count = static_cast<int64_t>(std::llround(e.count / steps));
+  }
+  std::sort(entries.begin(), entries.end(),
+            [](const Entry& a, const Entry& b) { return a.ms > b.ms; });
+  if (entries.size() > keep) entries.resize(keep);
+}
+
 }  // namespace
 int run_bench(const std::string& scenario, const TrainOptions& o, const RankContext& ctx) {
   if (scenario == "metadata") return run_bench_metadata(o, ctx);
@@ -101,28 +127,11 @@ BenchStepResult measure_bench_step(const TrainOptions& o, const RankContext& ctx
       r.profile.by_family[k] += p.by_family[k];
       r.profile.idle_by_family[k] += p.idle_by_family[k];
     }
-    for (const StepProfile::KernelTime& t : p.top_kernels) {
-      auto it = std::find_if(r.profile.top_kernels.begin(), r.profile.top_kernels.end(),
-                             [&](const StepProfile::KernelTime& x) { return x.name == t.name; });
-      if (it == r.profile.top_kernels.end()) {
-        r.profile.top_kernels.push_back(t);
-      } else {
-        it->ms += t.ms;
-        it->count += t.count;
-      }
-    }
-    for (const StepProfile::IdleGap& g : p.idle_gaps) {
-      auto it = std::find_if(r.profile.idle_gaps.begin(), r.profile.idle_gaps.end(),
-                             [&](const StepProfile::IdleGap& x) {
-                               return x.before == g.before && x.after == g.after;
-                             });
-      if (it == r.profile.idle_gaps.end()) {
-        r.profile.idle_gaps.push_back(g);
-      } else {
-        it->ms += g.ms;
-        it->count += g.count;
-      }
-    }
+    add_entries(r.profile.top_kernels, p.top_kernels,
+                [](const auto& a, const auto& b) { return a.name == b.name; });
+    add_entries(r.profile.idle_gaps, p.idle_gaps, [](const auto& a, const auto& b) {
+      return a.before == b.before && a.after == b.after;
+    });
   }
   const double n = static_cast<double>(r.profiled_steps);
   r.profile.wall_ms /= n;
@@ -137,21 +146,10 @@ BenchStepResult measure_bench_step(const TrainOptions& o, const RankContext& ctx
     for (double& v : *a) v /= n;
   for (auto* a : {&r.profile.by_family, &r.profile.idle_by_family})
     for (double& v : *a) v /= n;
-  // Per step, the largest first; the table and the JSON keep the first kTopKernels.
-  for (StepProfile::KernelTime& t : r.profile.top_kernels) {
-    t.ms /= n;
-    t.count = static_cast<int64_t>(std::llround(t.count / n));
-  }
-  std::sort(r.profile.top_kernels.begin(), r.profile.top_kernels.end(),
-            [](const auto& a, const auto& b) { return a.ms > b.ms; });
-  if (r.profile.top_kernels.size() > kTopKernels) r.profile.top_kernels.resize(kTopKernels);
-  for (StepProfile::IdleGap& g : r.profile.idle_gaps) {
-    g.ms /= n;
-    g.count = static_cast<int64_t>(std::llround(g.count / n));
-  }
-  std::sort(r.profile.idle_gaps.begin(), r.profile.idle_gaps.end(),
-            [](const auto& a, const auto& b) { return a.ms > b.ms; });
-  if (r.profile.idle_gaps.size() > kTopIdleGaps) r.profile.idle_gaps.resize(kTopIdleGaps);
+  // Per step, the largest first; the table and the JSON keep the first kTopKernels kernels and
+  // kTopIdleGaps gaps.
+  keep_largest_per_step(r.profile.top_kernels, n, kTopKernels);
+  keep_largest_per_step(r.profile.idle_gaps, n, kTopIdleGaps);
   // Every rank's memory, gathered: each rank fills its own slot, a MAX all-reduce joins them.
   const auto [kind, bytes] = rank_memory(be);
   r.memory_kind = kind;
