@@ -20,6 +20,18 @@ void Backend::gemm_bias(const Tensor& a, bool trans_a, const Tensor& b, bool tra
   add_bias(c, bias);
 }
 
+void Backend::gemm_add(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b,
+                       const Tensor& r, Tensor& c, const Tensor& bias) {
+  HP_CHECK(r.shape() == c.shape() && r.dtype() == c.dtype(), "gemm_add: r ", r.desc(),
+           " must match c ", c.desc());
+  HP_CHECK(r.raw() != c.raw(), "gemm_add: r must not alias c");
+  if (bias.defined())
+    gemm_bias(a, trans_a, b, trans_b, c, bias);
+  else
+    gemm(a, trans_a, b, trans_b, c, 1.0, 0.0);
+  add(c, r, c);
+}
+
 void Backend::bias_grad_segments(const Tensor& dy, const std::vector<RowSegment>& segments) {
   for (const RowSegment& g : segments) {
     if (g.rows == 0) continue;

@@ -186,6 +186,11 @@ class Backend {
   // fuse the two (rounding once where the default rounds twice).
   virtual void gemm_bias(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c,
                          const Tensor& bias);
+  // c = op(a) @ op(b) (+ bias[N] on every row where bias is defined) + r, 2-D, r of c's shape and
+  // dtype and not aliasing c: a layer's output onto its residual. Default: gemm or gemm_bias,
+  // then add; a backend may fuse them (reading r in the product's epilogue, rounding once).
+  virtual void gemm_add(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b,
+                        const Tensor& r, Tensor& c, const Tensor& bias);
   // A group of products that share the transposes and beta, such as the experts of a MoE layer:
   // for each problem, c = op(a) @ op(b) + beta * c, then + bias where bias is defined (beta
   // must be 0 then; as gemm_bias). The c's must not overlap. The backend may run the problems in

@@ -300,15 +300,12 @@ void Model::layer_forward(int l, const BatchMeta& meta_in, LayerActs& a, bool re
   Tensor no_sinks;
   family(be_, OpFamily::kAttention);
   be_.attention_fwd(a.qkv, L.sinks ? L.sinks->work : no_sinks, a.meta, L.attn, a.attn, a.lse);
+  // h = x + attn Wo (+ bo): the product lands on the residual.
   a.h = new_act({n, d});
   family(be_, OpFamily::kDenseGemm);
   const Tensor attn_flat = a.attn.reshape({n, hq * hd});
-  if (L.bo)
-    be_.gemm_bias(attn_flat, false, L.wo->work, false, a.h, L.bo->work);
-  else
-    matmul(be_, attn_flat, L.wo->work, a.h);
+  be_.gemm_add(attn_flat, false, L.wo->work, false, a.x, a.h, L.bo ? L.bo->work : Tensor());
   family(be_, OpFamily::kElementwise);
-  be_.add(a.h, a.x, a.h);
   // FFN block.
   a.hn = new_act({n, d});
   a.rstd2 = new_master({n});
@@ -426,12 +423,13 @@ void Model::forward(const BatchMeta& meta, const Tensor& aux_sum, Pass pass,
     if (cfg_.is_moe()) {
       family(be_, OpFamily::kRouting);
       be_.unpermute_combine(a.ys, a.a2s, a.w, out);
+      family(be_, OpFamily::kElementwise);
+      be_.add(out, a.h, out);
     } else {
       family(be_, OpFamily::kDenseGemm);
-      matmul(be_, a.act, layers_[static_cast<size_t>(l)]->w_down->work, out);
+      be_.gemm_add(a.act, false, layers_[static_cast<size_t>(l)]->w_down->work, false, a.h, out,
+                   Tensor());
     }
-    family(be_, OpFamily::kElementwise);
-    be_.add(out, a.h, out);
     if (!train) a = LayerActs();
     if (ckpt) a.drop_intermediates();
     if (st.store) a.x = Tensor();

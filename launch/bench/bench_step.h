@@ -33,6 +33,9 @@ struct BenchStepResult {
   // GEMM buckets whose candidate algorithms were timed by the end of the timed steps (CUDA,
   // gemm_autotune; 0 elsewhere).
   int64_t gemm_tuned_buckets = 0;
+  // cuBLASLt algorithms of the expert products' shapes launched early so that their kernels
+  // load before they are needed (CUDA; 0 elsewhere).
+  int64_t gemm_warmed_algos = 0;
   // Memory of every rank after the profiled steps, gathered to each rank (index = world rank).
   // On a device backend: the peak of device bytes the caching allocator has handed out to
   // tensors since the process started ("device_peak_allocated"; the allocator's cached free

@@ -305,6 +305,31 @@ TEST(CpuOpsDense, GemmAndBiasGradients) {
   EXPECT_TRUE(passes(check(bias, dbias_only, loss), "dbias"));
 }
 
+// c = a b (+ bias) + r against the naive sum; r stays as it was; r aliasing c is refused.
+TEST(CpuOpsDense, GemmAddOntoResidual) {
+  auto be = make_cpu_backend(DType::kF64);
+  const int64_t m = 6, k = 5, n = 4;
+  Tensor a = randn(*be, {m, k}, "ga.a"), b = randn(*be, {k, n}, "ga.b");
+  Tensor bias = randn(*be, {n}, "ga.bias"), r = randn(*be, {m, n}, "ga.r");
+  const auto av = vals(a), bv = vals(b), biasv = vals(bias), r0 = vals(r);
+  for (const bool with_bias : {false, true}) {
+    SCOPED_TRACE(with_bias ? "bias" : "no bias");
+    Tensor c = randn(*be, {m, n}, "ga.c");
+    be->gemm_add(a, false, b, false, r, c, with_bias ? bias : Tensor());
+    const auto cv = vals(c);
+    for (int64_t i = 0; i < m; ++i) {
+      for (int64_t j = 0; j < n; ++j) {
+        double s = r0[i * n + j] + (with_bias ? biasv[j] : 0.0);
+        for (int64_t l = 0; l < k; ++l) s += av[i * k + l] * bv[l * n + j];
+        EXPECT_NEAR(cv[i * n + j], s, 1e-12);
+      }
+    }
+    EXPECT_EQ(vals(r), r0);
+  }
+  expect_throw_naming([&] { be->gemm_add(a, false, b, false, r, r, Tensor()); }, "gemm_add",
+                      "alias");
+}
+
 TEST(CpuOpsDense, BiasGradOverManyChunks) {
   auto be = make_cpu_backend(DType::kF64);
   const int64_t m = 1001, n = 3;

@@ -215,6 +215,38 @@ TEST_F(CudaConsistency, GemmBias) {
   }
 }
 
+// gemm_add puts a product onto a residual in cuBLASLt's epilogue (C = r, D = c, beta 1), with and
+// without a bias and on rows the epilogue cannot take (45 columns: unaligned), and matches the
+// reference's gemm + add; r is left as it was. A large one is tuned (its candidates may run again:
+// they read r, not c) and matches before and after the switch.
+TEST_F(CudaConsistency, GemmAddOntoResidual) {
+  struct Case {
+    int64_t m, n, k;
+    bool bias;
+  };
+  for (const Case c : {Case{77, 48, 136, false}, Case{77, 48, 136, true}, Case{77, 45, 136, true},
+                       Case{1024, 2048, 2048, false}}) {
+    SCOPED_TRACE("m=" + std::to_string(c.m) + " n=" + std::to_string(c.n) +
+                 (c.bias ? " bias" : ""));
+    Tensor a = rand({c.m, c.k}, 40), b = rand({c.k, c.n}, 41, 0.05), r = rand({c.m, c.n}, 42);
+    Tensor bias = c.bias ? rand({c.n}, 43) : Tensor();
+    Tensor cc = cpu_->empty({c.m, c.n}, DType::kF32);
+    cpu_->gemm_add(on_cpu(a), false, on_cpu(b), false, on_cpu(r), cc,
+                   c.bias ? on_cpu(bias) : Tensor());
+    const Tensor ga = on_gpu(a), gb = on_gpu(b), gr = on_gpu(r);
+    const Tensor gbias = c.bias ? on_gpu(bias) : Tensor();
+    const std::vector<double> r_before = gpu_values(gr);
+    const int tuned_before = cuda_gemm_tuned_buckets(*gpu_);
+    for (int rep = 0; rep < 2; ++rep) {
+      Tensor gc = gpu_->empty({c.m, c.n}, DType::kBF16);
+      gpu_->gemm_add(ga, false, gb, false, gr, gc, gbias);
+      expect_close(rep == 0 ? "first product" : "second product", gc, cc);
+    }
+    EXPECT_TRUE(gpu_values(gr) == r_before) << "gemm_add changed its residual";
+    if (c.m == 1024) EXPECT_EQ(cuda_gemm_tuned_buckets(*gpu_), tuned_before + 1);
+  }
+}
+
 // Every product writes every element of its output (beta 0 reads nothing): outputs start as
 // NaN and none is left. The backend tells compute-sanitizer's initcheck that these outputs are
 // written (it does not see cuBLASLt's tensor-memory stores), which this makes safe to say.
@@ -281,6 +313,55 @@ TEST_F(CudaConsistency, GemmAutotuneSwitchesWithoutWaiting) {
     }
     EXPECT_EQ(cuda_gemm_tuned_buckets(*gpu_), deterministic ? 0 : 1);
   }
+}
+
+// A group's shapes have their buckets' algorithms launched once on a small problem when the
+// shape is first seen (kernels load then, not in a later step). Those launches leave the group's
+// results as the reference's: a bias, beta 1 onto gradients. A shape seen before, and a single
+// product, warm nothing.
+TEST_F(CudaConsistency, GemmGroupWarmsItsAlgorithmsOnce) {
+  const std::vector<int64_t> rows = {100, 0, 3000, 700};
+  const int64_t d = 512, f = 1024, total = 3800, e = 4;
+  Tensor x = rand({total, d}, 62), dy = rand({total, f}, 63);
+  std::vector<Tensor> w, bias, wg0;
+  for (int64_t i = 0; i < e; ++i) {
+    w.push_back(rand({d, f}, 170 + static_cast<uint64_t>(i), 0.05));
+    bias.push_back(rand({f}, 180 + static_cast<uint64_t>(i)));
+    wg0.push_back(rand({d, f}, 190 + static_cast<uint64_t>(i)));
+  }
+  auto run = [&](Backend& be, auto&& put) {
+    Tensor bx = put(x, be.act_dtype()), bdy = put(dy, be.act_dtype());
+    Tensor y = be.empty({total, f}, be.act_dtype()), dx = be.empty({total, d}, be.act_dtype());
+    std::vector<Tensor> out = {y, dx};
+    std::vector<Backend::GemmProblem> fwd, dinput, dw;
+    for (int64_t i = 0, r = 0; i < e; r += rows[static_cast<size_t>(i)], ++i) {
+      const int64_t en = r + rows[static_cast<size_t>(i)];
+      Tensor wi = put(w[i], be.act_dtype()), g = put(wg0[i], DType::kF32);
+      out.push_back(g);
+      fwd.push_back({bx.slice(r, en), wi, y.slice(r, en), put(bias[i], be.act_dtype())});
+      dinput.push_back({bdy.slice(r, en), wi, dx.slice(r, en), {}});
+      dw.push_back({bx.slice(r, en), bdy.slice(r, en), g, {}});
+    }
+    be.gemm_group(fwd, false, false, 0.0);
+    be.gemm_group(dinput, false, true, 0.0);
+    be.gemm_group(dw, true, false, 1.0);
+    return out;
+  };
+  const std::vector<Tensor> ref = run(*cpu_, [&](const Tensor& h, DType) { return on_cpu(h); });
+  auto put_gpu = [&](const Tensor& h, DType dt) { return on_gpu(h, dt); };
+  EXPECT_EQ(cuda_gemm_warmed_algos(*gpu_), 0);
+  for (int rep = 0; rep < 2; ++rep) {
+    const std::vector<Tensor> out = run(*gpu_, put_gpu);
+    for (size_t i = 0; i < out.size(); ++i)
+      expect_close(("run " + std::to_string(rep) + " output " + std::to_string(i)).c_str(), out[i],
+                   ref[i]);
+  }
+  const int warmed = cuda_gemm_warmed_algos(*gpu_);
+  EXPECT_GT(warmed, 0) << "no algorithm of the groups' shapes was warmed";
+  Tensor c = gpu_->empty({3000, 768}, DType::kBF16);
+  gpu_->gemm(on_gpu(x.slice(0, 3000)), false, on_gpu(rand({d, 768}, 64)), false, c, 1.0, 0.0);
+  run(*gpu_, put_gpu);
+  EXPECT_EQ(cuda_gemm_warmed_algos(*gpu_), warmed) << "a shape seen before, or a single product";
 }
 
 // The experts' products of a MoE layer as groups, on every expert_gemm choice: row slices of

@@ -57,9 +57,10 @@ TEST(BenchStep, JsonCarriesTheBreakdown) {
   const BenchStepResult& r = measured();
   const auto j = nlohmann::json::parse(bench_step_json(r));
   for (const char* k : {"ms_per_step", "tokens_per_s", "syncs_per_step", "mfu", "gpu_busy_fraction",
-                        "attention", "data", "gemm_tuned_buckets"})
+                        "attention", "data", "gemm_tuned_buckets", "gemm_warmed_algos"})
     EXPECT_TRUE(j.contains(k)) << k;
   EXPECT_EQ(j.at("gemm_tuned_buckets").get<int64_t>(), 0) << "the CPU reference tunes nothing";
+  EXPECT_EQ(j.at("gemm_warmed_algos").get<int64_t>(), 0) << "nor warms anything";
   const auto& prof = j.at("profile");
   double phases = 0, families = 0;
   for (int k = 0; k < kNumStepPhases; ++k)

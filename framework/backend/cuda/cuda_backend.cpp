@@ -254,6 +254,7 @@ class CudaBackend final : public Backend {
   cudaStream_t comm_stream() const { return streams_[static_cast<int>(StreamKind::kComm)]; }
   int device_ordinal() const { return device_; }
   int gemm_tuned_buckets() const { return lt_.tuned_buckets(); }
+  int gemm_warmed_algos() const { return lt_.warmed_algos(); }
 
   // ---- memory
   // -------------------------------------------------------------------------------------
@@ -533,10 +534,12 @@ class CudaBackend final : public Backend {
   // c = alpha op(a) op(b) + beta c (+ bias) through cuBLASLt on `stream` with workspace `ws`;
   // false (nothing issued) where cuBLASLt has no algorithm for it. With a bias cuBLASLt cannot
   // fuse, the product goes through cuBLASLt and the bias is added after it on the same stream.
-  // may_tune: LtGemm may time candidates for the product's bucket (gemm_autotune).
+  // may_tune: LtGemm may time candidates for the product's bucket (gemm_autotune). c_in: C apart
+  // from the output (gemm_add's residual). A group's products (an expert's rows follow the data)
+  // have their shape's algorithms warmed (LtGemm::run).
   bool lt_gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c,
                const GemmDims& d, float alpha, float beta, const Tensor* bias, cudaStream_t stream,
-               const Tensor& ws, bool may_tune) {
+               const Tensor& ws, bool may_tune, const Tensor* c_in = nullptr) {
     if (a.dtype() != DType::kBF16 || d.k == 0) return false;
     const cudaDataType c_type = c.dtype() == DType::kBF16 ? CUDA_R_16BF : CUDA_R_32F;
     // Row-major c = op(a) op(b) is column-major c^T = op(b)^T op(a)^T.
@@ -544,7 +547,8 @@ class CudaBackend final : public Backend {
       return lt_.run(trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, d.n,
                      d.m, d.k, alpha, b.raw(), static_cast<int>(b.dim(1)), a.raw(),
                      static_cast<int>(a.dim(1)), beta, c.raw(), c_type, d.n, ws.raw(), ws.nbytes(),
-                     stream, bias_ptr, bias_type, may_tune);
+                     stream, bias_ptr, bias_type, may_tune, c_in ? c_in->raw() : nullptr,
+                     in_group_);
     };
     if (!bias) {
       if (!run(nullptr, CUDA_R_16BF)) return false;
@@ -556,7 +560,7 @@ class CudaBackend final : public Backend {
       mark_written(c, stream);
       return true;
     }
-    if (!run(nullptr, CUDA_R_16BF)) return false;
+    if (c_in || !run(nullptr, CUDA_R_16BF)) return false;
     mark_written(c, stream);
     cuda::launch_add_bias(c.raw(), c.dtype(), bias->raw(), bias->dtype(), c.dim(0), c.dim(1),
                           stream);
@@ -603,6 +607,23 @@ class CudaBackend final : public Backend {
                 !in_group_))
       return;
     Backend::gemm_bias(a, trans_a, b, trans_b, c, bias);
+  }
+
+  // The residual is cuBLASLt's C (beta 1, D apart from it), added in f32 in the epilogue with the
+  // bias: one rounding, and no pass of its own over the activations.
+  void gemm_add(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& r,
+                Tensor& c, const Tensor& bias) override {
+    const GemmDims d = gemm_dims(a, trans_a, b, trans_b, c);
+    check_float("gemm_add", "r", r, {c.dim(0), c.dim(1)});
+    HP_CHECK(r.dtype() == c.dtype() && r.raw() != c.raw(), "gemm_add: r ", r.desc(),
+             " must have c's dtype (", c.desc(), ") and not alias it");
+    if (d.m == 0 || d.n == 0) return;
+    if (bias.defined()) check_float("gemm_add", "bias", bias, {c.dim(1)});
+    if ((!bias.defined() || aligned16(bias.raw())) &&
+        lt_gemm(a, trans_a, b, trans_b, c, d, 1.f, 1.f, bias.defined() ? &bias : nullptr,
+                cur_stream(), cublas_workspace_, !in_group_, &r))
+      return;
+    Backend::gemm_add(a, trans_a, b, trans_b, r, c, bias);
   }
 
   void gemm_group(const std::vector<GemmProblem>& ps, bool trans_a, bool trans_b,
@@ -1470,5 +1491,7 @@ CUstream_st* cuda_comm_stream(Backend& b) { return as_cuda(b).comm_stream(); }
 int cuda_backend_device(Backend& b) { return as_cuda(b).device_ordinal(); }
 
 int cuda_gemm_tuned_buckets(Backend& b) { return as_cuda(b).gemm_tuned_buckets(); }
+
+int cuda_gemm_warmed_algos(Backend& b) { return as_cuda(b).gemm_warmed_algos(); }
 
 }  // namespace hp

@@ -66,6 +66,10 @@ CUstream_st* cuda_comm_stream(Backend& b);
 // GEMM buckets whose candidate algorithms have been timed and compared (gemm_autotune). Throws
 // if `b` is not a CUDA backend.
 int cuda_gemm_tuned_buckets(Backend& b);
+// cuBLASLt algorithms a MoE layer's expert products will use, launched once on a small problem
+// when their shape was first seen so that their kernels load then, not in a later step (lt_gemm.h).
+// Throws if `b` is not a CUDA backend.
+int cuda_gemm_warmed_algos(Backend& b);
 // The device ordinal of a CUDA backend. Throws if `b` is not a CUDA backend.
 int cuda_backend_device(Backend& b);
 

@@ -75,10 +75,12 @@ LtGemm::~LtGemm() {
 bool LtGemm::run(cublasOperation_t op_a, cublasOperation_t op_b, int m, int n, int k, float alpha,
                  const void* a, int lda, const void* b, int ldb, float beta, void* c,
                  cudaDataType c_type, int ldc, void* workspace, size_t workspace_bytes,
-                 cudaStream_t stream, const void* bias, cudaDataType bias_type, bool may_tune) {
+                 cudaStream_t stream, const void* bias, cudaDataType bias_type, bool may_tune,
+                 const void* c_in, bool warm) {
+  if (!c_in) c_in = c;
   // The cached algorithms are chosen for 16-byte alignment (expert slices of a row-major buffer
   // keep that where rows are a multiple of 8 elements); anything else goes to cublasGemmEx.
-  for (const void* p : {a, b, static_cast<const void*>(c)})
+  for (const void* p : {a, b, c_in, static_cast<const void*>(c)})
     if (reinterpret_cast<uintptr_t>(p) % kAlign != 0) return false;
   int epilogue = 0;
   if (bias) {
@@ -118,6 +120,7 @@ bool LtGemm::run(cublasOperation_t op_a, cublasOperation_t op_b, int m, int n, i
       const uint32_t align = kAlign;
       CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, attr, &align, sizeof(align)));
     }
+    std::vector<cublasLtMatmulAlgo_t> chosen;  // the shape's distinct algorithms
     // The entry of the bucket (nq, kq) of this shape, from the heuristic.
     auto ask = [&](int nq, int kq) {
       Key kk = key;
@@ -135,6 +138,10 @@ bool LtGemm::run(cublasOperation_t op_a, cublasOperation_t op_b, int m, int n, i
           found > 0) {
         e.ok = true;
         e.algo = result.algo;
+        auto same = [&](const cublasLtMatmulAlgo_t& x) {
+          return std::memcmp(&x, &result.algo, sizeof(x)) == 0;
+        };
+        if (std::none_of(chosen.begin(), chosen.end(), same)) chosen.push_back(result.algo);
       }
       algos_.emplace(kk, std::move(e));
     };
@@ -151,20 +158,23 @@ bool LtGemm::run(cublasOperation_t op_a, cublasOperation_t op_b, int m, int n, i
       ask(nb, kb);
     }
     cublasLtMatmulPreferenceDestroy(pref);
+    if (warm && chosen.size() > 1)
+      warm_algos(chosen, desc, c_type, bias != nullptr, beta, bias, workspace, workspace_bytes,
+                 stream);
     it = algos_.find(key);
   }
   Entry& e = it->second;
   if (!e.ok) return false;
   if (e.tuning) {
     finish_tuning(e);
-  } else if (autotune_ && may_tune && !e.tuned && beta == 0 &&
+  } else if (autotune_ && may_tune && !e.tuned && (beta == 0 || c_in != c) &&
              2.0 * m * static_cast<double>(n) * k >= kTuneMinFlop) {
     start_tuning(e, desc, la, lb, lc, m, nb, kb, lda, ldb, ldc, c_type, ia, ib, &alpha, a, b, &beta,
-                 c, workspace, workspace_bytes, stream);
+                 c_in, c, workspace, workspace_bytes, stream);
   }
   auto product = [&](const cublasLtMatmulAlgo_t& algo) {
-    const cublasStatus_t rc = cublasLtMatmul(handle_, desc, &alpha, a, la, b, lb, &beta, c, lc, c,
-                                             lc, &algo, workspace, workspace_bytes, stream);
+    const cublasStatus_t rc = cublasLtMatmul(handle_, desc, &alpha, a, la, b, lb, &beta, c_in, lc,
+                                             c, lc, &algo, workspace, workspace_bytes, stream);
     if (rc != CUBLAS_STATUS_SUCCESS && rc != CUBLAS_STATUS_NOT_SUPPORTED &&
         rc != CUBLAS_STATUS_INVALID_VALUE)
       CUBLAS_CHECK(rc);
@@ -176,6 +186,35 @@ bool LtGemm::run(cublasOperation_t op_a, cublasOperation_t op_b, int m, int n, i
   return e.tuned && product(e.heuristic);
 }
 
+void LtGemm::warm_algos(const std::vector<cublasLtMatmulAlgo_t>& algos, cublasLtMatmulDesc_t desc,
+                        cudaDataType c_type, bool has_bias, float beta, const void* bias,
+                        void* workspace, size_t workspace_bytes, cudaStream_t stream) {
+  constexpr int kDim = 64;
+  constexpr size_t kOperands = 64 << 10;  // A, B (bf16), C (f32 at most) and a bias
+  if (workspace_bytes < 2 * kOperands) return;
+  char* base = static_cast<char*>(workspace);
+  char* a = base;
+  char* b = a + kDim * kDim * 2;
+  char* c = b + kDim * kDim * 2;
+  const void* scratch_bias = c + kDim * kDim * 4;
+  if (has_bias)
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                                                &scratch_bias, sizeof(scratch_bias)));
+  const Layout l(CUDA_R_16BF, kDim, kDim, kDim), lc(c_type, kDim, kDim, kDim);
+  const float alpha = 1.f;
+  for (const cublasLtMatmulAlgo_t& algo : algos) {
+    const cublasStatus_t rc =
+        cublasLtMatmul(handle_, desc, &alpha, a, l, b, l, &beta, c, lc, c, lc, &algo,
+                       base + kOperands, workspace_bytes - kOperands, stream);
+    if (rc == CUBLAS_STATUS_NOT_SUPPORTED || rc == CUBLAS_STATUS_INVALID_VALUE) continue;
+    CUBLAS_CHECK(rc);
+    ++warmed_;
+  }
+  if (has_bias)
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
+                                                sizeof(bias)));
+}
+
 LtGemm::Tuning::~Tuning() {
   for (auto* events : {&start, &end})
     for (cudaEvent_t ev : *events) cudaEventDestroy(ev);
@@ -185,7 +224,8 @@ void LtGemm::start_tuning(Entry& e, cublasLtMatmulDesc_t desc, cublasLtMatrixLay
                           cublasLtMatrixLayout_t lb, cublasLtMatrixLayout_t lc, int m, int nq,
                           int kq, int lda, int ldb, int ldc, cudaDataType c_type, bool ia, bool ib,
                           const void* alpha, const void* a, const void* b, const void* beta,
-                          void* c, void* workspace, size_t workspace_bytes, cudaStream_t stream) {
+                          const void* c_in, void* c, void* workspace, size_t workspace_bytes,
+                          cudaStream_t stream) {
   e.heuristic = e.algo;
   // The candidates, asked for the bucket's largest problem as its first choice was.
   cublasLtMatmulPreference_t pref = nullptr;
@@ -211,7 +251,7 @@ void LtGemm::start_tuning(Entry& e, cublasLtMatmulDesc_t desc, cublasLtMatrixLay
   auto t = std::make_unique<Tuning>();
   for (int i = 0; i < found; ++i) {
     auto product = [&] {
-      return cublasLtMatmul(handle_, desc, alpha, a, la, b, lb, beta, c, lc, c, lc,
+      return cublasLtMatmul(handle_, desc, alpha, a, la, b, lb, beta, c_in, lc, c, lc,
                             &results[i].algo, workspace, workspace_bytes, stream);
     };
     // An untimed first run loads the kernel and shows whether the candidate applies here.

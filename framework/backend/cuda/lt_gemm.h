@@ -11,10 +11,10 @@
 // chosen at its first product, so that no question to the heuristic falls in a later step.
 // Deterministic for a given algorithm, as cuBLAS is.
 //
-// With autotune on, a bucket's first product of at least kTuneMinFlop (beta 0, so a product may
-// be run again on its own output; the caller says may_tune) also times the heuristic's
-// candidates for the bucket on its stream, between events, before the product itself; the host
-// never waits for them: a later product of the bucket that finds the last event complete
+// With autotune on, a bucket's first product of at least kTuneMinFlop (beta 0 or C apart from D,
+// so a product may be run again on its own output; the caller says may_tune) also times the
+// heuristic's candidates for the bucket on its stream, between events, before the product itself;
+// the host never waits for them: a later product of the bucket that finds the last event complete
 // switches to the fastest candidate. The backend tunes its single products (dense layers, the
 // unembedding), not the experts' groups: their rows reach a new bucket in most steps, and the
 // candidates' runs then cost more than the winners save.
@@ -44,14 +44,20 @@ class LtGemm {
   LtGemm& operator=(const LtGemm&) = delete;
 
   // Column-major D = alpha op(A) op(B) + beta C (+ bias[m] on every column where bias is not
-  // null) with C == D: A, B bf16; C bf16 or f32 (c_type); bias of bias_type; f32 compute and
-  // epilogue. Returns false (nothing issued) where no cached or heuristic algorithm applies.
-  // may_tune: the product's bucket may be tuned (autotune on; the caller's products of this
-  // shape keep to few buckets).
+  // null), D at c, C at c_in (c where c_in is null) with D's layout: A, B bf16; C, D bf16 or f32
+  // (c_type); bias of bias_type; f32 compute and epilogue. Returns false (nothing issued) where
+  // no cached or heuristic algorithm applies. may_tune: the product's bucket may be tuned
+  // (autotune on; the caller's products of this shape keep to few buckets). warm: the product's
+  // size follows the data (an expert's rows), so later products may land in any bucket of its
+  // shape: when the shape's buckets are chosen, each algorithm among them runs once on a small
+  // problem in the workspace, which loads its kernel then. CUDA loads a kernel at its first
+  // launch; a product whose kernel is new would otherwise stop the host for the load in the
+  // middle of a step, and the GPU with it.
   bool run(cublasOperation_t op_a, cublasOperation_t op_b, int m, int n, int k, float alpha,
            const void* a, int lda, const void* b, int ldb, float beta, void* c, cudaDataType c_type,
            int ldc, void* workspace, size_t workspace_bytes, cudaStream_t stream,
-           const void* bias = nullptr, cudaDataType bias_type = CUDA_R_16BF, bool may_tune = false);
+           const void* bias = nullptr, cudaDataType bias_type = CUDA_R_16BF, bool may_tune = false,
+           const void* c_in = nullptr, bool warm = false);
 
   // Products this large (2 m n k) are worth timing the heuristic's candidates for.
   static constexpr double kTuneMinFlop = 4e9;
@@ -60,6 +66,8 @@ class LtGemm {
   void set_autotune(bool on) { autotune_ = on; }
   // Buckets whose timed candidates have been compared (the winner then runs).
   int tuned_buckets() const { return tuned_; }
+  // Algorithms launched on the small problem by warm products (their kernels loaded early).
+  int warmed_algos() const { return warmed_; }
 
  private:
   struct Key {
@@ -86,13 +94,21 @@ class LtGemm {
   void start_tuning(Entry& e, cublasLtMatmulDesc_t desc, cublasLtMatrixLayout_t la,
                     cublasLtMatrixLayout_t lb, cublasLtMatrixLayout_t lc, int m, int nq, int kq,
                     int lda, int ldb, int ldc, cudaDataType c_type, bool ia, bool ib,
-                    const void* alpha, const void* a, const void* b, const void* beta, void* c,
-                    void* workspace, size_t workspace_bytes, cudaStream_t stream);
+                    const void* alpha, const void* a, const void* b, const void* beta,
+                    const void* c_in, void* c, void* workspace, size_t workspace_bytes,
+                    cudaStream_t stream);
   // Picks the fastest candidate of `e` once its last event has completed; else nothing.
   void finish_tuning(Entry& e);
+  // Launches each of `algos` once on a 64 x 64 x 64 product of the desc's kind whose operands
+  // are the front of the workspace (zeroed memory or earlier partial sums: the result is not
+  // read), the rest of it its workspace; an algorithm that does not take the small problem is
+  // left to load at its first real product. Leaves the desc's bias pointer at `bias`.
+  void warm_algos(const std::vector<cublasLtMatmulAlgo_t>& algos, cublasLtMatmulDesc_t desc,
+                  cudaDataType c_type, bool has_bias, float beta, const void* bias, void* workspace,
+                  size_t workspace_bytes, cudaStream_t stream);
   cublasLtHandle_t handle_ = nullptr;
   bool autotune_ = false;
-  int tuned_ = 0;
+  int tuned_ = 0, warmed_ = 0;
   // By op_a, op_b (N, T) and epilogue (none, bias of bf16, bias of f32).
   cublasLtMatmulDesc_t desc_[2][2][3] = {};
   std::unordered_map<Key, Entry, KeyHash> algos_;
