@@ -304,7 +304,8 @@ for m in sys.argv[2:]:
     mem = j.get("memory", {}).get("max_bytes", 0) / 2**30
     print(f"         start-up {j.get('startup_s', 0):.1f} s; memory peak {mem:.2f} GiB, "
           f"plan {j.get('memory_plan_bytes', 0) / 2**30:.2f} GiB; "
-          f"GEMM buckets tuned {j.get('gemm_tuned_buckets', 0)}, "
+          f"tuned: GEMM buckets {j.get('gemm_tuned_buckets', 0)}, "
+          f"attention graphs {j.get('attention_tuned_graphs', 0)}; "
           f"expert GEMM algorithms warmed {j.get('gemm_warmed_algos', 0)}")
 PY
 fi

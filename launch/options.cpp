@@ -150,6 +150,10 @@ po::options_description describe_options(TrainOptions& o, RawEnums& raw) {
       "CUDA: time cuBLASLt's candidate algorithms for each large GEMM shape in the first steps, "
       "without waiting for them, and keep the fastest (off under deterministic=true: timings "
       "pick the algorithm, and so the last bits)")(
+      "attention_autotune",
+      po::value(&o.device.attention_autotune)->default_value(o.device.attention_autotune),
+      "CUDA: time every plan cuDNN's heuristic offers for each attention forward shape at its "
+      "first run, without waiting for them, and keep the fastest (off under deterministic=true)")(
       "cpu_dtype", po::value(&raw.cpu_dtype)->default_value(raw.cpu_dtype),
       "CPU backend precision: f32 | f64")(
       "batch_tokens", po::value(&o.data.batch_tokens)->default_value(o.data.batch_tokens),

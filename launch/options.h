@@ -43,7 +43,8 @@ struct DeviceOptions {
   std::string attention = "auto";       // CUDA: auto | cudnn | tiled (cuda_backend.h)
   bool deterministic = false;           // CUDA: bitwise-reproducible attention backward
   std::string expert_gemm = "streams";  // CUDA: serial | streams | grouped (cuda_backend.h)
-  bool gemm_autotune = true;  // CUDA: time cuBLASLt's candidates per GEMM bucket (lt_gemm.h)
+  bool gemm_autotune = true;       // CUDA: time cuBLASLt's candidates per GEMM bucket (lt_gemm.h)
+  bool attention_autotune = true;  // CUDA: time cuDNN's forward plans (cudnn_attention.h)
   // key device_memory_gib: the device memory a rank may plan with: auto (the visible GPU's),
   // off (no check), a number of GiB, or a GPU type (h100, h200, b200).
   std::string memory = "auto";

@@ -102,6 +102,7 @@ BenchStepResult measure_bench_step(const TrainOptions& o, const RankContext& ctx
   if (be.device() == Device::kCUDA) {
     r.gemm_tuned_buckets = cuda_gemm_tuned_buckets(be);
     r.gemm_warmed_algos = cuda_gemm_warmed_algos(be);
+    r.attention_tuned_graphs = cuda_attention_tuned_graphs(be);
   }
 #endif
   r.ms = median(ms);
@@ -188,12 +189,13 @@ std::string bench_step_table(const BenchStepResult& r) {
                 "idle in a timed step: %.2f ms; profiled steps (host overhead included): %lld, "
                 "wall %.2f ms = busy %.2f + idle %.2f (a step: %lld kernels "
                 "and copies; in all: %lld device allocations, %lld attention plans built; "
-                "%lld GEMM buckets tuned by the last timed step, %lld expert GEMM algorithms "
-                "warmed)\n",
+                "%lld GEMM buckets and %lld attention graphs tuned by the last timed step, %lld "
+                "expert GEMM algorithms warmed)\n",
                 r.idle_ms, static_cast<long long>(r.profiled_steps), p.wall_ms, p.busy_ms,
                 p.idle_ms, static_cast<long long>(p.kernels),
                 static_cast<long long>(p.device_mallocs), static_cast<long long>(p.plans_built),
                 static_cast<long long>(r.gemm_tuned_buckets),
+                static_cast<long long>(r.attention_tuned_graphs),
                 static_cast<long long>(r.gemm_warmed_algos));
   out += buf;
   std::snprintf(buf, sizeof(buf), "start-up %.2f s (process start to the first step)", r.startup_s);
@@ -275,6 +277,7 @@ std::string bench_step_json(const BenchStepResult& r) {
   j["idle_ms"] = r.idle_ms;
   j["gemm_tuned_buckets"] = r.gemm_tuned_buckets;
   j["gemm_warmed_algos"] = r.gemm_warmed_algos;
+  j["attention_tuned_graphs"] = r.attention_tuned_graphs;
   nlohmann::ordered_json mem;
   mem["kind"] = r.memory_kind;
   mem["per_rank_bytes"] = r.memory_bytes;

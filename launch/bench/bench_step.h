@@ -36,6 +36,8 @@ struct BenchStepResult {
   // cuBLASLt algorithms of the expert products' shapes launched early so that their kernels
   // load before they are needed (CUDA; 0 elsewhere).
   int64_t gemm_warmed_algos = 0;
+  // cuDNN attention forward graphs whose plans were timed (CUDA, attention_autotune; 0 elsewhere).
+  int64_t attention_tuned_graphs = 0;
   // Memory of every rank after the profiled steps, gathered to each rank (index = world rank).
   // On a device backend: the peak of device bytes the caching allocator has handed out to
   // tensors since the process started ("device_peak_allocated"; the allocator's cached free

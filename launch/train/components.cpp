@@ -23,6 +23,7 @@ std::unique_ptr<Backend> make_backend(const TrainOptions& o, int local_rank) {
     cuda.deterministic = o.device.deterministic;
     cuda.expert_gemm = parse_expert_gemm_impl(o.device.expert_gemm);
     cuda.gemm_autotune = o.device.gemm_autotune;
+    cuda.attention_autotune = o.device.attention_autotune;
     return make_cuda_backend(local_rank % gpus, cuda);
   }
 #else

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <iostream>
 #include <memory>
 #include <ostream>
 #include <string>
@@ -617,6 +618,20 @@ TEST_P(CudaAttention, ForwardBackward) {
   gpu_->attention_fwd(gqkv, gs, gm, shape, go, gl);
   expect_close("attention out", go, co, kAttnTol);
   expect_close("attention lse", gl, cl, kAttnTol);
+  if (deterministic) {
+    EXPECT_EQ(cuda_attention_tuned_graphs(*gpu_), 0) << "plans timed under deterministic=true";
+  } else {
+    // attention_autotune: the first forward also timed every plan cuDNN offers for the graph
+    // (reading the outputs back waited for them); this one runs the fastest, which agrees too.
+    Tensor go2 = gpu_->empty({n, c.hq, c.d}, DType::kBF16);
+    Tensor gl2 = gpu_->empty({n, c.hq}, DType::kF32);
+    gpu_->attention_fwd(gqkv, gs, gm, shape, go2, gl2);
+    expect_close("attention out, tuned plan", go2, co, kAttnTol);
+    expect_close("attention lse, tuned plan", gl2, cl, kAttnTol);
+    std::cout << c.name << ": attention graphs tuned " << cuda_attention_tuned_graphs(*gpu_)
+              << "\n";
+    EXPECT_LE(cuda_attention_tuned_graphs(*gpu_), 1);
+  }
 
   Tensor cd = cpu_->empty({n, h, c.d}, DType::kF32), gd = gpu_->empty({n, h, c.d}, DType::kBF16);
   Tensor cds = on_cpu(ds0), gds = on_gpu(ds0, DType::kF32);

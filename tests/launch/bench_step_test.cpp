@@ -56,11 +56,13 @@ TEST(BenchStep, BreakdownSumsToTheStep) {
 TEST(BenchStep, JsonCarriesTheBreakdown) {
   const BenchStepResult& r = measured();
   const auto j = nlohmann::json::parse(bench_step_json(r));
-  for (const char* k : {"ms_per_step", "tokens_per_s", "syncs_per_step", "mfu", "gpu_busy_fraction",
-                        "attention", "data", "gemm_tuned_buckets", "gemm_warmed_algos"})
+  for (const char* k :
+       {"ms_per_step", "tokens_per_s", "syncs_per_step", "mfu", "gpu_busy_fraction", "attention",
+        "data", "gemm_tuned_buckets", "gemm_warmed_algos", "attention_tuned_graphs"})
     EXPECT_TRUE(j.contains(k)) << k;
   EXPECT_EQ(j.at("gemm_tuned_buckets").get<int64_t>(), 0) << "the CPU reference tunes nothing";
   EXPECT_EQ(j.at("gemm_warmed_algos").get<int64_t>(), 0) << "nor warms anything";
+  EXPECT_EQ(j.at("attention_tuned_graphs").get<int64_t>(), 0);
   const auto& prof = j.at("profile");
   double phases = 0, families = 0;
   for (int k = 0; k < kNumStepPhases; ++k)

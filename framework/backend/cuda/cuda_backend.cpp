@@ -209,6 +209,7 @@ class CudaBackend final : public Backend {
     if (options_.attention != AttentionImpl::kTiled) {
       std::string why;
       cudnn_ = cuda::CudnnAttention::create(&why);
+      if (cudnn_) cudnn_->set_autotune(options_.attention_autotune && !options_.deterministic);
       if (!cudnn_ && options_.attention == AttentionImpl::kCudnn)
         HP_USER_ERROR(ErrorKind::kConfig, "config key 'attention': cudnn requested but ", why,
                       "; use attention=auto or attention=tiled");
@@ -255,6 +256,9 @@ class CudaBackend final : public Backend {
   int device_ordinal() const { return device_; }
   int gemm_tuned_buckets() const { return lt_.tuned_buckets(); }
   int gemm_warmed_algos() const { return lt_.warmed_algos(); }
+  int attention_tuned_graphs() const {
+    return cudnn_ ? static_cast<int>(cudnn_->graphs_tuned()) : 0;
+  }
 
   // ---- memory
   // -------------------------------------------------------------------------------------
@@ -1493,5 +1497,7 @@ int cuda_backend_device(Backend& b) { return as_cuda(b).device_ordinal(); }
 int cuda_gemm_tuned_buckets(Backend& b) { return as_cuda(b).gemm_tuned_buckets(); }
 
 int cuda_gemm_warmed_algos(Backend& b) { return as_cuda(b).gemm_warmed_algos(); }
+
+int cuda_attention_tuned_graphs(Backend& b) { return as_cuda(b).attention_tuned_graphs(); }
 
 }  // namespace hp

@@ -47,6 +47,9 @@ struct CudaBackendOptions {
   // Time cuBLASLt's candidate algorithms for each large GEMM bucket at its first products and
   // keep the fastest (lt_gemm.h); not under deterministic=true, since timings pick the bits.
   bool gemm_autotune = true;
+  // Time every plan cuDNN's heuristic offers for each attention forward graph at its first run
+  // and keep the fastest (cudnn_attention.h); not under deterministic=true.
+  bool attention_autotune = true;
 };
 
 // A backend on device `device_ordinal` (makes it the calling thread's current device).
@@ -70,6 +73,9 @@ int cuda_gemm_tuned_buckets(Backend& b);
 // when their shape was first seen so that their kernels load then, not in a later step (lt_gemm.h).
 // Throws if `b` is not a CUDA backend.
 int cuda_gemm_warmed_algos(Backend& b);
+// cuDNN attention forward graphs whose plans have been timed and compared (attention_autotune;
+// 0 without cuDNN). Throws if `b` is not a CUDA backend.
+int cuda_attention_tuned_graphs(Backend& b);
 // The device ordinal of a CUDA backend. Throws if `b` is not a CUDA backend.
 int cuda_backend_device(Backend& b);
 

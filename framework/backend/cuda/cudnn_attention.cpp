@@ -6,9 +6,11 @@
 #include <cudnn_frontend.h>
 #include <dlfcn.h>
 
+#include <algorithm>
 #include <cstring>
 #include <mutex>
 #include <unordered_map>
+#include <vector>
 
 #include "framework/backend/cuda/cuda_check.h"
 #include "framework/backend/cuda/mark_written.h"
@@ -77,8 +79,29 @@ struct KeyHash {
 }  // namespace
 
 struct CudnnAttention::Impl {
+  // A forward graph's plans being timed: plan[i]'s runs between start[i] and end[i].
+  struct Tuning {
+    std::vector<int64_t> plan;
+    std::vector<cudaEvent_t> start, end;
+    ~Tuning() {
+      for (auto* events : {&start, &end})
+        for (cudaEvent_t ev : *events) cudaEventDestroy(ev);
+    }
+  };
+  struct Entry {
+    std::shared_ptr<fe::graph::Graph> graph;
+    int64_t plans = 1;      // plans built (all of the heuristic's where tuning, else its first)
+    int64_t plan = -1;      // what runs: -1 the heuristic's choice, else the fastest plan's index
+    int64_t workspace = 0;  // bytes, the largest any built plan needs
+    bool tuned = false;     // the plans have been compared (or there is nothing to compare)
+    std::unique_ptr<Tuning> tuning;  // while the timings are outstanding
+  };
+  static constexpr int kTuneRuns = 2;
+
   cudnnHandle_t handle = nullptr;
-  std::unordered_map<Key, std::shared_ptr<fe::graph::Graph>, KeyHash> graphs;
+  bool autotune = false;
+  int64_t tuned = 0;
+  std::unordered_map<Key, Entry, KeyHash> graphs;
 
   // Q, K, V: head blocks of qkv[N, Ht, D]; batch stride is irrelevant under ragged offsets.
   static std::shared_ptr<fe::graph::Tensor_attributes> qkv_tensor(
@@ -103,9 +126,9 @@ struct CudnnAttention::Impl {
                         .set_data_type(fe::DataType_t::INT32));
   }
 
-  fe::graph::Graph& graph(const Key& k) {
+  Entry& graph(const Key& k) {
     auto it = graphs.find(k);
-    if (it != graphs.end()) return *it->second;
+    if (it != graphs.end()) return it->second;
     auto g = std::make_shared<fe::graph::Graph>();
     g->set_io_data_type(fe::DataType_t::BFLOAT16)
         .set_intermediate_data_type(fe::DataType_t::FLOAT)
@@ -182,21 +205,87 @@ struct CudnnAttention::Impl {
             .set_ragged_offset(off_qkv);
       }
     }
-    FE_CHECK(g->build(handle, {fe::HeurMode_t::A}));
-    return *graphs.emplace(k, g).first->second;
+    // The heuristic offers the forward several plans (tile shapes); with tuning, all are built
+    // and timed at the graph's first run. The backward has one.
+    const bool tune = autotune && !k.backward;
+    FE_CHECK(
+        g->build(handle, {fe::HeurMode_t::A},
+                 tune ? fe::BuildPlanPolicy_t::ALL : fe::BuildPlanPolicy_t::HEURISTICS_CHOICE));
+    Entry e;
+    e.graph = g;
+    FE_CHECK(g->get_workspace_size(e.workspace));
+    if (tune) {
+      e.plans = g->get_execution_plan_count();
+      for (int64_t i = 0; i < e.plans; ++i) {
+        int64_t ws = 0;
+        if (g->get_workspace_size_plan_at_index(i, ws).is_good())
+          e.workspace = std::max(e.workspace, ws);
+      }
+    }
+    e.tuned = e.plans < 2;
+    return graphs.emplace(k, std::move(e)).first->second;
   }
 
-  void run(fe::graph::Graph& g, std::unordered_map<int64_t, void*>& pack, Allocator& alloc,
+  // Runs the graph (its fastest plan once known). At a tuned graph's first run, each plan first
+  // runs once untimed and kTuneRuns times between events (a forward may run again: it only
+  // writes its outputs); a later run that finds the last event complete picks the fastest.
+  // Nothing waits for the timings.
+  void run(Entry& e, std::unordered_map<int64_t, void*>& pack, Allocator& alloc,
            CUstream_st* stream) {
-    int64_t ws = 0;
-    FE_CHECK(g.get_workspace_size(ws));
+    fe::graph::Graph& g = *e.graph;
+    const int64_t ws = e.workspace;
     Tensor workspace = ws > 0 ? Tensor::empty(alloc, {(ws + 3) / 4}, DType::kI32) : Tensor();
+    void* wp = ws > 0 ? workspace.raw() : nullptr;
     CUDNN_CALL(fe::detail::set_stream(handle, stream));
     // cuDNN's kernels hand partial results to each other through the workspace (the backward's
     // per-query-head dK/dV, reduced over each group by fmha_reduce_head_ragged) with TMA stores
     // that initcheck does not see; declared written, as the outputs are (mark_written.h).
-    if (ws > 0) mark_written(workspace.raw(), static_cast<size_t>(ws), stream);
-    FE_CHECK(g.execute(handle, pack, ws > 0 ? workspace.raw() : nullptr));
+    if (ws > 0) mark_written(wp, static_cast<size_t>(ws), stream);
+    if (e.tuning) finish_tuning(e);
+    if (!e.tuned && !e.tuning) start_tuning(e, pack, wp, stream);
+    if (e.plan < 0)
+      FE_CHECK(g.execute(handle, pack, wp));
+    else
+      FE_CHECK(g.execute_plan_at_index(handle, pack, wp, e.plan));
+  }
+
+  void start_tuning(Entry& e, std::unordered_map<int64_t, void*>& pack, void* wp,
+                    CUstream_st* stream) {
+    auto t = std::make_unique<Tuning>();
+    for (int64_t i = 0; i < e.plans; ++i) {
+      // A plan that did not build, or does not run here, is left out.
+      if (!e.graph->execute_plan_at_index(handle, pack, wp, i).is_good()) continue;
+      cudaEvent_t ev[2];
+      for (cudaEvent_t& x : ev) CUDA_CHECK(cudaEventCreate(&x));
+      t->plan.push_back(i);
+      t->start.push_back(ev[0]);
+      t->end.push_back(ev[1]);
+      CUDA_CHECK(cudaEventRecord(ev[0], stream));
+      for (int r = 0; r < kTuneRuns; ++r)
+        FE_CHECK(e.graph->execute_plan_at_index(handle, pack, wp, i));
+      CUDA_CHECK(cudaEventRecord(ev[1], stream));
+    }
+    e.tuned = t->plan.size() < 2;
+    if (!e.tuned) e.tuning = std::move(t);
+  }
+
+  void finish_tuning(Entry& e) {
+    Tuning& t = *e.tuning;
+    const cudaError_t q = cudaEventQuery(t.end.back());
+    if (q == cudaErrorNotReady) return;
+    CUDA_CHECK(q);
+    float best = 0;
+    for (size_t i = 0; i < t.plan.size(); ++i) {
+      float ms = 0;
+      CUDA_CHECK(cudaEventElapsedTime(&ms, t.start[i], t.end[i]));
+      if (i == 0 || ms < best) {
+        best = ms;
+        e.plan = t.plan[i];
+      }
+    }
+    e.tuned = true;
+    e.tuning.reset();
+    ++tuned;
   }
 };
 
@@ -234,6 +323,10 @@ CudnnAttention::~CudnnAttention() {
 }
 
 int64_t CudnnAttention::graphs_built() const { return static_cast<int64_t>(impl_->graphs.size()); }
+
+void CudnnAttention::set_autotune(bool on) { impl_->autotune = on; }
+
+int64_t CudnnAttention::graphs_tuned() const { return impl_->tuned; }
 
 std::string CudnnAttention::version() const {
   const size_t v = fe::detail::get_backend_version();
@@ -303,7 +396,7 @@ void add_common(std::unordered_map<int64_t, void*>& pack, const AttnArgs& a, con
 
 void CudnnAttention::forward(const AttnArgs& a, const CudnnBatch& b, void* out, float* lse,
                              Allocator& alloc, CUstream_st* stream) {
-  fe::graph::Graph& g = impl_->graph(key_for(a, b, false, false));
+  Impl::Entry& g = impl_->graph(key_for(a, b, false, false));
   std::unordered_map<int64_t, void*> pack;
   add_common(pack, a, b, const_cast<void*>(a.qkv));
   pack[kO] = out;
@@ -319,7 +412,7 @@ void CudnnAttention::forward(const AttnArgs& a, const CudnnBatch& b, void* out, 
 void CudnnAttention::backward(const AttnArgs& a, const CudnnBatch& b, const void* out,
                               const float* lse, const void* dout, void* dqkv, float* dsinks,
                               bool deterministic, Allocator& alloc, CUstream_st* stream) {
-  fe::graph::Graph& g = impl_->graph(key_for(a, b, true, deterministic));
+  Impl::Entry& g = impl_->graph(key_for(a, b, true, deterministic));
   std::unordered_map<int64_t, void*> pack;
   add_common(pack, a, b, const_cast<void*>(a.qkv));
   Tensor dout_scaled, lse_ns;
@@ -364,6 +457,8 @@ std::unique_ptr<CudnnAttention> CudnnAttention::create(std::string* why) {
 CudnnAttention::~CudnnAttention() = default;
 std::string CudnnAttention::version() const { return ""; }
 int64_t CudnnAttention::graphs_built() const { return 0; }
+void CudnnAttention::set_autotune(bool) {}
+int64_t CudnnAttention::graphs_tuned() const { return 0; }
 int64_t CudnnAttention::deterministic_workspace_bytes(const CudnnBatch&, const AttnArgs&) {
   return 0;
 }

@@ -10,7 +10,8 @@
 //
 // libcudnn is loaded at run time: where it is missing, available() says why and the backend
 // keeps its own tiled kernels. Graphs are built once per (shape, batch-size bucket, length
-// bucket) and cached; building one takes a fraction of a second.
+// bucket) and cached; building one takes a fraction of a second (longer where autotune builds
+// every plan the heuristic offers).
 #pragma once
 
 #include <cstdint>
@@ -55,6 +56,13 @@ class CudnnAttention {
   std::string version() const;
   // Graphs built so far (each distinct shape and bucket builds one, once).
   int64_t graphs_built() const;
+  // Autotune (off by default): a forward graph builds every plan the heuristic offers, times them
+  // at its first run (between events, without waiting) and runs the fastest once a later run
+  // finds the timings done. Which plan wins depends on timings, so the bits may differ from
+  // process to process: not for deterministic runs.
+  void set_autotune(bool on);
+  // Forward graphs whose plans have been compared (the fastest then runs).
+  int64_t graphs_tuned() const;
 
  private:
   CudnnAttention() = default;
