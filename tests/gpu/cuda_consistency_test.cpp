@@ -35,6 +35,40 @@ double rel_err(const std::vector<double>& a, const std::vector<double>& b) {
   return std::sqrt(num / den);
 }
 
+// A MoE layer's three groups of expert products over row slices of one buffer (rows[i] for
+// expert i, zero allowed): the forward with biases, the input gradient (b transposed) and the f32
+// weight gradients accumulated with beta 1 onto wg0 (a transposed). Host inputs; run() gives y,
+// dx and the weight gradients, in that order.
+struct ExpertGroups {
+  std::vector<int64_t> rows;
+  int64_t d = 0, f = 0, total = 0;
+  Tensor x, dy;
+  std::vector<Tensor> w, bias, wg0;
+
+  // put(host, dtype): the tensor on the backend.
+  template <typename Put>
+  std::vector<Tensor> run(Backend& be, Put&& put) const {
+    Tensor bx = put(x, be.act_dtype()), bdy = put(dy, be.act_dtype());
+    Tensor y = be.empty({total, f}, be.act_dtype()), dx = be.empty({total, d}, be.act_dtype());
+    std::vector<Tensor> out = {y, dx};
+    std::vector<Backend::GemmProblem> fwd, dinput, dw;
+    int64_t r = 0;
+    for (size_t i = 0; i < rows.size(); ++i) {
+      const int64_t b = r, en = r + rows[i];
+      r = en;
+      Tensor wi = put(w[i], be.act_dtype()), g = put(wg0[i], DType::kF32);
+      out.push_back(g);
+      fwd.push_back({bx.slice(b, en), wi, y.slice(b, en), put(bias[i], be.act_dtype())});
+      dinput.push_back({bdy.slice(b, en), wi, dx.slice(b, en), {}});
+      dw.push_back({bx.slice(b, en), bdy.slice(b, en), g, {}});
+    }
+    be.gemm_group(fwd, false, false, 0.0);
+    be.gemm_group(dinput, false, true, 0.0);
+    be.gemm_group(dw, true, false, 1.0);
+    return out;
+  }
+};
+
 class CudaConsistency : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -62,6 +96,24 @@ class CudaConsistency : public ::testing::Test {
     std::vector<int32_t> v(static_cast<size_t>(n));
     for (int64_t i = 0; i < n; ++i) v[i] = static_cast<int32_t>(rng.below(i, limit));
     return v;
+  }
+
+  // Random expert groups (seeds from `seed` on), weights scaled by w_scale.
+  ExpertGroups expert_groups(std::vector<int64_t> rows, int64_t d, int64_t f, uint64_t seed,
+                             double w_scale) {
+    ExpertGroups g;
+    g.rows = std::move(rows);
+    g.d = d;
+    g.f = f;
+    for (int64_t r : g.rows) g.total += r;
+    g.x = rand({g.total, d}, seed);
+    g.dy = rand({g.total, f}, seed + 1);
+    for (size_t i = 0; i < g.rows.size(); ++i) {
+      g.w.push_back(rand({d, f}, seed + 10 + i, w_scale));
+      g.bias.push_back(rand({f}, seed + 20 + i));
+      g.wg0.push_back(rand({d, f}, seed + 30 + i));
+    }
+    return g;
   }
 
   Tensor on_cpu(const Tensor& host) { return cpu_->upload(host); }
@@ -244,7 +296,9 @@ TEST_F(CudaConsistency, GemmAddOntoResidual) {
       expect_close(rep == 0 ? "first product" : "second product", gc, cc);
     }
     EXPECT_TRUE(gpu_values(gr) == r_before) << "gemm_add changed its residual";
-    if (c.m == 1024) EXPECT_EQ(cuda_gemm_tuned_buckets(*gpu_), tuned_before + 1);
+    if (c.m == 1024) {
+      EXPECT_EQ(cuda_gemm_tuned_buckets(*gpu_), tuned_before + 1);
+    }
   }
 }
 
@@ -321,38 +375,13 @@ TEST_F(CudaConsistency, GemmAutotuneSwitchesWithoutWaiting) {
 // results as the reference's: a bias, beta 1 onto gradients. A shape seen before, and a single
 // product, warm nothing.
 TEST_F(CudaConsistency, GemmGroupWarmsItsAlgorithmsOnce) {
-  const std::vector<int64_t> rows = {100, 0, 3000, 700};
-  const int64_t d = 512, f = 1024, total = 3800, e = 4;
-  Tensor x = rand({total, d}, 62), dy = rand({total, f}, 63);
-  std::vector<Tensor> w, bias, wg0;
-  for (int64_t i = 0; i < e; ++i) {
-    w.push_back(rand({d, f}, 170 + static_cast<uint64_t>(i), 0.05));
-    bias.push_back(rand({f}, 180 + static_cast<uint64_t>(i)));
-    wg0.push_back(rand({d, f}, 190 + static_cast<uint64_t>(i)));
-  }
-  auto run = [&](Backend& be, auto&& put) {
-    Tensor bx = put(x, be.act_dtype()), bdy = put(dy, be.act_dtype());
-    Tensor y = be.empty({total, f}, be.act_dtype()), dx = be.empty({total, d}, be.act_dtype());
-    std::vector<Tensor> out = {y, dx};
-    std::vector<Backend::GemmProblem> fwd, dinput, dw;
-    for (int64_t i = 0, r = 0; i < e; r += rows[static_cast<size_t>(i)], ++i) {
-      const int64_t en = r + rows[static_cast<size_t>(i)];
-      Tensor wi = put(w[i], be.act_dtype()), g = put(wg0[i], DType::kF32);
-      out.push_back(g);
-      fwd.push_back({bx.slice(r, en), wi, y.slice(r, en), put(bias[i], be.act_dtype())});
-      dinput.push_back({bdy.slice(r, en), wi, dx.slice(r, en), {}});
-      dw.push_back({bx.slice(r, en), bdy.slice(r, en), g, {}});
-    }
-    be.gemm_group(fwd, false, false, 0.0);
-    be.gemm_group(dinput, false, true, 0.0);
-    be.gemm_group(dw, true, false, 1.0);
-    return out;
-  };
-  const std::vector<Tensor> ref = run(*cpu_, [&](const Tensor& h, DType) { return on_cpu(h); });
+  const ExpertGroups groups = expert_groups({100, 0, 3000, 700}, 512, 1024, 62, 0.05);
+  const std::vector<Tensor> ref =
+      groups.run(*cpu_, [&](const Tensor& h, DType) { return on_cpu(h); });
   auto put_gpu = [&](const Tensor& h, DType dt) { return on_gpu(h, dt); };
   EXPECT_EQ(cuda_gemm_warmed_algos(*gpu_), 0);
   for (int rep = 0; rep < 2; ++rep) {
-    const std::vector<Tensor> out = run(*gpu_, put_gpu);
+    const std::vector<Tensor> out = groups.run(*gpu_, put_gpu);
     for (size_t i = 0; i < out.size(); ++i)
       expect_close(("run " + std::to_string(rep) + " output " + std::to_string(i)).c_str(), out[i],
                    ref[i]);
@@ -360,8 +389,9 @@ TEST_F(CudaConsistency, GemmGroupWarmsItsAlgorithmsOnce) {
   const int warmed = cuda_gemm_warmed_algos(*gpu_);
   EXPECT_GT(warmed, 0) << "no algorithm of the groups' shapes was warmed";
   Tensor c = gpu_->empty({3000, 768}, DType::kBF16);
-  gpu_->gemm(on_gpu(x.slice(0, 3000)), false, on_gpu(rand({d, 768}, 64)), false, c, 1.0, 0.0);
-  run(*gpu_, put_gpu);
+  gpu_->gemm(on_gpu(groups.x.slice(0, 3000)), false, on_gpu(rand({512, 768}, 64)), false, c, 1.0,
+             0.0);
+  groups.run(*gpu_, put_gpu);
   EXPECT_EQ(cuda_gemm_warmed_algos(*gpu_), warmed) << "a shape seen before, or a single product";
 }
 
@@ -370,40 +400,9 @@ TEST_F(CudaConsistency, GemmGroupWarmsItsAlgorithmsOnce) {
 // transposed) and the f32 weight gradients accumulated with beta 1 (a transposed). Each choice
 // matches the reference; streams gives serial's bits exactly.
 TEST_F(CudaConsistency, GemmGroupEveryImpl) {
-  const std::vector<int64_t> rows = {37, 0, 256, 1000, 129, 8};
-  const int64_t d = 136, f = 72, total = 1430;
-  const int64_t e = static_cast<int64_t>(rows.size());
-  Tensor x = rand({total, d}, 60), dy = rand({total, f}, 61);
-  std::vector<Tensor> w, bias, wg0;
-  for (int64_t i = 0; i < e; ++i) {
-    w.push_back(rand({d, f}, 70 + static_cast<uint64_t>(i), 0.1));
-    bias.push_back(rand({f}, 80 + static_cast<uint64_t>(i)));
-    wg0.push_back(rand({d, f}, 90 + static_cast<uint64_t>(i)));
-  }
-  // Runs the three groups on `be` (inputs converted by `put`); returns y, dx and the weight
-  // gradients, in that order.
-  auto run = [&](Backend& be, auto&& put, DType grad_t) {
-    Tensor bx = put(x, be.act_dtype()), bdy = put(dy, be.act_dtype());
-    Tensor y = be.empty({total, f}, be.act_dtype()), dx = be.empty({total, d}, be.act_dtype());
-    std::vector<Tensor> out = {y, dx};
-    std::vector<Backend::GemmProblem> fwd, dinput, dw;
-    int64_t r = 0;
-    for (int64_t i = 0; i < e; ++i) {
-      const int64_t b = r, en = r + rows[static_cast<size_t>(i)];
-      r = en;
-      Tensor wi = put(w[i], be.act_dtype()), g = put(wg0[i], grad_t);
-      out.push_back(g);
-      fwd.push_back({bx.slice(b, en), wi, y.slice(b, en), put(bias[i], be.act_dtype())});
-      dinput.push_back({bdy.slice(b, en), wi, dx.slice(b, en), {}});
-      dw.push_back({bx.slice(b, en), bdy.slice(b, en), g, {}});
-    }
-    be.gemm_group(fwd, false, false, 0.0);
-    be.gemm_group(dinput, false, true, 0.0);
-    be.gemm_group(dw, true, false, 1.0);
-    return out;
-  };
-  auto put_cpu = [&](const Tensor& h, DType) { return on_cpu(h); };
-  const std::vector<Tensor> ref = run(*cpu_, put_cpu, DType::kF32);
+  const ExpertGroups groups = expert_groups({37, 0, 256, 1000, 129, 8}, 136, 72, 60, 0.1);
+  const std::vector<Tensor> ref =
+      groups.run(*cpu_, [&](const Tensor& h, DType) { return on_cpu(h); });
   std::vector<std::vector<std::vector<double>>> got;
   for (const ExpertGemmImpl impl :
        {ExpertGemmImpl::kSerial, ExpertGemmImpl::kStreams, ExpertGemmImpl::kGrouped}) {
@@ -411,7 +410,7 @@ TEST_F(CudaConsistency, GemmGroupEveryImpl) {
     o.expert_gemm = impl;
     gpu_ = make_cuda_backend(0, o);
     auto put_gpu = [&](const Tensor& h, DType dt) { return on_gpu(h, dt); };
-    const std::vector<Tensor> out = run(*gpu_, put_gpu, DType::kF32);
+    const std::vector<Tensor> out = groups.run(*gpu_, put_gpu);
     std::vector<std::vector<double>> vals;
     for (size_t i = 0; i < out.size(); ++i) {
       const std::string what =

@@ -12,6 +12,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "framework/backend/cuda/candidate_timer.h"
 #include "framework/backend/cuda/cuda_check.h"
 #include "framework/backend/cuda/mark_written.h"
 #include "framework/core/error.h"
@@ -79,14 +80,10 @@ struct KeyHash {
 }  // namespace
 
 struct CudnnAttention::Impl {
-  // A forward graph's plans being timed: plan[i]'s runs between start[i] and end[i].
+  // A forward graph's plans being timed: plan[i]'s runs are the timer's candidate i.
   struct Tuning {
     std::vector<int64_t> plan;
-    std::vector<cudaEvent_t> start, end;
-    ~Tuning() {
-      for (auto* events : {&start, &end})
-        for (cudaEvent_t ev : *events) cudaEventDestroy(ev);
-    }
+    CandidateTimer timer;
   };
   struct Entry {
     std::shared_ptr<fe::graph::Graph> graph;
@@ -255,34 +252,20 @@ struct CudnnAttention::Impl {
     for (int64_t i = 0; i < e.plans; ++i) {
       // A plan that did not build, or does not run here, is left out.
       if (!e.graph->execute_plan_at_index(handle, pack, wp, i).is_good()) continue;
-      cudaEvent_t ev[2];
-      for (cudaEvent_t& x : ev) CUDA_CHECK(cudaEventCreate(&x));
       t->plan.push_back(i);
-      t->start.push_back(ev[0]);
-      t->end.push_back(ev[1]);
-      CUDA_CHECK(cudaEventRecord(ev[0], stream));
+      t->timer.begin(stream);
       for (int r = 0; r < kTuneRuns; ++r)
         FE_CHECK(e.graph->execute_plan_at_index(handle, pack, wp, i));
-      CUDA_CHECK(cudaEventRecord(ev[1], stream));
+      t->timer.end(stream);
     }
     e.tuned = t->plan.size() < 2;
     if (!e.tuned) e.tuning = std::move(t);
   }
 
   void finish_tuning(Entry& e) {
-    Tuning& t = *e.tuning;
-    const cudaError_t q = cudaEventQuery(t.end.back());
-    if (q == cudaErrorNotReady) return;
-    CUDA_CHECK(q);
-    float best = 0;
-    for (size_t i = 0; i < t.plan.size(); ++i) {
-      float ms = 0;
-      CUDA_CHECK(cudaEventElapsedTime(&ms, t.start[i], t.end[i]));
-      if (i == 0 || ms < best) {
-        best = ms;
-        e.plan = t.plan[i];
-      }
-    }
+    const int best = e.tuning->timer.fastest();
+    if (best < 0) return;
+    e.plan = e.tuning->plan[static_cast<size_t>(best)];
     e.tuned = true;
     e.tuning.reset();
     ++tuned;

@@ -215,11 +215,6 @@ void LtGemm::warm_algos(const std::vector<cublasLtMatmulAlgo_t>& algos, cublasLt
                                                 sizeof(bias)));
 }
 
-LtGemm::Tuning::~Tuning() {
-  for (auto* events : {&start, &end})
-    for (cudaEvent_t ev : *events) cudaEventDestroy(ev);
-}
-
 void LtGemm::start_tuning(Entry& e, cublasLtMatmulDesc_t desc, cublasLtMatrixLayout_t la,
                           cublasLtMatrixLayout_t lb, cublasLtMatrixLayout_t lc, int m, int nq,
                           int kq, int lda, int ldb, int ldc, cudaDataType c_type, bool ia, bool ib,
@@ -258,14 +253,10 @@ void LtGemm::start_tuning(Entry& e, cublasLtMatmulDesc_t desc, cublasLtMatrixLay
     const cublasStatus_t rc = product();
     if (rc == CUBLAS_STATUS_NOT_SUPPORTED || rc == CUBLAS_STATUS_INVALID_VALUE) continue;
     CUBLAS_CHECK(rc);
-    cudaEvent_t ev[2];
-    for (cudaEvent_t& x : ev) CUDA_CHECK(cudaEventCreate(&x));
     t->algos.push_back(results[i].algo);
-    t->start.push_back(ev[0]);
-    t->end.push_back(ev[1]);
-    CUDA_CHECK(cudaEventRecord(ev[0], stream));
+    t->timer.begin(stream);
     for (int r = 0; r < kTuneRuns; ++r) CUBLAS_CHECK(product());
-    CUDA_CHECK(cudaEventRecord(ev[1], stream));
+    t->timer.end(stream);
   }
   if (t->algos.size() < 2) return;
   e.tuned = false;
@@ -273,19 +264,9 @@ void LtGemm::start_tuning(Entry& e, cublasLtMatmulDesc_t desc, cublasLtMatrixLay
 }
 
 void LtGemm::finish_tuning(Entry& e) {
-  Tuning& t = *e.tuning;
-  const cudaError_t q = cudaEventQuery(t.end.back());
-  if (q == cudaErrorNotReady) return;
-  CUDA_CHECK(q);
-  float best = 0;
-  for (size_t i = 0; i < t.algos.size(); ++i) {
-    float ms = 0;
-    CUDA_CHECK(cudaEventElapsedTime(&ms, t.start[i], t.end[i]));
-    if (i == 0 || ms < best) {
-      best = ms;
-      e.algo = t.algos[i];
-    }
-  }
+  const int best = e.tuning->timer.fastest();
+  if (best < 0) return;
+  e.algo = e.tuning->algos[static_cast<size_t>(best)];
   e.tuned = true;
   e.tuning.reset();
   ++tuned_;

@@ -30,6 +30,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include "framework/backend/cuda/candidate_timer.h"
+
 namespace hp::cuda {
 
 // The bucket a data-dependent GEMM dimension is rounded up to: 64 at least, else the smallest of
@@ -77,11 +79,10 @@ class LtGemm {
   struct KeyHash {
     size_t operator()(const Key& k) const;
   };
-  // The candidates of a bucket being timed: each one's runs between start[i] and end[i].
+  // The candidates of a bucket being timed: algos[i]'s runs are the timer's candidate i.
   struct Tuning {
     std::vector<cublasLtMatmulAlgo_t> algos;
-    std::vector<cudaEvent_t> start, end;
-    ~Tuning();
+    CandidateTimer timer;
   };
   struct Entry {
     bool ok = false;
