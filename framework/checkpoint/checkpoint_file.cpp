@@ -6,6 +6,7 @@
 #include <cerrno>
 #include <cmath>
 #include <cstring>
+#include <set>
 #include <type_traits>
 
 #include "framework/checkpoint/checkpoint.h"
@@ -435,15 +436,63 @@ DatasetInfo CheckpointReader::info(const std::string& name) const {
   return d;
 }
 
-std::vector<DatasetInfo> CheckpointReader::datasets() const {
+namespace {
+// A walk over a file's groups for its datasets, in name order, depth first (as H5Ovisit gives
+// them), through hard links only, each object once, to a bounded depth and count: a damaged file
+// can link a group into itself or into an endless chain of new groups, and HDF5's own visit then
+// does not end.
+struct DatasetWalk {
+  static constexpr int kMaxDepth = 16;
+  static constexpr int64_t kMaxObjects = int64_t{1} << 18;
   std::vector<std::string> names;
-  auto visit = [](hid_t, const char* name, const H5O_info_t* oi, void* data) -> herr_t {
-    if (oi->type == H5O_TYPE_DATASET)
-      static_cast<std::vector<std::string>*>(data)->push_back(std::string("/") + name);
-    return 0;
-  };
-  H5_CHECK(H5Ovisit2(impl_->file.get(), H5_INDEX_NAME, H5_ITER_INC, visit, &names, H5O_INFO_BASIC),
-           str_cat("checkpoint ", path_));
+  std::set<haddr_t> seen;  // object addresses
+  int64_t objects = 0;
+  bool too_large = false;
+  int depth = 0;
+  std::string prefix = "/";
+
+  static herr_t step(hid_t group, const char* name, const H5L_info_t* link, void* data) {
+    auto& w = *static_cast<DatasetWalk*>(data);
+    if (link->type != H5L_TYPE_HARD) return 0;
+    if (++w.objects > kMaxObjects) {
+      w.too_large = true;
+      return 1;  // stops the iteration
+    }
+    H5O_info_t oi;
+    if (H5Oget_info_by_name2(group, name, &oi, H5O_INFO_BASIC, H5P_DEFAULT) < 0) return -1;
+    if (!w.seen.insert(oi.addr).second) return 0;  // reached before
+    const std::string path = w.prefix + name;
+    if (oi.type == H5O_TYPE_DATASET) w.names.push_back(path);
+    if (oi.type != H5O_TYPE_GROUP) return 0;
+    if (w.depth + 1 > kMaxDepth) {
+      w.too_large = true;
+      return 1;
+    }
+    const hid_t sub = H5Gopen2(group, name, H5P_DEFAULT);
+    if (sub < 0) return -1;
+    const std::string saved = w.prefix;
+    w.prefix = path + "/";
+    ++w.depth;
+    const herr_t rc = H5Literate(sub, H5_INDEX_NAME, H5_ITER_INC, nullptr, step, data);
+    --w.depth;
+    w.prefix = saved;
+    H5Gclose(sub);
+    return rc;
+  }
+};
+}  // namespace
+
+std::vector<DatasetInfo> CheckpointReader::datasets() const {
+  const std::string where = str_cat("checkpoint ", path_);
+  DatasetWalk walk;
+  H5_CHECK(
+      H5Literate(impl_->file.get(), H5_INDEX_NAME, H5_ITER_INC, nullptr, DatasetWalk::step, &walk),
+      where);
+  if (walk.too_large)
+    HP_USER_ERROR(ErrorKind::kData, where, " is damaged: its groups nest deeper than ",
+                  DatasetWalk::kMaxDepth, " levels or hold more than ", DatasetWalk::kMaxObjects,
+                  " objects (a checkpoint's are two levels deep)");
+  const std::vector<std::string>& names = walk.names;
   std::vector<DatasetInfo> out;
   for (const std::string& n : names) out.push_back(info(n));
   return out;

@@ -269,6 +269,52 @@ TEST(CheckpointFormat, ADatasetWithoutChecksumsIsAnError) {
   }
 }
 
+// datasets() walks the groups itself, each object once and to a bounded depth: a group linked
+// into itself lists its datasets once, and groups nested past any checkpoint's depth (as a damaged
+// file's links can make them, endlessly) are an error naming the file, not a walk without end.
+TEST(CheckpointFormat, DatasetWalkEndsOnCyclesAndDeepNesting) {
+  TempDir dir;
+  const std::string path = dir.file("c.h5");
+  auto write = [&](int depth) {
+    {
+      CheckpointWriter w(path, nullptr);
+      const std::vector<float> v = iota_floats(4, 1.0f);
+      w.write_rows("/params/w", {4}, DType::kF32, 4, RowRange{0, 4}, v.data());
+      w.set_attr("format", std::string(kCheckpointFormat));
+      w.set_attr("format_version", kCheckpointVersion);
+      w.close();
+    }
+    const hid_t f = H5Fopen(path.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+    ASSERT_GE(f, 0);
+    ASSERT_GE(H5Lcreate_hard(f, "/params", f, "/params/loop", H5P_DEFAULT, H5P_DEFAULT), 0);
+    std::string g;
+    for (int i = 0; i < depth; ++i) {
+      g += "/g";
+      const hid_t id = H5Gcreate2(f, g.c_str(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+      ASSERT_GE(id, 0);
+      H5Gclose(id);
+    }
+    H5Fclose(f);
+  };
+  write(3);
+  {
+    CheckpointReader r(path);
+    std::vector<std::string> names;
+    for (const DatasetInfo& d : r.datasets()) names.push_back(d.name);
+    EXPECT_EQ(names, std::vector<std::string>{"/params/w"});
+  }
+  write(20);
+  CheckpointReader r(path);
+  try {
+    r.datasets();
+    ADD_FAILURE() << "no error for groups 20 levels deep";
+  } catch (const UserError& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find(path), std::string::npos) << m;
+    EXPECT_NE(m.find("deeper than 16 levels"), std::string::npos) << m;
+  }
+}
+
 // Damaged metadata (a group's object header whose checksum fails) is corruption, not a
 // missing dataset.
 TEST(CheckpointFormat, DamagedMetadataIsCorruptionNotMissing) {
