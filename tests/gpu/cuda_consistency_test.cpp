@@ -681,7 +681,10 @@ INSTANTIATE_TEST_SUITE_P(
             AttnCase{"d32_simple", 3, 1, 32, 20, true, kMixedRows},
             AttnCase{"d80_simple", 2, 2, 80, 0, false, {{90, 1, 40}}},
             AttnCase{"d64_gptoss_heads_docs", 64, 8, 64, 0, true, {{600, 1, 300, 123}}},
-            AttnCase{"d64_gptoss_window128_docs", 64, 8, 64, 128, true, {{700, 63, 261}}}),
+            AttnCase{"d64_gptoss_window128_docs", 64, 8, 64, 128, true, {{700, 63, 261}}},
+            // Sequences of one length (a multiple of 64): cuDNN's plain, unpadded layout.
+            AttnCase{"d64_equal_rows_sinks", 8, 2, 64, 0, true, {{256}, {256}, {256}}},
+            AttnCase{"d128_equal_rows_window", 4, 1, 128, 40, false, {{128}, {128}}}),
         ::testing::Values(AttnPath::kTiled, AttnPath::kCudnn, AttnPath::kCudnnFast)),
     [](const ::testing::TestParamInfo<std::tuple<AttnCase, AttnPath>>& info) {
       return std::string(std::get<0>(info.param).name) + "_" + path_name(std::get<1>(info.param));

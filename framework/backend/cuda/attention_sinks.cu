@@ -72,7 +72,30 @@ __global__ void cudnn_offsets_kernel(const int32_t* cu, int64_t n_seqs, int64_t 
   off[2 * (b + 1) + i] = static_cast<int32_t>(start * lse_row);
 }
 
+__global__ void lse_bhsd_kernel(const float* from, int64_t b, int64_t s, int hq, float* to,
+                                bool to_bhsd) {
+  const int64_t total = b * s * hq;
+  for (int64_t x = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; x < total;
+       x += (int64_t)gridDim.x * blockDim.x) {
+    // x indexes the backend's layout: t = x / hq, h = x % hq, t = i s + j.
+    const int64_t t = x / hq, h = x - t * hq, i = t / s, j = t - i * s;
+    const int64_t y = (i * hq + h) * s + j;
+    if (to_bhsd)
+      to[y] = from[x];
+    else
+      to[x] = from[y];
+  }
+}
+
 }  // namespace
+
+void launch_lse_bhsd(const float* from, int64_t b, int64_t s, int hq, float* to, bool to_bhsd,
+                     CUstream_st* stream) {
+  const int64_t total = b * s * hq;
+  if (total == 0) return;
+  lse_bhsd_kernel<<<grid_for(total, 256, 8192), 256, 0, stream>>>(from, b, s, hq, to, to_bhsd);
+  CUDA_CHECK_LAUNCH();
+}
 
 void launch_sink_forward_fixup(void* out, float* lse, const void* sinks, DType sinks_t, int64_t n,
                                int hq, int d, CUstream_st* stream) {

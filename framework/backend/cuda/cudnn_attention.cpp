@@ -67,7 +67,7 @@ int64_t next_pow2(int64_t x, int64_t lo) {
 }
 
 struct Key {
-  bool backward, deterministic;
+  bool backward, deterministic, ragged;
   int64_t b, s, total;  // total: packed tokens (sizes cuDNN's ragged workspaces)
   int hq, hkv, d, window;
   float scale;
@@ -100,17 +100,19 @@ struct CudnnAttention::Impl {
   int64_t tuned = 0;
   std::unordered_map<Key, Entry, KeyHash> graphs;
 
-  // Q, K, V: head blocks of qkv[N, Ht, D]; batch stride is irrelevant under ragged offsets.
+  // Q, K, V: head blocks of qkv[N, Ht, D]. Under ragged offsets the batch stride is irrelevant;
+  // without them (every sequence s tokens) sequence i starts at token i s.
   static std::shared_ptr<fe::graph::Tensor_attributes> qkv_tensor(
       fe::graph::Graph& g, const char* name, int64_t uid, const Key& k, int heads,
       std::shared_ptr<fe::graph::Tensor_attributes> off) {
     const int64_t row = static_cast<int64_t>(k.hq + 2 * k.hkv) * k.d;
-    return g.tensor(fe::graph::Tensor_attributes()
-                        .set_name(name)
-                        .set_uid(uid)
-                        .set_dim({k.b, heads, k.s, k.d})
-                        .set_stride({k.s * row, k.d, row, 1})
-                        .set_ragged_offset(off));
+    auto t = g.tensor(fe::graph::Tensor_attributes()
+                          .set_name(name)
+                          .set_uid(uid)
+                          .set_dim({k.b, heads, k.s, k.d})
+                          .set_stride({k.s * row, k.d, row, 1}));
+    if (off) t->set_ragged_offset(off);
+    return t;
   }
   static std::shared_ptr<fe::graph::Tensor_attributes> int_tensor(fe::graph::Graph& g,
                                                                   const char* name, int64_t uid,
@@ -130,49 +132,59 @@ struct CudnnAttention::Impl {
     g->set_io_data_type(fe::DataType_t::BFLOAT16)
         .set_intermediate_data_type(fe::DataType_t::FLOAT)
         .set_compute_data_type(fe::DataType_t::FLOAT);
-    auto off_qkv = int_tensor(*g, "off_qkv", kOffQkv, k.b + 1);
-    auto off_o = int_tensor(*g, "off_o", kOffO, k.b + 1);
-    auto off_lse = int_tensor(*g, "off_lse", kOffLse, k.b + 1);
-    auto seq_q = int_tensor(*g, "seq_q", kSeqQ, k.b);
-    auto seq_kv = int_tensor(*g, "seq_kv", kSeqKV, k.b);
+    // Sequences of different lengths: ragged offsets and a padding mask by their lengths. A batch
+    // of equal ones is a plain [B, H, S, D] problem, for which cuDNN has faster kernels.
+    std::shared_ptr<fe::graph::Tensor_attributes> off_qkv, off_o, off_lse, seq_q, seq_kv;
+    if (k.ragged) {
+      off_qkv = int_tensor(*g, "off_qkv", kOffQkv, k.b + 1);
+      off_o = int_tensor(*g, "off_o", kOffO, k.b + 1);
+      off_lse = int_tensor(*g, "off_lse", kOffLse, k.b + 1);
+      seq_q = int_tensor(*g, "seq_q", kSeqQ, k.b);
+      seq_kv = int_tensor(*g, "seq_kv", kSeqKV, k.b);
+    }
     auto q = qkv_tensor(*g, "q", kQ, k, k.hq, off_qkv);
     auto kk = qkv_tensor(*g, "k", kK, k, k.hkv, off_qkv);
     auto v = qkv_tensor(*g, "v", kV, k, k.hkv, off_qkv);
     const std::vector<int64_t> o_dim{k.b, k.hq, k.s, k.d};
     const std::vector<int64_t> o_stride{k.s * k.hq * k.d, k.d, static_cast<int64_t>(k.hq) * k.d, 1};
     const std::vector<int64_t> l_dim{k.b, k.hq, k.s, 1};
-    const std::vector<int64_t> l_stride{k.s * k.hq, 1, k.hq, 1};
+    // The statistics: the backend's lse[N, Hq] under ragged offsets; a packed [B, Hq, S] scratch
+    // without them (cuDNN before 9.26 takes no other layout there; transposed on the way).
+    const std::vector<int64_t> l_stride = k.ragged ? std::vector<int64_t>{k.s * k.hq, 1, k.hq, 1}
+                                                   : std::vector<int64_t>{k.hq * k.s, k.s, 1, 1};
     if (!k.backward) {
       auto opts = fe::graph::SDPA_attributes()
-                      .set_max_total_seq_len_q(k.total)
-                      .set_max_total_seq_len_kv(k.total)
                       .set_name("attention_fwd")
                       .set_generate_stats(true)
                       .set_attn_scale(k.scale)
-                      .set_padding_mask(true)
-                      .set_seq_len_q(seq_q)
-                      .set_seq_len_kv(seq_kv)
                       .set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT)
                       .set_diagonal_band_right_bound(0);
+      if (k.ragged)
+        opts.set_max_total_seq_len_q(k.total)
+            .set_max_total_seq_len_kv(k.total)
+            .set_padding_mask(true)
+            .set_seq_len_q(seq_q)
+            .set_seq_len_kv(seq_kv);
       if (k.window > 0) opts.set_diagonal_band_left_bound(k.window);
       auto [o, stats] = g->sdpa(q, kk, v, opts);
-      o->set_output(true).set_uid(kO).set_dim(o_dim).set_stride(o_stride).set_ragged_offset(off_o);
+      o->set_output(true).set_uid(kO).set_dim(o_dim).set_stride(o_stride);
       stats->set_output(true)
           .set_uid(kStats)
           .set_data_type(fe::DataType_t::FLOAT)
           .set_dim(l_dim)
-          .set_stride(l_stride)
-          .set_ragged_offset(off_lse);
+          .set_stride(l_stride);
+      if (k.ragged) {
+        o->set_ragged_offset(off_o);
+        stats->set_ragged_offset(off_lse);
+      }
     } else {
       auto tensor = [&](const char* name, int64_t uid, std::vector<int64_t> dim,
                         std::vector<int64_t> stride,
                         std::shared_ptr<fe::graph::Tensor_attributes> off, bool f32) {
-        auto t = g->tensor(fe::graph::Tensor_attributes()
-                               .set_name(name)
-                               .set_uid(uid)
-                               .set_dim(dim)
-                               .set_stride(stride)
-                               .set_ragged_offset(off));
+        auto t = g->tensor(
+            fe::graph::Tensor_attributes().set_name(name).set_uid(uid).set_dim(dim).set_stride(
+                stride));
+        if (off) t->set_ragged_offset(off);
         if (f32) t->set_data_type(fe::DataType_t::FLOAT);
         return t;
       };
@@ -180,16 +192,17 @@ struct CudnnAttention::Impl {
       auto d_o = tensor("do", kDO, o_dim, o_stride, off_o, false);
       auto stats = tensor("stats", kStats, l_dim, l_stride, off_lse, true);
       auto opts = fe::graph::SDPA_backward_attributes()
-                      .set_max_total_seq_len_q(k.total)
-                      .set_max_total_seq_len_kv(k.total)
                       .set_name("attention_bwd")
                       .set_attn_scale(k.scale)
-                      .set_padding_mask(true)
-                      .set_seq_len_q(seq_q)
-                      .set_seq_len_kv(seq_kv)
                       .set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT)
                       .set_diagonal_band_right_bound(0)
                       .set_deterministic_algorithm(k.deterministic);
+      if (k.ragged)
+        opts.set_max_total_seq_len_q(k.total)
+            .set_max_total_seq_len_kv(k.total)
+            .set_padding_mask(true)
+            .set_seq_len_q(seq_q)
+            .set_seq_len_kv(seq_kv);
       if (k.window > 0) opts.set_diagonal_band_left_bound(k.window);
       auto [dq, dk, dv] = g->sdpa_backward(q, kk, v, o, d_o, stats, opts);
       const int64_t row = static_cast<int64_t>(k.hq + 2 * k.hkv) * k.d;
@@ -198,8 +211,8 @@ struct CudnnAttention::Impl {
         t->set_output(true)
             .set_uid(uid)
             .set_dim({k.b, heads, k.s, k.d})
-            .set_stride({k.s * row, k.d, row, 1})
-            .set_ragged_offset(off_qkv);
+            .set_stride({k.s * row, k.d, row, 1});
+        if (k.ragged) t->set_ragged_offset(off_qkv);
       }
     }
     // The heuristic offers the forward several plans (tile shapes); with tuning, all are built
@@ -334,6 +347,15 @@ bool CudnnAttention::supports(const AttnArgs& a) const {
 CudnnBatch CudnnAttention::make_batch(const AttnArgs& a, const int32_t* cu_seqlens, int64_t n_seqs,
                                       int64_t max_seqlen, Allocator& alloc, CUstream_st* stream) {
   CudnnBatch b;
+  if (n_seqs * max_seqlen == a.n_tokens && max_seqlen % 64 == 0) {
+    // Every sequence is max_seqlen long (no sequence is longer, and together they cover the
+    // tokens): rows of one document each, as long-document data gives. (Lengths of whole 64-token
+    // tiles only: the shapes measured.)
+    b.ragged = false;
+    b.b = n_seqs;
+    b.s = max_seqlen;
+    return b;
+  }
   // Buckets keep the number of graphs small: powers of two for the sequence count and the
   // longest sequence (extra sequences have length 0; kernels skip what lies past a length).
   b.b = next_pow2(n_seqs, 1);
@@ -351,6 +373,7 @@ Key key_for(const AttnArgs& a, const CudnnBatch& b, bool backward, bool determin
   std::memset(&k, 0, sizeof(k));  // padding bytes take part in the hash
   k.backward = backward;
   k.deterministic = deterministic;
+  k.ragged = b.ragged;
   k.b = b.b;
   k.s = b.s;
   k.total = a.n_tokens;
@@ -368,6 +391,7 @@ void add_common(std::unordered_map<int64_t, void*>& pack, const AttnArgs& a, con
   pack[kQ] = base;
   pack[kK] = base + static_cast<int64_t>(a.hq) * a.head_dim;
   pack[kV] = base + static_cast<int64_t>(a.hq + a.hkv) * a.head_dim;
+  if (!b.ragged) return;
   int32_t* off = const_cast<int32_t*>(b.offsets.data<int32_t>());
   pack[kSeqQ] = off;
   pack[kSeqKV] = off;
@@ -383,10 +407,16 @@ void CudnnAttention::forward(const AttnArgs& a, const CudnnBatch& b, void* out, 
   std::unordered_map<int64_t, void*> pack;
   add_common(pack, a, b, const_cast<void*>(a.qkv));
   pack[kO] = out;
-  pack[kStats] = lse;
+  Tensor stats_bhsd;
+  if (!b.ragged) stats_bhsd = Tensor::empty(alloc, {a.n_tokens, a.hq}, DType::kF32);
+  pack[kStats] = b.ragged ? lse : stats_bhsd.data<float>();
   impl_->run(g, pack, alloc, stream);
   const size_t rows = static_cast<size_t>(a.n_tokens) * static_cast<size_t>(a.hq);
   mark_written(out, rows * static_cast<size_t>(a.head_dim) * 2, stream);  // bf16
+  if (!b.ragged) {
+    mark_written(stats_bhsd.raw(), rows * sizeof(float), stream);
+    launch_lse_bhsd(stats_bhsd.data<float>(), b.b, b.s, a.hq, lse, false, stream);
+  }
   mark_written(lse, rows * sizeof(float), stream);
   if (a.sinks)
     launch_sink_forward_fixup(out, lse, a.sinks, a.sinks_t, a.n_tokens, a.hq, a.head_dim, stream);
@@ -408,6 +438,12 @@ void CudnnAttention::backward(const AttnArgs& a, const CudnnBatch& b, const void
                               dout_scaled.raw(), lse_ns.data<float>(), dsinks, alloc, stream);
     d_o = dout_scaled.raw();
     stats = lse_ns.data<float>();
+  }
+  Tensor stats_bhsd;
+  if (!b.ragged) {
+    stats_bhsd = Tensor::empty(alloc, {a.n_tokens, a.hq}, DType::kF32);
+    launch_lse_bhsd(stats, b.b, b.s, a.hq, stats_bhsd.data<float>(), true, stream);
+    stats = stats_bhsd.data<float>();
   }
   pack[kO] = const_cast<void*>(out);
   pack[kDO] = const_cast<void*>(d_o);

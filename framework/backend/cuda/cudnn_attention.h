@@ -27,9 +27,11 @@ namespace hp::cuda {
 
 // The batch's sequences as cuDNN reads them, built once per batch and shape (device memory).
 struct CudnnBatch {
-  Tensor offsets;  // int32: seq_len[B], qkv_off[B+1], o_off[B+1], lse_off[B+1]
-  int64_t b = 0;   // batch bucket (>= n_seqs; extra sequences have length 0)
-  int64_t s = 0;   // length bucket (>= max_seqlen)
+  // false: every sequence has the same length s, and b = n_seqs (no offsets, no padding mask)
+  bool ragged = true;
+  Tensor offsets;  // ragged: int32 seq_len[B], qkv_off[B+1], o_off[B+1], lse_off[B+1]
+  int64_t b = 0;   // ragged: batch bucket (>= n_seqs; extra sequences have length 0)
+  int64_t s = 0;   // ragged: length bucket (>= max_seqlen)
 };
 
 class CudnnAttention {
@@ -79,6 +81,11 @@ void launch_sink_backward_prep(const void* out, const void* dout, const float* l
                                const void* sinks, DType sinks_t, int64_t n, int hq, int d,
                                void* dout_scaled, float* lse_ns, float* dsinks, Allocator& alloc,
                                CUstream_st* stream);
+// Between the backend's lse[t, h] (t = i s + j) and cuDNN's packed statistics stats[i, h, j] of a
+// batch of b sequences of s tokens: to_bhsd writes `to` in cuDNN's layout from `from` in the
+// backend's, else the other way.
+void launch_lse_bhsd(const float* from, int64_t b, int64_t s, int hq, float* to, bool to_bhsd,
+                     CUstream_st* stream);
 // seq_len[b], and the element offsets of qkv, out and lse rows for a batch bucket of `b`.
 void launch_cudnn_offsets(const int32_t* cu_seqlens, int64_t n_seqs, int64_t b, int64_t qkv_row,
                           int64_t o_row, int64_t lse_row, int32_t* out, CUstream_st* stream);
