@@ -2,7 +2,9 @@
 //
 // Layout: q, k and v are the head blocks of the model's packed qkv[N, Hq + 2 Hkv, D] buffer, one
 // ragged (THD) tensor each; sequences are the batch's cu_seqlens, causal, with the optional
-// sliding window W (keys i - W < j <= i). Learned sinks are not handed to cuDNN (its packed
+// sliding window W (keys i - W < j <= i). A batch whose sequences all have one length (a
+// multiple of 64) is a plain [B, H, S, D] problem instead: no offsets, no padding mask, faster
+// kernels; its statistics pass through cuDNN's packed BHSD layout. Learned sinks are not handed to cuDNN (its packed
 // backward with sinks needs cuDNN >= 9.26): attention without the sink is exactly rescaled, since
 // with c = sigmoid(lse_ns - s), O = c * O_ns and lse = log(exp(s) + exp(lse_ns)); the backward
 // runs cuDNN's with dO' = c * dO and the sinked O, whose row sums dO'.O equal the sinked
