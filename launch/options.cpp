@@ -194,6 +194,9 @@ po::options_description describe_options(TrainOptions& o, RawEnums& raw) {
       "expert-parallel ranks (world = dp x ep_size)")(
       "bootstrap", po::value(&o.parallel.bootstrap)->default_value(o.parallel.bootstrap),
       "how ranks meet: mpi | file:PATH | tcp:HOST:PORT (empty: mpi under an MPI launcher)")(
+      "comm_overlap", po::value(&o.parallel.comm_overlap)->default_value(o.parallel.comm_overlap),
+      "CUDA, 2+ ranks: gradient reductions and zero1 all-gathers on their own stream and NCCL "
+      "communicators, overlapping compute (false: on the compute stream, in its order)")(
       "collective_timeout_s",
       po::value(&o.parallel.collective_timeout_s)->default_value(o.parallel.collective_timeout_s),
       "seconds before a stuck collective fails the job")(

@@ -109,6 +109,10 @@ struct ParallelOptions {
   int ep_size = 1;                    // expert-parallel group size; world = dp x ep
   std::string bootstrap;              // mpi | file:PATH | tcp:HOST:PORT ("": from the launch)
   double collective_timeout_s = 300;  // a collective stuck this long becomes an error
+  // CUDA, 2+ ranks: gradient reductions and zero1's all-gathers on the comm stream over NCCL
+  // communicators of their own, overlapping backward and the next forward; false: on the
+  // compute stream, in its order (the baseline that overlap is measured against).
+  bool comm_overlap = true;
 };
 
 // resume=none|auto|PATH.

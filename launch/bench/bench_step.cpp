@@ -83,6 +83,7 @@ BenchStepResult measure_bench_step(const TrainOptions& o, const RankContext& ctx
 #endif
   r.data = trainer.loader().describe();
   r.world = ctx.world();
+  r.reduction_stream = trainer.reduction_stream();
   r.steps = o.bench.steps;
   r.warmup = o.bench.warmup;
   r.startup_s = seconds_since_process_start();
@@ -173,9 +174,9 @@ std::string bench_step_table(const BenchStepResult& r) {
   std::string out;
   char buf[512];
   std::snprintf(buf, sizeof(buf),
-                "bench step: backend=%s attention=%s world=%d tokens/step=%lld steps=%lld "
-                "(warm-up %lld)\n  %s\n",
-                r.backend.c_str(), r.attention.c_str(), r.world,
+                "bench step: backend=%s attention=%s world=%d reductions=%s tokens/step=%lld "
+                "steps=%lld (warm-up %lld)\n  %s\n",
+                r.backend.c_str(), r.attention.c_str(), r.world, r.reduction_stream.c_str(),
                 static_cast<long long>(r.tokens_per_step), static_cast<long long>(r.steps),
                 static_cast<long long>(r.warmup), r.data.c_str());
   out += buf;
@@ -267,6 +268,7 @@ std::string bench_step_json(const BenchStepResult& r) {
   j["attention"] = r.attention;
   j["data"] = r.data;
   j["world"] = r.world;
+  j["reduction_stream"] = r.reduction_stream;
   j["tokens_per_step"] = r.tokens_per_step;
   j["steps"] = r.steps;
   j["ms_per_step"] = r.ms;

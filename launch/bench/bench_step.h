@@ -38,6 +38,7 @@ struct BenchStepResult {
   int64_t gemm_warmed_algos = 0;
   // cuDNN attention forward graphs whose plans were timed (CUDA, attention_autotune; 0 elsewhere).
   int64_t attention_tuned_graphs = 0;
+  std::string reduction_stream;  // Trainer::reduction_stream(): comm | compute | none
   // Memory of every rank after the profiled steps, gathered to each rank (index = world rank).
   // On a device backend: the peak of device bytes the caching allocator has handed out to
   // tensors since the process started ("device_peak_allocated"; the allocator's cached free

@@ -60,13 +60,14 @@ Trainer::Trainer(const TrainOptions& o, const RankContext& ctx)
   // counts, loss sums) stay on the host communicators of ctx_.groups.
   ProcessGroups tensor_groups = ctx_.groups;
   // Gradient reductions get their own NCCL communicators on the comm stream, so they overlap
-  // backward, where NCCL can order concurrent communicators; else they share tensor_groups.
+  // backward, where NCCL can order concurrent communicators; else (or with comm_overlap=false)
+  // they share tensor_groups on the compute stream.
   ProcessGroups grad_groups;
   Backend::StreamKind grad_stream = Backend::StreamKind::kCompute;
 #if HOTPATH_HAVE_CUDA
   if (be_->device() == Device::kCUDA && ctx_.world() > 1) {
     tensor_groups = make_nccl_groups(ctx_.groups, *be_);
-    grad_groups = make_nccl_grad_groups(ctx_.groups, *be_);
+    if (o_.parallel.comm_overlap) grad_groups = make_nccl_grad_groups(ctx_.groups, *be_);
     if (grad_groups.world) grad_stream = Backend::StreamKind::kComm;
   }
 #endif
@@ -97,9 +98,14 @@ Trainer::Trainer(const TrainOptions& o, const RankContext& ctx)
   scalars_ = be_->zeros({4}, be_->master_dtype());
 }
 
+const char* Trainer::reduction_stream() const {
+  if (!grad_sync_) return "none";
+  return grad_sync_->stream() == Backend::StreamKind::kComm ? "comm" : "compute";
+}
+
 RunState Trainer::run_state() {
-  RunState r{o_,     ctx_,  *be_, *model_, *loader_, sched_, RunPosition{step_, tokens_seen_, skipped_},
-              {}};
+  RunState r{o_, ctx_, *be_, *model_, *loader_, sched_, RunPosition{step_, tokens_seen_, skipped_},
+             {}};
   if (zero1_) r.params_loaded = [this] { zero1_->gather_params(); };
   return r;
 }

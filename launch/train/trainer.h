@@ -39,6 +39,9 @@ class Trainer {
   int64_t steps_done() const { return step_; }
   // This rank's fp32 masters and AdamW moments (shards with optimizer_sharding=zero1).
   const OptimizerStateBytes& optimizer_state_bytes() const { return state_bytes_; }
+  // Where gradient reductions and zero1's all-gathers run: "comm" (a stream of their own,
+  // overlapping compute), "compute" (in the compute stream's order) or "none" (one rank).
+  const char* reduction_stream() const;
   // Steps not applied under nonfinite=skip, over the whole run (restored on resume).
   int64_t skipped_steps() const { return skipped_; }
   const TrainOptions& options() const { return o_; }

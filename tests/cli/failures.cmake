@@ -89,6 +89,7 @@ foreach(spec
     "expert_gemm_enum|--expert_gemm=cutlass|'expert_gemm': must be serial, streams or grouped"
     "gemm_autotune_bool|--gemm_autotune=maybe|option '--gemm_autotune' is invalid. Valid choices are 'on"
     "attention_autotune_bool|--attention_autotune=2|option '--attention_autotune' is invalid. Valid choices are 'on"
+    "comm_overlap_bool|--comm_overlap=sometimes|option '--comm_overlap' is invalid. Valid choices are 'on"
     "attention_enum|--attention=flash|'attention': must be auto, cudnn or tiled"
     "allow_config_change_key|--allow_config_change=lr|'allow_config_change': 'lr' is not a model key")
   string(REPLACE "|" ";" spec "${spec}")

@@ -63,6 +63,7 @@ TEST(BenchStep, JsonCarriesTheBreakdown) {
   EXPECT_EQ(j.at("gemm_tuned_buckets").get<int64_t>(), 0) << "the CPU reference tunes nothing";
   EXPECT_EQ(j.at("gemm_warmed_algos").get<int64_t>(), 0) << "nor warms anything";
   EXPECT_EQ(j.at("attention_tuned_graphs").get<int64_t>(), 0);
+  EXPECT_EQ(j.at("reduction_stream").get<std::string>(), "none") << "one rank reduces nothing";
   const auto& prof = j.at("profile");
   double phases = 0, families = 0;
   for (int k = 0; k < kNumStepPhases; ++k)
