@@ -38,6 +38,8 @@ struct StepStats {
   int64_t tokens = 0;         // global tokens in the step
   int64_t valid_targets = 0;  // global
   double model_flops = 0;     // global: 6 * active params * tokens + causal attention FLOPs
+  // CUDA: model FLOPs per GPU per second over the bf16 peak (kPeakBf16Flops); 0 on the CPU.
+  double mfu = 0;
   SyncCounter syncs;
   // Bytes of fp32 masters and AdamW moments this rank holds (dense and expert parameters).
   int64_t optimizer_state_bytes_dense = 0;
@@ -47,7 +49,7 @@ struct StepStats {
 };
 
 // The step line of the log: "step=3 loss=... lr=... grad_norm=... tok/s=... ms=... syncs=N"
-// (+ aux_loss for MoE, + the copy arbiter's compact fields with offload).
+// (+ aux_loss for MoE, + mfu=P% on a GPU, + the copy arbiter's compact fields with offload).
 std::string step_log_line(const StepStats& s, bool moe);
 
 // The JSON object of one step, on one line (no newline).

@@ -239,6 +239,8 @@ StepStats Trainer::step() {
   if (copy_arbiter_) st.copies = copy_arbiter_->stats();
   st.ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
   st.tokens_per_s = st.tokens / (st.ms / 1000.0);
+  if (be.device() == Device::kCUDA)
+    st.mfu = st.model_flops / ctx_.world() / (st.ms / 1000.0) / kPeakBf16Flops;
   return st;
 }
 // ===============================================================================================

@@ -215,6 +215,11 @@ TEST(CudaModel, TinyMoeTrainsWithFallingLoss) {
     if (i >= o.run.steps - 3) last += s.loss / 3;
     EXPECT_EQ(s.syncs.get(SyncCause::kMetadata), 0);
     EXPECT_EQ(s.syncs.get(SyncCause::kLoss), 1);
+    // On a GPU every step carries its MFU, in the log line and the metrics too.
+    EXPECT_GT(s.mfu, 0) << "step " << s.step;
+    EXPECT_LT(s.mfu, 1) << "step " << s.step;
+    EXPECT_NE(step_log_line(s, true).find(" mfu="), std::string::npos);
+    EXPECT_NE(step_json(s, true).find("\"mfu\":"), std::string::npos);
   }
   EXPECT_LT(last, first - 0.5) << "first=" << first << " last=" << last;
 }

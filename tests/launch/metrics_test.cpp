@@ -35,6 +35,23 @@ TEST(StepJson, HasTheDocumentedKeysInOrder) {
   EXPECT_EQ(j["optimizer_state_bytes"]["dense"], 1200);
   EXPECT_EQ(j["optimizer_state_bytes"]["expert"], 3600);
   EXPECT_FALSE(nlohmann::json::parse(step_json(s, false)).contains("aux_loss"));
+  EXPECT_EQ(step_log_line(s, true).find("mfu="), std::string::npos) << "no MFU on the CPU";
+}
+
+// A GPU step's MFU follows tokens_per_s, in the JSON and as a percentage in the log line.
+TEST(StepJson, MfuOnAGpuStep) {
+  StepStats s;
+  s.step = 3;
+  s.mfu = 0.4567;
+  const nlohmann::ordered_json j = nlohmann::ordered_json::parse(step_json(s, true));
+  std::vector<std::string> keys;
+  for (auto it = j.begin(); it != j.end(); ++it) keys.push_back(it.key());
+  ASSERT_GE(keys.size(), 7u);
+  EXPECT_EQ(keys[5], "tokens_per_s");
+  EXPECT_EQ(keys[6], "mfu");
+  EXPECT_DOUBLE_EQ(j["mfu"].get<double>(), 0.4567);
+  EXPECT_NE(step_log_line(s, true).find(" mfu=45.7% "), std::string::npos)
+      << step_log_line(s, true);
 }
 
 TEST(StepJson, NonFiniteNumbersAreNull) {
