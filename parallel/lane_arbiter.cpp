@@ -408,13 +408,16 @@ std::vector<std::string> gather_link_ids(Communicator& node, const std::string& 
 }
 }  // namespace
 
+std::string resolve_pcie_groups(Communicator& node, const LaneOptions& options) {
+  if (options.pcie_groups != "auto") return options.pcie_groups;
+  return node.size() > 1 ? pcie_groups_from_link_ids(gather_link_ids(node, options.link_id))
+                         : std::string();
+}
+
 std::unique_ptr<CopyArbiter> make_copy_arbiter(Communicator& node, const LaneOptions& options) {
   options.validate();
   LaneOptions o = options;
-  if (o.enabled && o.pcie_groups == "auto") {
-    o.pcie_groups = node.size() > 1 ? pcie_groups_from_link_ids(gather_link_ids(node, o.link_id))
-                                    : std::string();
-  }
+  if (o.enabled) o.pcie_groups = resolve_pcie_groups(node, o);
   // A node of one rank needs no coordination, but its pcie_groups must still name the node.
   if (o.enabled) parse_pcie_groups(o.pcie_groups, node.size());
   if (!o.enabled || node.size() == 1) {

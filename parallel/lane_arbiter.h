@@ -107,6 +107,11 @@ class NodeLaneArbiter final : public CopyArbiter {
   CopyStatsRecorder recorder_;
 };
 
+// The links the node's ranks share, as a pcie_groups string: options.pcie_groups itself, or for
+// "auto" the groups found from every rank's link_id (collective over `node`; "" for a node of
+// one rank). "" puts the whole node on one link.
+std::string resolve_pcie_groups(Communicator& node, const LaneOptions& options);
+
 // lane_arbiter=off (or a node of one rank): LocalCopyArbiter; otherwise NodeLaneArbiter over
 // `node` (collective over it; pcie_groups=auto is resolved there from every rank's link_id).
 // Options are validated first, and with lane_arbiter=on pcie_groups against the node's size, also

@@ -16,7 +16,6 @@
 namespace hp {
 namespace {
 
-
 struct Variant {
   std::string name;
   OffloadOptions opts;
@@ -177,7 +176,9 @@ int run_bench_offload(const TrainOptions& o, const RankContext& ctx) {
   const double t_none = vs[0].ms;
   // Ranks sharing host links: the same offloading step with the lane arbiter off, then on.
   std::vector<LaneRun> lanes;
+  std::string links;  // the node's links as pcie_groups resolves them
   if (ctx.world() > 1) {
+    links = resolve_pcie_groups(*ctx.groups.node, make_lane_options(o, be.get()));
     model.set_offload(vs[2].opts);
     for (bool on : {false, true})
       lanes.push_back(run_lane_variant(*be, model, meta, scale, o, ctx, on, reps));
@@ -232,9 +233,9 @@ int run_bench_offload(const TrainOptions& o, const RankContext& ctx) {
   if (!lanes.empty()) {
     std::printf(
         "lane arbiter off vs on: %d ranks offloading at once (double L=1), chunk %lld MiB, "
-        "inflight %d, pcie_groups='%s'%s\n",
+        "inflight %d, pcie_groups='%s' (links: %s)%s\n",
         ctx.world(), static_cast<long long>(o.offload.lane_chunk_mib), o.offload.lane_inflight,
-        o.offload.pcie_groups.c_str(),
+        o.offload.pcie_groups.c_str(), links.empty() ? "every node rank on one" : links.c_str(),
         be->device() == Device::kCPU ? " (cpu: each rank simulates its own link)" : "");
     std::printf("%-5s %-6s %5s %10s %10s %10s %10s\n", "lane", "grants", "rank", "step ms",
                 "copy GB/s", "wait ms", "MiB");
@@ -247,6 +248,8 @@ int run_bench_offload(const TrainOptions& o, const RankContext& ctx) {
       }
     }
     std::printf("%-5s %14s %16s %12s\n", "lane", "GB/s max/min", "step max/min", "jain(GB/s)");
+    json["pcie_groups"] = o.offload.pcie_groups;
+    json["pcie_links"] = links;
     json["lane"] = Json::array();
     for (size_t i = 0; i < lanes.size(); ++i) {
       const LaneRun& l = lanes[i];

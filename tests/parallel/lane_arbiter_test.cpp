@@ -232,6 +232,17 @@ LaneOptions lane_options(const std::string& groups = "") {
   return o;
 }
 
+// pcie_groups=auto gathers every rank's link: even node ranks behind one root port, odd ones
+// behind another; an explicit list stays as it is, and nothing is gathered for it.
+HP_MPI_TEST(LaneArbiterMulti, AutoGroupsComeFromEveryRanksLink, 2, 3) {
+  HP_LANE_NODE(node);
+  LaneOptions o = lane_options("auto");
+  o.link_id = node->rank() % 2 == 0 ? "pci0000:17/0000:17:01.0" : "pci0000:3a/0000:3a:02.0";
+  EXPECT_EQ(resolve_pcie_groups(*node, o), node->size() == 2 ? "0;1" : "0,2;1");
+  o.pcie_groups = "0,1";
+  EXPECT_EQ(resolve_pcie_groups(*node, o), "0,1");
+}
+
 HP_MPI_TEST(LaneArbiterMulti, EqualDemandsShareTheLinkFairly, 2, 3) {
   HP_LANE_NODE(node);
   std::unique_ptr<CopyArbiter> a = make_copy_arbiter(*node, lane_options());
