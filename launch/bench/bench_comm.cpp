@@ -322,7 +322,7 @@ int run_bench_alltoall(const TrainOptions& o, const RankContext& ctx) {
   };
 
   std::vector<A2aRow> rows;
-  for (int64_t tokens : {int64_t{1024}, int64_t{4096}, kTokens, int64_t{23296}}) {
+  for (int64_t tokens : {int64_t{1024}, int64_t{4096}, int64_t{8192}, kTokens, int64_t{32768}}) {
     const int64_t m = tokens * kTopK;
     // Uniform random routing, different on every rank.
     uint64_t seed =

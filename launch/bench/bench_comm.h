@@ -7,7 +7,7 @@
 // ratio to bincount and the host syncs per layer.
 // alltoall: on every rank, over NCCL groups mirroring the host groups, the MoE token exchange
 // (CommExpertExchange dispatch + combine, 16,384 tokens x top-4 x d 2880 bf16, E = 32, uniform
-// random routing, also at other token counts up to ~512 MiB per rank) against the communicator's
+// random routing, also at 1K, 4K, 8K and 32K tokens per rank) against the communicator's
 // plain all_to_all_v of the same rows, and plain even all_to_all_v from 1 to 512 MiB per rank.
 // Prints time, algorithm and bus bandwidth (nccl-tests convention: busbw = bytes/time x (n-1)/n)
 // and the exchange/plain ratio. Needs the CUDA backend.
