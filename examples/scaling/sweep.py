@@ -446,6 +446,14 @@ def fmt_s(s):
 def cmd_run(a):
     settings, points = read_sweep(a.sweep)
     hotpath = find_hotpath(a.hotpath)
+    if a.max_gpus is not None:
+        if a.max_gpus < 1:
+            raise SweepError(f"--max-gpus: must be >= 1, got {a.max_gpus}")
+        left = [p["key"] for p in points if p["gpus"] > a.max_gpus]
+        points = [p for p in points if p["gpus"] <= a.max_gpus]
+        if left:
+            log(f"{len(left)} points need more than {a.max_gpus} GPUs and are left out: "
+                + ", ".join(left))
     os.makedirs(a.out, exist_ok=True)
     csv_path = os.path.join(a.out, "results.csv")
     done = read_csv(csv_path)
@@ -819,6 +827,8 @@ def main(argv=None):
     p.add_argument("--hotpath", help="the hotpath executable (default: $HOTPATH, build/*/bin, PATH)")
     p.add_argument("--launcher", choices=LAUNCHERS, help="overrides the sweep file's launcher")
     p.add_argument("--retry-failed", action="store_true", help="run failed points again")
+    p.add_argument("--max-gpus", type=int, help="leave out the points needing more GPUs than this "
+                   "(they are not run and not recorded)")
     p.add_argument("--no-plots", action="store_true")
     p = sub.add_parser("list", help="print every point and its command line")
     p.add_argument("sweep")

@@ -66,12 +66,24 @@ def cmd_demo(hotpath, work):
     out = os.path.join(work, "demo")
     shutil.rmtree(out, ignore_errors=True)
     sweep_file = os.path.join(ROOT, "examples", "scaling", "sweeps", "cpu-demo.ini")
-    r = run_sweep(sweep_file, out, hotpath)
-    sys.stderr.write(r.stderr[-3000:])
-    check(r.returncode == 0, "the demo sweep exited", r.returncode)
     _, points = sweep.read_sweep(sweep_file)
     check(len(points) == 12, "cpu-demo has", len(points), "points, expected 3 GPU counts x 2 "
           "layouts x 2 expert counts = 12")
+    # First a host "of 2 GPUs": the 4-rank points are left out and not recorded; the full run
+    # after it runs just those.
+    r = run_sweep(sweep_file, out, hotpath, "--max-gpus", "2", "--no-plots")
+    sys.stderr.write(r.stderr[-1500:])
+    check(r.returncode == 0, "the sweep with --max-gpus 2 exited", r.returncode)
+    check("4 points need more than 2 GPUs and are left out" in r.stderr,
+          "--max-gpus 2 does not say it leaves out the 4 four-rank points")
+    first = rows_of(os.path.join(out, "results.csv"))
+    check(len(first) == 8 and all(int(row["gpus"]) <= 2 for row in first),
+          "--max-gpus 2 recorded", [(row["key"], row["gpus"]) for row in first])
+    r = run_sweep(sweep_file, out, hotpath)
+    sys.stderr.write(r.stderr[-3000:])
+    check(r.returncode == 0, "the demo sweep exited", r.returncode)
+    check("8 already in" in r.stderr and "4 to run" in r.stderr,
+          "the full run does not pick up the 4 points left out")
     check(f"12/12 done" in r.stderr, "no '12/12 done' progress line")
     check("ETA" in r.stderr, "no ETA in the progress lines")
     rows = rows_of(os.path.join(out, "results.csv"))
