@@ -18,6 +18,19 @@
 #              transformers; logits compared (tests/hf/gpu_check.sh; needs hp_hf_compare bundled)
 #   sweep      the one-GPU scaling sweep (examples/scaling/sweeps/gpu-1x.ini) into LOG_DIR/scaling,
 #              with its report (not in the default set: a few minutes)
+#   pair       (2+ GPUs; not in the default set) the NCCL tests on 2 ranks; optimizer_sharding
+#              zero1 against none over 20 training steps of GPT-OSS-20b (4 layers, ep=2), losses
+#              compared; `bench step` on 2 ranks with comm_overlap on and off (ep=2 with either
+#              sharding, dp=2 for GPT-OSS and Llama-3.2-1B) and on one GPU, for the weak-scaling
+#              efficiency and memory per rank; the MoE exchange against NCCL's all-to-all at
+#              1K-32K tokens per rank; the lane arbiter off vs on with both ranks offloading
+#   node       (4+ GPUs; not in the default set) full GPT-OSS-20b (24 layers, ep=all GPUs, zero1):
+#              its memory plan, 200 steps with a checkpoint at 100, that checkpoint resumed at
+#              dp=2 x ep=GPUs/2 and its next 10 losses compared; the most GPT-OSS-120b layers the
+#              memory plan fits, benchmarked; the lane arbiter with every rank offloading
+#   sweep_node (2+ GPUs; not in the default set) examples/scaling/sweeps/gpu-node.ini, the points
+#              that fit this host, into SWEEP_OUT (default LOG_DIR/scaling-node); a sweep stopped
+#              by the call's time limit resumes from the results.csv left there
 #   sanitize   compute-sanitizer's memcheck (--leak-check full), racecheck, initcheck and
 #              synccheck over the GPU tests of SANITIZE_FILTER (racecheck: RACECHECK_FILTER) in
 #              SANITIZE_SHARDS processes (default 8), and over two steps of tiny-moe on the GPU;
@@ -28,7 +41,13 @@
 # STEP_ARGS (extra hotpath flags for every bench step), COMPUTE_SANITIZER (default: on PATH, else
 # the CUDA toolkit's), SANITIZE_TOOLS (default "memcheck racecheck initcheck synccheck"),
 # SANITIZE_FILTER, RACECHECK_FILTER (gtest filters), SANITIZE_ARGS (extra hotpath flags for the
-# sanitized training steps).
+# sanitized training steps), SUITE_GPUS (the GPU count to plan for; default: nvidia-smi's), and
+# for pair and node the model and data flags MOE_ARGS, DENSE_ARGS, DATA_ARGS, TOKENS_PER_GPU and
+# OFFLOAD_ARGS (defaults: GPT-OSS-20b with 4 layers, Llama-3.2-1B, the step section's token file,
+# 16384, a dense 8B-like shape), NODE_ARGS, NODE_TOKENS_PER_GPU, NODE_STEPS, NODE_CKPT_DIR,
+# NODE_GPU_GIB, BIG_ARGS and BIG_MAX_LAYERS (full GPT-OSS-20b, 16384, 200, /dev/shm/hotpath-node,
+# h200, GPT-OSS-120b, 36), so the same commands can be rehearsed on the CPU backend with tiny
+# models, SUITE_REHEARSAL=1 leaving out what only GPUs can run (docs/testing.md: CI does this).
 set -uo pipefail
 
 bin=${GPU_BIN:-.gpu/bin}
@@ -78,14 +97,32 @@ run() {
 }
 
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm --format=csv,noheader 2>/dev/null | sed 's/^/gpu: /'
-gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
+gpus=${SUITE_GPUS:-$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)}
+# mpirun for N ranks on this host: as root Open MPI wants to be told; ranks share the cores.
+mpi_n() {
+  local extra=()
+  [ "$(id -u)" = 0 ] && extra=(--allow-run-as-root)
+  echo mpirun -np "$1" "${extra[@]}" --oversubscribe --bind-to none
+}
+# The realistic documents (uniform 64..4095 tokens; ids below 128001 fit every model's vocabulary,
+# 128001 ends each document), made once per LOG_DIR.
+docs="$log_dir/docs_uniform_64_4096.h5"
+make_docs() {
+  [ -f "$docs" ] || python3 "$anchors/make_uniform_docs.py" "$docs" --eot 128001 --tokens 1048576 >/dev/null
+}
+# skip_row NAME WHY: a section this host cannot run, shown in the summary (not a failure).
+skip_row() {
+  echo "gpu_suite: $1: $2; skipped"
+  rows+=("$(printf '%-28s %-8s %5s   %s' "$1" SKIP - "$2")")
+}
 
 if want tests; then
   for t in "$bin"/*_tests; do
     [ -x "$t" ] && run "$(basename "$t")" "$t"
   done
   if [ "${gpus:-0}" -ge 2 ] && [ -x "$bin/gpu_tests" ]; then
-    run gpu_tests_nccl_np2 mpirun -np 2 "$bin/gpu_tests" --gtest_filter='Nccl*'
+    # shellcheck disable=SC2046
+    run gpu_tests_nccl_np2 $(mpi_n 2) "$bin/gpu_tests" --gtest_filter='Nccl*'
   fi
 fi
 
@@ -215,9 +252,7 @@ if want attention && [ -x "$bin/gpu_tests" ]; then
 fi
 
 if want step; then
-  docs="$log_dir/docs_uniform_64_4096.h5"
-  # Token ids below 128001 fit every model's vocabulary; 128001 ends each document.
-  [ -f "$docs" ] || python3 "$anchors/make_uniform_docs.py" "$docs" --eot 128001 --tokens 1048576 >/dev/null
+  make_docs
   declare -A cfg=([gptoss]="examples/configs/gptoss-20b.ini --n_layers=4" [llama]="examples/configs/llama-3.2-1b.ini" [qwen]="examples/configs/qwen3-0.6b.ini")
   declare -A ref=([gptoss]=gptoss20b-4L [llama]=llama1b [qwen]=qwen06b)
   for m in ${STEP_MODELS:-gptoss llama qwen}; do
@@ -231,8 +266,7 @@ if want step; then
 fi
 
 if want experts; then
-  docs="$log_dir/docs_uniform_64_4096.h5"
-  [ -f "$docs" ] || python3 "$anchors/make_uniform_docs.py" "$docs" --eot 128001 --tokens 1048576 >/dev/null
+  make_docs
   declare -A ecfg=([20b]="examples/configs/gptoss-20b.ini --n_layers=4" [120b]="examples/configs/gptoss-120b.ini --n_layers=1")
   for shape in 20b 120b; do
     for impl in serial streams grouped; do
@@ -242,6 +276,180 @@ if want experts; then
         --expert_gemm=$impl --bench_json="$log_dir/experts_${shape}_$impl.json" ${STEP_ARGS:-}
     done
   done
+fi
+
+# ---- two GPUs: the NCCL tests, zero1, the overlap, the exchange, the lanes -------------------
+# Model and data flags are variables so the commands can be rehearsed on the CPU backend
+# (MOE_ARGS="--config examples/configs/tiny-moe.ini --device=cpu" and so on).
+moe_args=${MOE_ARGS:-"--config examples/configs/gptoss-20b.ini --n_layers=4"}
+dense_args=${DENSE_ARGS:-"--config examples/configs/llama-3.2-1b.ini"}
+per_gpu=${TOKENS_PER_GPU:-16384}
+if want pair; then
+  if [ "${gpus:-0}" -lt 2 ]; then
+    skip_row pair "needs 2 GPUs, this host has ${gpus:-0}"
+  else
+    [ -n "${DATA_ARGS:-}" ] || make_docs
+    data_args=${DATA_ARGS:-"--data=$docs --eot_token=128001 --shuffle=false"}
+    read -ra mpi2 <<<"$(mpi_n 2)"
+    read -ra moe <<<"$moe_args $data_args"
+    read -ra dense <<<"$dense_args $data_args"
+    if ! want tests && [ -x "$bin/gpu_tests" ]; then
+      run pair_nccl_tests "${mpi2[@]}" "$bin/gpu_tests" --gtest_filter='Nccl*'
+    fi
+    # zero1 against none: 20 steps on the same global batches, the losses side by side.
+    for z in none zero1; do
+      run "pair_train_$z" "${mpi2[@]}" "$bin/hotpath" train "${moe[@]}" --ep_size=2 \
+        --batch_tokens=$((2 * per_gpu)) --steps=20 --log_every=5 --optimizer_sharding=$z \
+        --metrics_path="$log_dir/pair_train_$z.jsonl"
+    done
+    run pair_zero1_losses python3 tests/tools/hp_check.py losses "$log_dir/pair_train_zero1.jsonl" \
+      "$log_dir/pair_train_none.jsonl" --rel 1e-2 --steps 20
+    # bench step on 2 ranks (16K tokens each) with the reductions overlapped and not, and one GPU.
+    step2() {
+      local name=$1
+      shift
+      run "$name" "${mpi2[@]}" "$bin/hotpath" bench step "$@" --batch_tokens=$((2 * per_gpu)) \
+        --bench_steps=6 --bench_warmup=2 --bench_json="$log_dir/$name.json"
+    }
+    run pair_step_1gpu "$bin/hotpath" bench step "${moe[@]}" --batch_tokens="$per_gpu" \
+      --bench_steps=6 --bench_warmup=2 --bench_json="$log_dir/pair_step_1gpu.json"
+    for z in none zero1; do
+      for ov in true false; do
+        step2 "pair_step_ep2_${z}_overlap_$ov" "${moe[@]}" --ep_size=2 --optimizer_sharding=$z \
+          --comm_overlap=$ov
+      done
+    done
+    for ov in true false; do
+      step2 "pair_step_dp2_moe_overlap_$ov" "${moe[@]}" --ep_size=1 --comm_overlap=$ov
+      step2 "pair_step_dp2_dense_overlap_$ov" "${dense[@]}" --ep_size=1 --comm_overlap=$ov
+    done
+    if [ -n "${SUITE_REHEARSAL:-}" ]; then
+      skip_row pair_alltoall "rehearsal: bench alltoall measures NCCL, which needs GPUs"
+    else
+      # shellcheck disable=SC2086
+      run pair_alltoall "${mpi2[@]}" "$bin/hotpath" bench alltoall $moe_args \
+        --bench_json="$log_dir/pair_alltoall.json"
+    fi
+    # Both ranks offloading at once: the links as pcie_groups=auto finds them, then both ranks
+    # on one link (the case the arbiter is for).
+    for g in auto 0,1; do
+      # shellcheck disable=SC2086
+      run "pair_offload_${g/,/_}" "${mpi2[@]}" "$bin/hotpath" bench offload ${OFFLOAD_ARGS:-$dense_args \
+        --d_model=4096 --n_heads=32 --n_kv_heads=8 --head_dim=128 --ffn_dim=14336 --n_layers=8 \
+        --tie_embeddings=false --seq_len=4096} --batch_tokens=$((2 * per_gpu)) --bench_warmup=1 \
+        --bench_steps=3 --pcie_groups="$g" --bench_json="$log_dir/pair_offload_${g/,/_}.json"
+    done
+  fi
+fi
+
+# ---- four to eight GPUs: full GPT-OSS-20b, GPT-OSS-120b layers, the lanes ---------------------
+# n = every GPU of the host (at most 8). The layouts come from the memory plan (`--dry-run`),
+# tried in order; the first that fits runs. A full GPT-OSS-20b checkpoint holds fp32 masters and
+# both moments (about 12 bytes a parameter, 234 GiB), more than these hosts' disks: it goes to
+# NODE_CKPT_DIR (default /dev/shm/hotpath-node), and only when that has room for it.
+# plan_fits NAME ARGS...: the memory plan of ARGS on n ranks (its log NAME.log); 0 when it fits.
+plan_fits() {
+  local name=$1
+  shift
+  "$bin/hotpath" train "$@" --dry-run --plan_world="$n" --device_memory_gib="${NODE_GPU_GIB:-h200}" \
+    >"$log_dir/$name.log" 2>&1
+}
+if want node; then
+  if [ "${gpus:-0}" -lt 4 ]; then
+    skip_row node "needs 4 GPUs, this host has ${gpus:-0}"
+  else
+    n=$((gpus > 8 ? 8 : gpus))
+    read -ra mpin <<<"$(mpi_n "$n")"
+    node_tokens=$((n * ${NODE_TOKENS_PER_GPU:-16384}))
+    read -ra full <<<"${NODE_ARGS:-"--config examples/configs/gptoss-20b.ini --synthetic_doc_len=uniform:64:4096"} --batch_tokens=$node_tokens"
+    steps=${NODE_STEPS:-200}
+    # The training layout (experts over every GPU) and the one the checkpoint is resumed under
+    # (dp=2 x ep=n/2), each with what the plan needs to fit.
+    pick_layout() {
+      local name=$1 ep=$2 extra
+      for extra in "" "--checkpoint_activations=true" "--checkpoint_activations=true --offload=double"; do
+        # shellcheck disable=SC2086
+        if plan_fits "$name" "${full[@]}" --ep_size="$ep" --optimizer_sharding=zero1 $extra; then
+          echo "--ep_size=$ep --optimizer_sharding=zero1 $extra"
+          return 0
+        fi
+      done
+      return 1
+    }
+    if ! train_layout=$(pick_layout node_plan_20b "$n"); then
+      rows+=("$(printf '%-28s %-8s %5s   no layout of %s GPUs fits (%s)' node_plan_20b FAIL - "$n" "$log_dir/node_plan_20b.log")")
+      failed=1
+    else
+      read -ra tl <<<"$train_layout"
+      run node_plan_20b "$bin/hotpath" train "${full[@]}" "${tl[@]}" --dry-run --plan_world="$n" \
+        --device_memory_gib="${NODE_GPU_GIB:-h200}" --plan_json="$log_dir/node_plan_20b.json"
+      ck=${NODE_CKPT_DIR:-/dev/shm/hotpath-node}
+      rm -rf "$ck" && mkdir -p "$ck"
+      params=$(grep -m1 -oE 'params: total=[0-9]+' "$log_dir/node_plan_20b.log" | grep -oE '[0-9]+$')
+      need=$((${params:-0} * 13))  # masters and moments in fp32, plus room for the metadata
+      avail=$(df --output=avail -B1 "$ck" 2>/dev/null | tail -1 | tr -d ' ')
+      stop=$((steps - 5))  # the checkpoint's step: the last 5 steps run from it twice
+      if [ "${avail:-0}" -ge "$need" ]; then
+        run node_train_20b "${mpin[@]}" "$bin/hotpath" train "${full[@]}" "${tl[@]}" \
+          --steps="$steps" --stop_at_step="$stop" --log_every=10 --checkpoint_dir="$ck" \
+          --metrics_path="$log_dir/node_train_20b.jsonl"
+        # From the checkpoint: the same layout, then dp=2 x ep=n/2; no checkpoint is written.
+        run node_resume_same "${mpin[@]}" "$bin/hotpath" train "${full[@]}" "${tl[@]}" \
+          --steps="$steps" --resume="$ck" --log_every=1 --metrics_path="$log_dir/node_resume_same.jsonl"
+        if other_layout=$(pick_layout node_plan_20b_resume $((n / 2))); then
+          read -ra ol <<<"$other_layout"
+          run node_resume_other "${mpin[@]}" "$bin/hotpath" train "${full[@]}" "${ol[@]}" \
+            --steps="$steps" --resume="$ck" --log_every=1 \
+            --metrics_path="$log_dir/node_resume_other.jsonl"
+          run node_resume_losses python3 tests/tools/hp_check.py losses \
+            "$log_dir/node_resume_other.jsonl" "$log_dir/node_resume_same.jsonl" --rel 2e-2 --steps 5
+        else
+          rows+=("$(printf '%-28s %-8s %5s   no dp=2 x ep=%s layout fits' node_resume_other FAIL - $((n / 2)))")
+          failed=1
+        fi
+        rm -rf "$ck"
+      else
+        # Without room for the checkpoint: the 200 steps alone.
+        skip_row node_checkpoint "$ck has $((${avail:-0} >> 30)) GiB free, the checkpoint needs $((need >> 30)) GiB"
+        run node_train_20b "${mpin[@]}" "$bin/hotpath" train "${full[@]}" "${tl[@]}" \
+          --steps="$steps" --log_every=10 --metrics_path="$log_dir/node_train_20b.jsonl"
+      fi
+    fi
+    # GPT-OSS-120b: the most of its 36 layers whose plan fits n GPUs (experts over all of them).
+    read -ra big <<<"${BIG_ARGS:-"--config examples/configs/gptoss-120b.ini --synthetic_doc_len=uniform:64:4096"} --batch_tokens=$node_tokens --ep_size=$n --optimizer_sharding=zero1 --checkpoint_activations=true"
+    layers=0
+    for ((l = ${BIG_MAX_LAYERS:-36}; l >= 1; l--)); do
+      if plan_fits node_plan_120b "${big[@]}" --n_layers=$l; then layers=$l; break; fi
+    done
+    echo "$layers" >"$log_dir/node_120b_layers"
+    if [ "$layers" -gt 0 ]; then
+      run node_plan_120b "$bin/hotpath" train "${big[@]}" --n_layers=$layers --dry-run \
+        --plan_world="$n" --device_memory_gib="${NODE_GPU_GIB:-h200}" --plan_json="$log_dir/node_plan_120b.json"
+      run node_step_120b "${mpin[@]}" "$bin/hotpath" bench step "${big[@]}" --n_layers=$layers \
+        --bench_steps=4 --bench_warmup=2 --bench_json="$log_dir/node_step_120b.json"
+    else
+      rows+=("$(printf '%-28s %-8s %5s   not one layer fits' node_plan_120b FAIL -)")
+      failed=1
+    fi
+    # Every rank offloading at once, the links as pcie_groups=auto finds them.
+    # shellcheck disable=SC2086
+    run node_offload "${mpin[@]}" "$bin/hotpath" bench offload ${OFFLOAD_ARGS:-$dense_args \
+      --d_model=4096 --n_heads=32 --n_kv_heads=8 --head_dim=128 --ffn_dim=14336 --n_layers=8 \
+      --tie_embeddings=false --seq_len=4096} --batch_tokens=$((n * per_gpu)) --bench_warmup=1 \
+      --bench_steps=3 --pcie_groups=auto --bench_json="$log_dir/node_offload.json"
+  fi
+fi
+
+if want sweep_node; then
+  if [ "${gpus:-0}" -lt 2 ]; then
+    skip_row sweep_node "needs 2 GPUs, this host has ${gpus:-0}"
+  else
+    out=${SWEEP_OUT:-$log_dir/scaling-node}
+    run sweep_node python3 examples/scaling/sweep.py run examples/scaling/sweeps/gpu-node.ini \
+      --out "$out" --hotpath "$bin/hotpath" --max-gpus "$gpus"
+    run sweep_node_report python3 examples/scaling/sweep.py report "$out/results.csv" \
+      --md "$out/scaling.md"
+  fi
 fi
 
 if want hf && [ -x "$bin/hotpath" ]; then
@@ -280,6 +488,125 @@ for shape in ("20b", "120b"):
         ms = j["profile"]["wall_ms"]; ex = j["profile"]["by_family_ms"].get("expert_gemm", 0)
         base = base or j["tokens_per_s"]
         print(f"{shape:6s} {impl:8s} {ms:8.1f} {ex:9.1f} {j['tokens_per_s']:8.0f} {j['tokens_per_s']/base:6.3f}")
+PY
+fi
+if want pair && [ "${gpus:-0}" -ge 2 ]; then
+  echo "-- two GPUs (targets: zero1 = none within bf16 tolerance; weak scaling >= 95%)"
+  python3 - "$log_dir" "$per_gpu" <<'PY'
+import json, os, sys
+d, per_gpu = sys.argv[1], int(sys.argv[2])
+def load(name):
+    try:
+        return json.load(open(os.path.join(d, name + ".json")))
+    except Exception:
+        return None
+def losses(name):
+    try:
+        return [json.loads(l)["loss"] for l in open(os.path.join(d, name + ".jsonl")) if l.strip()]
+    except Exception:
+        return []
+a, b = losses("pair_train_none"), losses("pair_train_zero1")
+if a and len(a) == len(b):
+    worst = max(abs(x - y) / abs(x) for x, y in zip(a, b))
+    print(f"zero1 vs none, {len(a)} steps: loss {a[0]:.4f} -> {a[-1]:.4f} (none), "
+          f"{b[0]:.4f} -> {b[-1]:.4f} (zero1); max relative difference {worst:.2e}")
+else:
+    print(f"zero1 vs none: no result ({len(a)} and {len(b)} steps)")
+one = load("pair_step_1gpu")
+print(f"{f'run (2 ranks, {per_gpu} tokens each)':34s} {'ms':>8s} {'tok/s/GPU':>10s} {'MFU':>6s} "
+      f"{'busy':>6s} {'reductions':>10s} {'MiB/rank max':>12s} {'weak scaling':>12s}")
+def row(label, j):
+    if not j:
+        print(f"{label:34s} (no result)"); return
+    per_gpu = j["tokens_per_s"] / j["world"]
+    mem = j.get("memory", {}).get("max_bytes", 0) / 2**20
+    eff = f"{100 * per_gpu / one['tokens_per_s']:11.1f}%" if one and j["world"] > 1 else f"{'':12s}"
+    print(f"{label:34s} {j['ms_per_step']:8.1f} {per_gpu:10.0f} {100 * j['mfu']:5.1f}% "
+          f"{100 * j['gpu_busy_fraction']:5.1f}% {j.get('reduction_stream', '?'):>10s} {mem:12.0f} {eff}")
+row(f"one GPU, {per_gpu} tokens", one)
+for z in ("none", "zero1"):
+    for ov in ("true", "false"):
+        row(f"ep=2 {z} comm_overlap={ov}", load(f"pair_step_ep2_{z}_overlap_{ov}"))
+for m in ("moe", "dense"):
+    for ov in ("true", "false"):
+        row(f"dp=2 {m} comm_overlap={ov}", load(f"pair_step_dp2_{m}_overlap_{ov}"))
+for m in ("ep2_none", "ep2_zero1", "dp2_moe", "dp2_dense"):
+    on, off = load(f"pair_step_{m}_overlap_true"), load(f"pair_step_{m}_overlap_false")
+    if on and off:
+        print(f"overlap {m}: {off['ms_per_step'] / on['ms_per_step']:.3f}x the step time without it")
+a2a = load("pair_alltoall")
+if a2a:
+    print("MoE exchange (dispatch + combine) vs NCCL reference all-to-all of the same rows")
+    for r in a2a["rows"]:
+        if r["variant"] in ("moe_exchange", "even"):
+            what = f"{r['tokens']:6d} tokens" if r["variant"] == "moe_exchange" else f"even {r['mib_per_rank']:7.1f} MiB"
+            print(f"  {what:>18s}: {r['ms']:7.3f} ms, busbw {r['busbw_gbs']:6.1f} GB/s, "
+                  f"vs NCCL {100 * r.get('vs_nccl', float('nan')):5.1f}%")
+for g in ("auto", "0_1"):
+    off = load(f"pair_offload_{g}")
+    if not off or "lane" not in off:
+        print(f"lanes pcie_groups={g}: no result"); continue
+    print(f"lanes pcie_groups={off.get('pcie_groups')} (links: {off.get('pcie_links') or 'one'}):")
+    for l in off["lane"]:
+        print(f"  arbiter {l['lane_arbiter']:3s}: step ms {', '.join(f'{x:.1f}' for x in l['step_ms'])}; "
+              f"copy GB/s {', '.join(f'{x:.1f}' for x in l['gbps'])}; step max/min "
+              f"{l['step_max_over_min']:.3f}; Jain {l['jain']:.4f}")
+PY
+fi
+if want node && [ "${gpus:-0}" -ge 4 ]; then
+  echo "-- the node (targets: loss falling; the resumed losses within 2e-2 of the same layout's)"
+  python3 - "$log_dir" <<'PY'
+import json, os, re, sys
+d = sys.argv[1]
+def jsonl(name):
+    try:
+        return [json.loads(l) for l in open(os.path.join(d, name + ".jsonl")) if l.strip()]
+    except Exception:
+        return []
+def text(name):
+    try:
+        return open(os.path.join(d, name + ".log")).read()
+    except Exception:
+        return ""
+for name in ("node_plan_20b", "node_plan_20b_resume", "node_plan_120b"):
+    t = text(name)
+    m = re.search(r"memory plan per rank: (.*)", t)
+    tot = re.search(r"total\s+([\d.]+ [KMGT]iB)", t)
+    if m:
+        print(f"{name}: {m.group(1)}; {tot.group(1) if tot else '?'} per rank")
+tr = jsonl("node_train_20b") + jsonl("node_resume_same")
+if tr:
+    tps = sorted(r["tokens_per_s"] for r in tr[len(tr) // 2:] if "tokens_per_s" in r)
+    mfu = sorted(r["mfu"] for r in tr[len(tr) // 2:] if "mfu" in r)
+    print(f"GPT-OSS-20b: steps {tr[0]['step']}..{tr[-1]['step']}, loss {tr[0]['loss']:.3f} -> "
+          f"{tr[-1]['loss']:.3f}; tok/s {tps[len(tps) // 2] if tps else float('nan'):.0f} "
+          f"(median of the second half), MFU {100 * mfu[len(mfu) // 2] if mfu else float('nan'):.1f}%")
+for name in ("node_train_20b", "node_resume_same", "node_resume_other"):
+    t = text(name)
+    for m in re.finditer(r"checkpoint: (saved|loaded) .*", t):
+        print(f"{name}: {m.group(0)[:200]}")
+same, other = jsonl("node_resume_same"), jsonl("node_resume_other")
+if same and other:
+    print("after the checkpoint: " + "; ".join(
+        f"step {a['step']} {a['loss']:.4f} vs {b['loss']:.4f}" for a, b in zip(same, other)))
+try:
+    j = json.load(open(os.path.join(d, "node_step_120b.json")))
+    layers = open(os.path.join(d, "node_120b_layers")).read().strip()
+    print(f"GPT-OSS-120b, {layers} layers on {j['world']} GPUs: "
+          f"{j['tokens_per_s'] / j['world']:.0f} tok/s/GPU, MFU {100 * j['mfu']:.1f}%, "
+          f"memory {j['memory']['max_bytes'] / 2**30:.1f} GiB max of the plan's "
+          f"{j['memory_plan_bytes'] / 2**30:.1f}")
+except Exception:
+    print("GPT-OSS-120b layers: no result")
+try:
+    off = json.load(open(os.path.join(d, "node_offload.json")))
+    print(f"lanes, {len(off['lane'][0]['step_ms'])} ranks, pcie_groups=auto found links "
+          f"{off.get('pcie_links') or 'one for the node'}")
+    for l in off["lane"]:
+        print(f"  arbiter {l['lane_arbiter']:3s}: step max/min {l['step_max_over_min']:.3f}, "
+              f"copy GB/s min {min(l['gbps']):.1f} max {max(l['gbps']):.1f}, Jain {l['jain']:.4f}")
+except Exception:
+    print("lanes: no result")
 PY
 fi
 if want step; then
