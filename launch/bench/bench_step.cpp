@@ -24,7 +24,7 @@
 namespace hp {
 namespace {
 
-constexpr size_t kTopKernels = 20;
+constexpr size_t kTopKernels = 32;
 constexpr size_t kTopIdleGaps = 10;
 
 // This rank's memory figure and what it measures (see BenchStepResult::memory_bytes).
