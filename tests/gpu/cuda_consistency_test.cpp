@@ -91,6 +91,10 @@ class CudaConsistency : public ::testing::Test {
 
   Tensor ints(const std::vector<int32_t>& v) { return Tensor::host_from(v, DType::kI32); }
 
+  // qk_norm forward and backward of 29 tokens, hq query and hkv key/value heads of d, on both
+  // backends.
+  void check_qk_norm(int64_t d, int64_t hq, int64_t hkv);
+
   std::vector<int32_t> rand_ids(int64_t n, int64_t limit, uint64_t seed) {
     Philox rng(seed, "cuda-consistency-ids");
     std::vector<int32_t> v(static_cast<size_t>(n));
@@ -537,8 +541,18 @@ TEST_F(CudaConsistency, RopeForwardAndInverse) {
   }
 }
 
+// Heads of 64 and 128 (Vec16 rows: 8 and 16 lanes a head, with a last warp only partly full at
+// 290 rows) and of 40 (the one-element-a-lane kernel).
 TEST_F(CudaConsistency, QkNorm) {
-  const int64_t n = 29, hq = 4, hkv = 2, d = 64, h = hq + 2 * hkv;
+  for (auto [d, hq, hkv] :
+       {std::tuple<int64_t, int64_t, int64_t>{64, 4, 2}, {64, 4, 3}, {128, 4, 3}, {40, 2, 1}}) {
+    SCOPED_TRACE("d=" + std::to_string(d) + " hq=" + std::to_string(hq));
+    check_qk_norm(d, hq, hkv);
+  }
+}
+
+void CudaConsistency::check_qk_norm(int64_t d, int64_t hq, int64_t hkv) {
+  const int64_t n = 29, h = hq + 2 * hkv;
   Tensor x = rand({n, h, d}, 70, 1.5), qw = rand({d}, 71, 0.3, 1.0), kw = rand({d}, 72, 0.3, 1.0);
   Tensor dout = rand({n, h, d}, 73);
   Tensor cy = cpu_->empty({n, h, d}, DType::kF32), cr = cpu_->empty({n, hq + hkv}, DType::kF32);
@@ -546,6 +560,7 @@ TEST_F(CudaConsistency, QkNorm) {
   cpu_->qk_norm_fwd(on_cpu(x), on_cpu(qw), on_cpu(kw), hq, hkv, 1e-6, cy, cr);
   gpu_->qk_norm_fwd(on_gpu(x), on_gpu(qw), on_gpu(kw), hq, hkv, 1e-6, gy, gr);
   expect_close("qk_norm y", gy, cy);
+  expect_close("qk_norm rstd", gr, cr);
   Tensor cdx = cpu_->empty({n, h, d}, DType::kF32), gdx = gpu_->empty({n, h, d}, DType::kBF16);
   Tensor cdq = cpu_->zeros({d}, DType::kF32), cdk = cpu_->zeros({d}, DType::kF32);
   Tensor gdq = gpu_->zeros({d}, DType::kF32), gdk = gpu_->zeros({d}, DType::kF32);
@@ -554,6 +569,11 @@ TEST_F(CudaConsistency, QkNorm) {
   expect_close("qk_norm dx", gdx, cdx);
   expect_close("qk_norm dqw", gdq, cdq);
   expect_close("qk_norm dkw", gdk, cdk);
+  // In place (dx over dout): the same bits.
+  Tensor inplace = on_gpu(dout), dq2 = gpu_->zeros({d}, DType::kF32),
+         dk2 = gpu_->zeros({d}, DType::kF32);
+  gpu_->qk_norm_bwd(on_gpu(x), on_gpu(qw), on_gpu(kw), hq, hkv, gr, inplace, inplace, dq2, dk2);
+  EXPECT_EQ(gpu_values(inplace), gpu_values(gdx));
 }
 
 // ---- attention

@@ -1,4 +1,6 @@
 // RMSNorm (forward, backward) and rotary position embedding.
+#include <type_traits>
+
 #include "framework/backend/cuda/column_sum.cuh"
 #include "framework/backend/cuda/cuda_kernels.h"
 
@@ -313,6 +315,108 @@ __global__ void qk_norm_bwd_kernel(const T* x, const W* qw, const W* kw, int64_t
     dxr[i] = from_f32<T>(r * to_f32(dyr[i]) * to_f32(w[i]) - c * to_f32(xr[i]));
 }
 
+// The same on Vec16 rows of L vectors (L = d / Vec16<T>::kN, a power of two <= 32): L lanes a
+// row, 32 / L rows a warp, so a head of 128 bf16 is 16 lanes of one 16-byte access each instead
+// of 32 lanes of four 2-byte ones. Every lane of the warp takes part in the shuffles: rows past
+// the end and v heads (copied, not normalized) compute a sum they then ignore.
+template <typename T, typename W, int L>
+__global__ void qk_norm_fwd_vec_kernel(const uint4* x, const W* qw, const W* kw, int64_t n, int h,
+                                       int hq_norm, int h_norm, float eps, uint4* out,
+                                       float* rstd) {
+  constexpr int kN = Vec16<T>::kN;
+  const int lane = threadIdx.x & 31;
+  const int64_t row =
+      (blockIdx.x * (int64_t)kWarpsPerBlock + threadIdx.x / 32) * (32 / L) + lane / L;
+  const int sub = lane % L;
+  const bool valid = row < n * h;
+  const int head = static_cast<int>(row % h);
+  const Vec16<T> v = valid ? Vec16<T>{x[row * L + sub]} : Vec16<T>{make_uint4(0, 0, 0, 0)};
+  float ss = 0.f;
+#pragma unroll
+  for (int q = 0; q < kN; ++q) ss += v.get(q) * v.get(q);
+#pragma unroll
+  for (int o = L / 2; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+  if (!valid) return;
+  if (head >= h_norm) {
+    out[row * L + sub] = v.raw;
+    return;
+  }
+  const float r = rsqrtf(ss / (float)(L * kN) + eps);
+  const W* w = (head < hq_norm ? qw : kw) + sub * kN;
+  Vec16<T> y;
+#pragma unroll
+  for (int q = 0; q < kN; ++q) y.set(q, v.get(q) * r * to_f32(w[q]));
+  out[row * L + sub] = y.raw;
+  if (sub == 0) rstd[(row / h) * h_norm + head] = r;
+}
+
+template <typename T, typename W, int L>
+__global__ void qk_norm_bwd_vec_kernel(const uint4* x, const W* qw, const W* kw, int64_t n, int h,
+                                       int hq_norm, int h_norm, const float* rstd, const uint4* dy,
+                                       uint4* dx) {
+  constexpr int kN = Vec16<T>::kN;
+  const int lane = threadIdx.x & 31;
+  const int64_t row =
+      (blockIdx.x * (int64_t)kWarpsPerBlock + threadIdx.x / 32) * (32 / L) + lane / L;
+  const int sub = lane % L;
+  const bool valid = row < n * h;
+  const int head = static_cast<int>(row % h);
+  const bool norm = valid && head < h_norm;
+  const uint4 zero = make_uint4(0, 0, 0, 0);
+  const Vec16<T> g = valid ? Vec16<T>{dy[row * L + sub]} : Vec16<T>{zero};
+  const Vec16<T> v = norm ? Vec16<T>{x[row * L + sub]} : Vec16<T>{zero};
+  const W* w = (head < hq_norm ? qw : kw) + sub * kN;
+  float wf[kN];
+#pragma unroll
+  for (int q = 0; q < kN; ++q) wf[q] = norm ? to_f32(w[q]) : 0.f;
+  float dot = 0.f;
+#pragma unroll
+  for (int q = 0; q < kN; ++q) dot += g.get(q) * wf[q] * v.get(q);
+#pragma unroll
+  for (int o = L / 2; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
+  if (!valid) return;
+  if (!norm) {
+    dx[row * L + sub] = g.raw;
+    return;
+  }
+  const float r = rstd[(row / h) * h_norm + head];
+  const float c = r * r * r * dot / (float)(L * kN);
+  Vec16<T> o;
+#pragma unroll
+  for (int q = 0; q < kN; ++q) o.set(q, r * g.get(q) * wf[q] - c * v.get(q));
+  dx[row * L + sub] = o.raw;
+}
+
+// Calls f(std::integral_constant<int, L>) for L = d / Vec16<T>::kN when rows of d elements of T
+// at these pointers are Vec16 rows and L is a power of two <= 32; false (f not called) else.
+template <typename T, typename F>
+bool with_vec16_lanes(int d, std::initializer_list<const void*> ptrs, F&& f) {
+  constexpr int kN = Vec16<T>::kN;
+  if (d % kN != 0 || !vec16_rows(d, sizeof(T), ptrs)) return false;
+  switch (d / kN) {
+    case 1:
+      f(std::integral_constant<int, 1>{});
+      return true;
+    case 2:
+      f(std::integral_constant<int, 2>{});
+      return true;
+    case 4:
+      f(std::integral_constant<int, 4>{});
+      return true;
+    case 8:
+      f(std::integral_constant<int, 8>{});
+      return true;
+    case 16:
+      f(std::integral_constant<int, 16>{});
+      return true;
+    case 32:
+      f(std::integral_constant<int, 32>{});
+      return true;
+    default:
+      return false;
+  }
+}
+
 // Column c < d: q-head weight gradient; c >= d: k-head weight gradient; rows are tokens.
 template <typename T>
 struct QkNormWeightGrad {
@@ -345,6 +449,16 @@ void launch_qk_norm_fwd(const void* x, DType t, const void* qw, const void* kw, 
     using T = decltype(ts);
     dispatch_float(w_t, [&](auto ws) {
       using W = decltype(ws);
+      const bool vec = with_vec16_lanes<T>(d, {x, out}, [&](auto lanes) {
+        constexpr int L = decltype(lanes)::value;
+        const int64_t warps = (rows + 32 / L - 1) / (32 / L);
+        qk_norm_fwd_vec_kernel<T, W, L>
+            <<<static_cast<unsigned>((warps + kWarpsPerBlock - 1) / kWarpsPerBlock),
+               kWarpsPerBlock * 32, 0, stream>>>(
+                static_cast<const uint4*>(x), static_cast<const W*>(qw), static_cast<const W*>(kw),
+                n, h, hq_norm, hq_norm + hkv_norm, eps, static_cast<uint4*>(out), rstd);
+      });
+      if (vec) return;
       qk_norm_fwd_kernel<<<grid, kWarpsPerBlock * 32, 0, stream>>>(
           static_cast<const T*>(x), static_cast<const W*>(qw), static_cast<const W*>(kw), n, h,
           hq_norm, hq_norm + hkv_norm, d, eps, static_cast<T*>(out), rstd);
@@ -373,6 +487,17 @@ void launch_qk_norm_bwd(const void* x, DType t, const void* qw, const void* kw, 
     const unsigned grid = static_cast<unsigned>((rows + kWarpsPerBlock - 1) / kWarpsPerBlock);
     dispatch_float(w_t, [&](auto ws) {
       using W = decltype(ws);
+      const bool vec = with_vec16_lanes<T>(d, {x, dout, din}, [&](auto lanes) {
+        constexpr int L = decltype(lanes)::value;
+        const int64_t warps = (rows + 32 / L - 1) / (32 / L);
+        qk_norm_bwd_vec_kernel<T, W, L>
+            <<<static_cast<unsigned>((warps + kWarpsPerBlock - 1) / kWarpsPerBlock),
+               kWarpsPerBlock * 32, 0, stream>>>(
+                static_cast<const uint4*>(x), static_cast<const W*>(qw), static_cast<const W*>(kw),
+                n, h, hq_norm, h_norm, rstd, static_cast<const uint4*>(dout),
+                static_cast<uint4*>(din));
+      });
+      if (vec) return;
       qk_norm_bwd_kernel<<<grid, kWarpsPerBlock * 32, 0, stream>>>(
           static_cast<const T*>(x), static_cast<const W*>(qw), static_cast<const W*>(kw), n, h,
           hq_norm, h_norm, d, rstd, static_cast<const T*>(dout), static_cast<T*>(din));
