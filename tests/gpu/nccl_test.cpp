@@ -572,7 +572,7 @@ TrainOptions tiny_moe_options(int ep_size) {
   c.n_layers = 4;
   c.n_heads = 4;
   c.n_kv_heads = 2;
-  c.head_dim = 32;
+  c.head_dim = 64;  // cuDNN's attention on the full-causal layers, as attention=auto ships it
   c.n_experts = 8;
   c.top_k = 2;
   c.expert_ffn_dim = 128;
@@ -617,6 +617,9 @@ TEST(NcclTrain, TwoRankLossesMatchOneRankAndRoutingSyncsPerLayer) {
     RankContext one = single_rank_context();
     one.launch.local_rank = detect_launch().local_rank;  // this rank's own GPU
     Trainer t(tiny_moe_options(1), one);
+    // The path realistic documents run: cuDNN for the full-causal layers, tiled for windows.
+    EXPECT_EQ(cuda_attention_description(t.backend()).rfind("cudnn", 0), 0u)
+        << cuda_attention_description(t.backend());
     for (int i = 0; i < steps; ++i) ref.push_back(t.step().loss);
   }
   for (int ep : {hw->size(), 1}) {
