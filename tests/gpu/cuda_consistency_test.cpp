@@ -91,9 +91,9 @@ class CudaConsistency : public ::testing::Test {
 
   Tensor ints(const std::vector<int32_t>& v) { return Tensor::host_from(v, DType::kI32); }
 
-  // qk_norm forward and backward of 29 tokens, hq query and hkv key/value heads of d, on both
+  // qk_norm forward and backward of n tokens, hq query and hkv key/value heads of d, on both
   // backends.
-  void check_qk_norm(int64_t d, int64_t hq, int64_t hkv);
+  void check_qk_norm(int64_t n, int64_t d, int64_t hq, int64_t hkv);
 
   std::vector<int32_t> rand_ids(int64_t n, int64_t limit, uint64_t seed) {
     Philox rng(seed, "cuda-consistency-ids");
@@ -542,17 +542,22 @@ TEST_F(CudaConsistency, RopeForwardAndInverse) {
 }
 
 // Heads of 64 and 128 (Vec16 rows: 8 and 16 lanes a head, with a last warp only partly full at
-// 290 rows) and of 40 (the one-element-a-lane kernel).
+// 290 rows; 600 tokens: several blocks, each warp over many row groups, for the weight
+// gradients folded into the backward) and of 40 (the one-element-a-lane kernels).
 TEST_F(CudaConsistency, QkNorm) {
-  for (auto [d, hq, hkv] :
-       {std::tuple<int64_t, int64_t, int64_t>{64, 4, 2}, {64, 4, 3}, {128, 4, 3}, {40, 2, 1}}) {
-    SCOPED_TRACE("d=" + std::to_string(d) + " hq=" + std::to_string(hq));
-    check_qk_norm(d, hq, hkv);
+  for (auto [n, d, hq, hkv] : {std::tuple<int64_t, int64_t, int64_t, int64_t>{29, 64, 4, 2},
+                               {29, 64, 4, 3},
+                               {29, 128, 4, 3},
+                               {600, 128, 4, 2},
+                               {29, 40, 2, 1}}) {
+    SCOPED_TRACE("n=" + std::to_string(n) + " d=" + std::to_string(d) +
+                 " hq=" + std::to_string(hq));
+    check_qk_norm(n, d, hq, hkv);
   }
 }
 
-void CudaConsistency::check_qk_norm(int64_t d, int64_t hq, int64_t hkv) {
-  const int64_t n = 29, h = hq + 2 * hkv;
+void CudaConsistency::check_qk_norm(int64_t n, int64_t d, int64_t hq, int64_t hkv) {
+  const int64_t h = hq + 2 * hkv;
   Tensor x = rand({n, h, d}, 70, 1.5), qw = rand({d}, 71, 0.3, 1.0), kw = rand({d}, 72, 0.3, 1.0);
   Tensor dout = rand({n, h, d}, 73);
   Tensor cy = cpu_->empty({n, h, d}, DType::kF32), cr = cpu_->empty({n, hq + hkv}, DType::kF32);
@@ -569,11 +574,13 @@ void CudaConsistency::check_qk_norm(int64_t d, int64_t hq, int64_t hkv) {
   expect_close("qk_norm dx", gdx, cdx);
   expect_close("qk_norm dqw", gdq, cdq);
   expect_close("qk_norm dkw", gdk, cdk);
-  // In place (dx over dout): the same bits.
+  // In place (dx over dout): the same bits, the weight gradients too.
   Tensor inplace = on_gpu(dout), dq2 = gpu_->zeros({d}, DType::kF32),
          dk2 = gpu_->zeros({d}, DType::kF32);
   gpu_->qk_norm_bwd(on_gpu(x), on_gpu(qw), on_gpu(kw), hq, hkv, gr, inplace, inplace, dq2, dk2);
   EXPECT_EQ(gpu_values(inplace), gpu_values(gdx));
+  EXPECT_EQ(gpu_values(dq2), gpu_values(gdq));
+  EXPECT_EQ(gpu_values(dk2), gpu_values(gdk));
 }
 
 // ---- attention

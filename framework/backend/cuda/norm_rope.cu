@@ -350,41 +350,97 @@ __global__ void qk_norm_fwd_vec_kernel(const uint4* x, const W* qw, const W* kw,
   if (sub == 0) rstd[(row / h) * h_norm + head] = r;
 }
 
+// The backward on Vec16 rows, with the weight gradients folded in: a grid of
+// qk_norm_bwd_blocks(rows) blocks walks the groups of 32 / L rows (warp w of the grid takes
+// groups w, w + W, w + 2W, ... for W warps in all, two at a time so that both groups' loads are
+// in flight together), each lane summing dy * x * rstd of its kN columns for the q heads and for
+// the k heads in that order; each block then adds its warps' and row slots' sums in a fixed order
+// into partial[block][2d] (q columns, then k). The row partition depends on the row count only,
+// so the sums are the same in every run.
 template <typename T, typename W, int L>
-__global__ void qk_norm_bwd_vec_kernel(const uint4* x, const W* qw, const W* kw, int64_t n, int h,
-                                       int hq_norm, int h_norm, const float* rstd, const uint4* dy,
-                                       uint4* dx) {
-  constexpr int kN = Vec16<T>::kN;
-  const int lane = threadIdx.x & 31;
-  const int64_t row =
-      (blockIdx.x * (int64_t)kWarpsPerBlock + threadIdx.x / 32) * (32 / L) + lane / L;
-  const int sub = lane % L;
-  const bool valid = row < n * h;
-  const int head = static_cast<int>(row % h);
-  const bool norm = valid && head < h_norm;
+__global__ void __launch_bounds__(kWarpsPerBlock * 32, 4)
+    qk_norm_bwd_vec_kernel(const uint4* x, const W* qw, const W* kw, int64_t n, int h, int hq_norm,
+                           int h_norm, const float* rstd, const uint4* dy, uint4* dx,
+                           float* partial) {
+  constexpr int kN = Vec16<T>::kN, kSlots = 32 / L, kD = L * kN, kAhead = 2;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x / 32;
+  const int sub = lane % L, slot = lane / L;
+  const int64_t groups = (n * h + kSlots - 1) / kSlots;
+  const int64_t stride = (int64_t)gridDim.x * kWarpsPerBlock;
   const uint4 zero = make_uint4(0, 0, 0, 0);
-  const Vec16<T> g = valid ? Vec16<T>{dy[row * L + sub]} : Vec16<T>{zero};
-  const Vec16<T> v = norm ? Vec16<T>{x[row * L + sub]} : Vec16<T>{zero};
-  const W* w = (head < hq_norm ? qw : kw) + sub * kN;
-  float wf[kN];
+  // (Every array here is indexed by unrolled constants only, so all of them stay in registers.)
+  float acc_q[kN] = {}, acc_k[kN] = {};
+  // The loop bound is the same for every lane of a warp, so all of them reach the shuffles.
+  for (int64_t g0 = blockIdx.x * (int64_t)kWarpsPerBlock + warp; g0 < groups;
+       g0 += kAhead * stride) {
+    int64_t row[kAhead];
+    bool valid[kAhead], norm[kAhead];
+    int head[kAhead];
+    Vec16<T> g[kAhead], v[kAhead];
+    float r[kAhead];
 #pragma unroll
-  for (int q = 0; q < kN; ++q) wf[q] = norm ? to_f32(w[q]) : 0.f;
-  float dot = 0.f;
+    for (int u = 0; u < kAhead; ++u) {
+      const int64_t gi = g0 + u * stride;
+      row[u] = gi * kSlots + slot;
+      valid[u] = gi < groups && row[u] < n * h;
+      head[u] = static_cast<int>(row[u] % h);
+      norm[u] = valid[u] && head[u] < h_norm;
+      g[u] = valid[u] ? Vec16<T>{dy[row[u] * L + sub]} : Vec16<T>{zero};
+      v[u] = norm[u] ? Vec16<T>{x[row[u] * L + sub]} : Vec16<T>{zero};
+      r[u] = norm[u] ? rstd[(row[u] / h) * h_norm + head[u]] : 0.f;
+    }
 #pragma unroll
-  for (int q = 0; q < kN; ++q) dot += g.get(q) * wf[q] * v.get(q);
+    for (int u = 0; u < kAhead; ++u) {
+      const W* w = (head[u] < hq_norm ? qw : kw) + sub * kN;
+      float wf[kN];
 #pragma unroll
-  for (int o = L / 2; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
-  if (!valid) return;
-  if (!norm) {
-    dx[row * L + sub] = g.raw;
-    return;
+      for (int q = 0; q < kN; ++q) wf[q] = norm[u] ? to_f32(w[q]) : 0.f;
+      float dot = 0.f;
+#pragma unroll
+      for (int q = 0; q < kN; ++q) dot += g[u].get(q) * wf[q] * v[u].get(q);
+#pragma unroll
+      for (int o = L / 2; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
+      if (!valid[u]) continue;
+      if (!norm[u]) {
+        dx[row[u] * L + sub] = g[u].raw;
+        continue;
+      }
+      const float c = r[u] * r[u] * r[u] * dot / (float)kD;
+      const bool q_side = head[u] < hq_norm;
+      Vec16<T> o;
+#pragma unroll
+      for (int q = 0; q < kN; ++q) {
+        const float wg = g[u].get(q) * v[u].get(q) * r[u];
+        acc_q[q] += q_side ? wg : 0.f;
+        acc_k[q] += q_side ? 0.f : wg;
+        o.set(q, r[u] * g[u].get(q) * wf[q] - c * v[u].get(q));
+      }
+      dx[row[u] * L + sub] = o.raw;
+    }
   }
-  const float r = rstd[(row / h) * h_norm + head];
-  const float c = r * r * r * dot / (float)(L * kN);
-  Vec16<T> o;
+  // [warp][slot][q columns, k columns] of this block.
+  __shared__ float red[kWarpsPerBlock * kSlots][2 * kD];
+  float* mine = red[warp * kSlots + slot];
 #pragma unroll
-  for (int q = 0; q < kN; ++q) o.set(q, r * g.get(q) * wf[q] - c * v.get(q));
-  dx[row * L + sub] = o.raw;
+  for (int q = 0; q < kN; ++q) {
+    mine[sub * kN + q] = acc_q[q];
+    mine[kD + sub * kN + q] = acc_k[q];
+  }
+  __syncthreads();
+  for (int c = threadIdx.x; c < 2 * kD; c += blockDim.x) {
+    float s = 0.f;
+    for (int k = 0; k < kWarpsPerBlock * kSlots; ++k) s += red[k][c];
+    partial[blockIdx.x * (int64_t)(2 * kD) + c] = s;
+  }
+}
+
+// Blocks of the folded backward over `rows` rows of L lanes: a function of the row count only
+// (about 64 row groups a warp; at most 512 blocks, which at 4 blocks an SM is one wave on an
+// H100 or H200, and whose partial sums the finishing pass adds: 2048 made that pass 0.2 ms).
+inline int64_t qk_norm_bwd_blocks(int64_t rows, int lanes) {
+  const int64_t groups = (rows + 32 / lanes - 1) / (32 / lanes);
+  const int64_t b = (groups + 64 * kWarpsPerBlock - 1) / (64 * kWarpsPerBlock);
+  return b < 1 ? 1 : (b > 512 ? 512 : b);
 }
 
 // Calls f(std::integral_constant<int, L>) for L = d / Vec16<T>::kN when rows of d elements of T
@@ -476,33 +532,38 @@ void launch_qk_norm_bwd(const void* x, DType t, const void* qw, const void* kw, 
   const int h_norm = hq_norm + hkv_norm;
   dispatch_float(t, [&](auto ts) {
     using T = decltype(ts);
-    // Weight gradients first: din may alias dout.
+    // The weight gradients of both sides land in dw (q columns, then k), then add to dqw, dkw.
     Tensor dw = Tensor::empty(alloc, {2 * static_cast<int64_t>(d)}, DType::kF32);
     launch_fill(dw.raw(), DType::kF32, 2 * d, 0.0, stream);
-    column_sum_add(QkNormWeightGrad<T>{static_cast<const T*>(x), static_cast<const T*>(dout), rstd,
-                                       h, hq_norm, h_norm, d},
-                   n, 2 * d, 1.f, dw.data<float>(), alloc, stream);
-    launch_axpy(1.0, dw.data<float>(), DType::kF32, dqw, DType::kF32, d, stream);
-    launch_axpy(1.0, dw.data<float>() + d, DType::kF32, dkw, DType::kF32, d, stream);
-    const unsigned grid = static_cast<unsigned>((rows + kWarpsPerBlock - 1) / kWarpsPerBlock);
     dispatch_float(w_t, [&](auto ws) {
       using W = decltype(ws);
       const bool vec = with_vec16_lanes<T>(d, {x, dout, din}, [&](auto lanes) {
         constexpr int L = decltype(lanes)::value;
-        const int64_t warps = (rows + 32 / L - 1) / (32 / L);
+        const int64_t blocks = qk_norm_bwd_blocks(rows, L);
+        Tensor partial = Tensor::empty(alloc, {blocks, 2 * static_cast<int64_t>(d)}, DType::kF32);
         qk_norm_bwd_vec_kernel<T, W, L>
-            <<<static_cast<unsigned>((warps + kWarpsPerBlock - 1) / kWarpsPerBlock),
-               kWarpsPerBlock * 32, 0, stream>>>(
+            <<<static_cast<unsigned>(blocks), kWarpsPerBlock * 32, 0, stream>>>(
                 static_cast<const uint4*>(x), static_cast<const W*>(qw), static_cast<const W*>(kw),
                 n, h, hq_norm, h_norm, rstd, static_cast<const uint4*>(dout),
-                static_cast<uint4*>(din));
+                static_cast<uint4*>(din), partial.data<float>());
+        CUDA_CHECK_LAUNCH();
+        column_finish_kernel<<<grid_for(2 * d, 256), 256, 0, stream>>>(
+            partial.data<float>(), blocks, 2 * d, 1.f, dw.data<float>());
+        CUDA_CHECK_LAUNCH();
       });
       if (vec) return;
+      // Weight gradients first: din may alias dout.
+      column_sum_add(QkNormWeightGrad<T>{static_cast<const T*>(x), static_cast<const T*>(dout),
+                                         rstd, h, hq_norm, h_norm, d},
+                     n, 2 * d, 1.f, dw.data<float>(), alloc, stream);
+      const unsigned grid = static_cast<unsigned>((rows + kWarpsPerBlock - 1) / kWarpsPerBlock);
       qk_norm_bwd_kernel<<<grid, kWarpsPerBlock * 32, 0, stream>>>(
           static_cast<const T*>(x), static_cast<const W*>(qw), static_cast<const W*>(kw), n, h,
           hq_norm, h_norm, d, rstd, static_cast<const T*>(dout), static_cast<T*>(din));
+      CUDA_CHECK_LAUNCH();
     });
-    CUDA_CHECK_LAUNCH();
+    launch_axpy(1.0, dw.data<float>(), DType::kF32, dqw, DType::kF32, d, stream);
+    launch_axpy(1.0, dw.data<float>() + d, DType::kF32, dkw, DType::kF32, d, stream);
   });
 }
 
