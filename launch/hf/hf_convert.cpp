@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -13,7 +14,9 @@
 
 #include "framework/checkpoint/checkpoint.h"
 #include "framework/core/error.h"
+#include "framework/core/rng.h"
 #include "framework/data/loader.h"
+#include "launch/hf/json_strict.h"
 #include "launch/hf/safetensors.h"
 
 namespace fs = std::filesystem;
@@ -25,6 +28,8 @@ namespace {
 const char* const kGptOss = "GptOssForCausalLM";
 const char* const kLlama = "LlamaForCausalLM";
 const char* const kQwen3 = "Qwen3ForCausalLM";
+constexpr int64_t kMaxDim = 1 << 20;  // ModelConfig's limit on each dimension
+constexpr int64_t kMaxInt32 = 2147483647;
 
 // Fields that describe tokenization, serving or the file itself: they change nothing hotpath
 // computes. eos_token_id is read for the end-of-text id.
@@ -45,22 +50,36 @@ class ConfigFields {
     return j_[k];
   }
   void use(const std::string& k) { used_.insert(k); }
-  int integer(const std::string& k) {
+  // An integer in [lo, hi]: a fraction, a string or a value beyond the range is refused naming
+  // the field, never narrowed.
+  int64_t integer(const std::string& k, int64_t lo, int64_t hi) {
     const Json& v = get(k);
-    if (!v.is_number_integer()) fail(k, "must be an integer");
-    return v.get<int>();
+    if (!v.is_number_integer())
+      fail(k, str_cat("is ", v.dump(), "; it must be an integer in [", lo, ", ", hi, "]"));
+    const bool big = v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(hi);
+    if (big || v.get<int64_t>() < lo || v.get<int64_t>() > hi)
+      fail(k, str_cat("is ", v.dump(), "; it must be an integer in [", lo, ", ", hi, "]"));
+    return v.get<int64_t>();
   }
-  int integer_or(const std::string& k, int dflt) { return has(k) ? integer(k) : (use(k), dflt); }
+  int64_t integer_or(const std::string& k, int64_t lo, int64_t hi, int64_t dflt) {
+    return has(k) ? integer(k, lo, hi) : (use(k), dflt);
+  }
+  // A model dimension: [1, 2^20], hotpath's own limit for every dimension.
+  int dim(const std::string& k) { return static_cast<int>(integer(k, 1, kMaxDim)); }
+  int dim_or(const std::string& k, int dflt) {
+    return static_cast<int>(integer_or(k, 1, kMaxDim, dflt));
+  }
   double number_or(const std::string& k, double dflt) {
     use(k);
     if (!has(k)) return dflt;
-    if (!j_[k].is_number()) fail(k, "must be a number");
+    if (!j_[k].is_number() || !std::isfinite(j_[k].get<double>()))
+      fail(k, str_cat("is ", j_[k].dump(), "; it must be a finite number"));
     return j_[k].get<double>();
   }
   bool boolean_or(const std::string& k, bool dflt) {
     use(k);
     if (!has(k)) return dflt;
-    if (!j_[k].is_boolean()) fail(k, "must be true or false");
+    if (!j_[k].is_boolean()) fail(k, str_cat("is ", j_[k].dump(), "; it must be true or false"));
     return j_[k].get<bool>();
   }
   // The field must be absent, null or `want`.
@@ -110,17 +129,25 @@ void read_rope(ConfigFields& f, double default_theta, int64_t max_positions, Mod
   const auto num = [&](const char* k, double dflt) {
     const Json* v = take(k);
     if (!v) return dflt;
-    if (!v->is_number()) f.fail(str_cat(key, ".", k), "must be a number");
+    if (!v->is_number() || !std::isfinite(v->get<double>()))
+      f.fail(str_cat(key, ".", k), str_cat("is ", v->dump(), "; it must be a finite number"));
     return v->get<double>();
+  };
+  const auto text = [&](const char* k) -> std::string {
+    const Json* v = take(k);
+    if (!v) return std::string();
+    if (!v->is_string()) f.fail(str_cat(key, ".", k), str_cat("is ", v->dump(), "; it must be a string"));
+    return v->get<std::string>();
   };
   m.rope_theta = num("rope_theta", f.number_or("rope_theta", default_theta));
   std::string type = "default";
-  if (const Json* t = take("rope_type")) type = t->get<std::string>();
-  if (const Json* t = take("type")) type = t->get<std::string>();
-  if (const Json* p = take("partial_rotary_factor"))
-    if (p->get<double>() != 1.0)
-      f.fail(str_cat(key, ".partial_rotary_factor"), "must be 1 (hotpath rotates every pair)");
-  if (f.has("partial_rotary_factor") && f.number_or("partial_rotary_factor", 1.0) != 1.0)
+  for (const char* k : {"rope_type", "type"}) {
+    const std::string t = text(k);
+    if (!t.empty()) type = t;
+  }
+  if (num("partial_rotary_factor", 1.0) != 1.0)
+    f.fail(str_cat(key, ".partial_rotary_factor"), "must be 1 (hotpath rotates every pair)");
+  if (f.number_or("partial_rotary_factor", 1.0) != 1.0)
     f.fail("partial_rotary_factor", "must be 1 (hotpath rotates every pair)");
   if (type == "yarn") {
     m.rope_scaling_factor = num("factor", 1.0);
@@ -129,20 +156,25 @@ void read_rope(ConfigFields& f, double default_theta, int64_t max_positions, Mod
     m.rope_original_max_positions =
         num("original_max_position_embeddings", static_cast<double>(max_positions));
     m.rope_truncate = true;
-    if (const Json* t = take("truncate")) m.rope_truncate = t->get<bool>();
-    if (const Json* a = take("attention_factor")) {
+    if (const Json* t = take("truncate")) {
+      if (!t->is_boolean())
+        f.fail(str_cat(key, ".truncate"), str_cat("is ", t->dump(), "; it must be true or false"));
+      m.rope_truncate = t->get<bool>();
+    }
+    if (rope.contains("attention_factor") && !rope["attention_factor"].is_null()) {
+      const double a = num("attention_factor", 0.0);
       const double want =
           m.rope_scaling_factor <= 1 ? 1.0 : 0.1 * std::log(m.rope_scaling_factor) + 1;
-      if (std::abs(a->get<double>() - want) > 1e-12)
+      if (std::abs(a - want) > 1e-12)
         f.fail(str_cat(key, ".attention_factor"),
-               str_cat("is ", a->dump(), "; hotpath's YaRN uses 0.1 ln(factor) + 1 = ", want));
+               str_cat("is ", rope["attention_factor"].dump(),
+                       "; hotpath's YaRN uses 0.1 ln(factor) + 1 = ", want));
     }
     for (const char* k : {"mscale", "mscale_all_dim"})
-      if (const Json* v = take(k))
-        if (v->get<double>() != 0)
-          f.fail(str_cat(key, ".", k),
-                 "is not supported (hotpath's YaRN attention factor is "
-                 "0.1 ln(factor) + 1)");
+      if (num(k, 0.0) != 0)
+        f.fail(str_cat(key, ".", k),
+               "is not supported (hotpath's YaRN attention factor is "
+               "0.1 ln(factor) + 1)");
   } else if (type != "default") {
     f.fail(str_cat(key, ".rope_type"),
            str_cat("is '", type, "'; hotpath implements 'default' and 'yarn' RoPE only"));
@@ -155,7 +187,14 @@ void read_rope(ConfigFields& f, double default_theta, int64_t max_positions, Mod
 void read_windows(ConfigFields& f, const std::string& arch, ModelConfig& m) {
   std::vector<std::string> types;
   if (f.has("layer_types")) {
-    for (const auto& t : f.get("layer_types")) types.push_back(t.get<std::string>());
+    const Json& lt = f.get("layer_types");
+    if (!lt.is_array()) f.fail("layer_types", str_cat("is ", lt.dump(), "; it must be a list"));
+    for (const auto& t : lt) {
+      if (!t.is_string())
+        f.fail("layer_types", str_cat("entry ", types.size(), " is ", t.dump(),
+                                      "; expected \"sliding_attention\" or \"full_attention\""));
+      types.push_back(t.get<std::string>());
+    }
     if (static_cast<int>(types.size()) != m.n_layers)
       f.fail("layer_types",
              str_cat("lists ", types.size(), " layers; num_hidden_layers is ", m.n_layers));
@@ -184,30 +223,45 @@ void read_windows(ConfigFields& f, const std::string& arch, ModelConfig& m) {
     f.fail("layer_types",
            "mixes sliding and full attention in a pattern hotpath cannot express "
            "(none, all, or even layers sliding)");
-  m.sliding_window = f.integer("sliding_window");
+  m.sliding_window = static_cast<int>(f.integer("sliding_window", 1, kMaxInt32));
 }
 
-int32_t read_eos(const Json& j) {
-  if (j.contains("eos_token_id") && j["eos_token_id"].is_number_integer())
-    return j["eos_token_id"].get<int32_t>();
-  return -1;
+// eos_token_id: one id, a list of ids (no single end-of-text id: -1) or absent.
+int32_t read_eos(const Json& j, const ConfigFields& f) {
+  if (!j.contains("eos_token_id") || j["eos_token_id"].is_null()) return -1;
+  const Json& v = j["eos_token_id"];
+  const auto id = [&](const Json& x) {
+    if (!x.is_number_integer() || (x.is_number_unsigned() && x.get<uint64_t>() > kMaxInt32) ||
+        x.get<int64_t>() < 0 || x.get<int64_t>() > kMaxInt32)
+      f.fail("eos_token_id", str_cat("is ", v.dump(), "; it must be a token id in [0, ",
+                                     kMaxInt32, "] or a list of them"));
+    return static_cast<int32_t>(x.get<int64_t>());
+  };
+  if (v.is_array()) {
+    for (const Json& x : v) id(x);
+    return v.size() == 1 ? id(v[0]) : -1;
+  }
+  return id(v);
 }
-
 }  // namespace
 
 HfImport read_hf_config(const std::string& dir) {
   const std::string file = (fs::path(dir) / "config.json").string();
-  std::ifstream in(file);
-  if (!in)
-    HP_USER_ERROR(ErrorKind::kData, "cannot open ", file,
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec))
+    HP_USER_ERROR(ErrorKind::kData, dir,
+                  fs::exists(dir, ec) ? " is not a directory" : " does not exist",
+                  " (a Hugging Face checkpoint is a directory with config.json and safetensors)");
+  if (!fs::exists(file, ec))
+    HP_USER_ERROR(ErrorKind::kData, "the Hugging Face checkpoint directory ", dir,
+                  " has no config.json (it needs config.json next to its safetensors)");
+  std::ifstream in(file, std::ios::binary);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (!in && !in.eof())
+    HP_USER_ERROR(ErrorKind::kData, "cannot read ", file,
                   " (import-hf reads a Hugging Face checkpoint directory: config.json and "
                   "safetensors)");
-  Json j;
-  try {
-    j = Json::parse(in);
-  } catch (const std::exception& e) {
-    HP_USER_ERROR(ErrorKind::kData, file, " is not valid JSON: ", e.what());
-  }
+  const Json j = parse_json_strict<Json>(text.data(), text.data() + text.size(), file, 16);
   if (!j.is_object()) HP_USER_ERROR(ErrorKind::kData, file, " is not a JSON object");
   ConfigFields f(j, file);
   HfImport imp;
@@ -222,20 +276,17 @@ HfImport read_hf_config(const std::string& dir) {
                   "\"]");
   imp.architecture = arch;
   ModelConfig& m = imp.model;
-  m.vocab_size = f.integer("vocab_size");
-  m.d_model = f.integer("hidden_size");
-  m.n_layers = f.integer("num_hidden_layers");
-  m.n_heads = f.integer("num_attention_heads");
-  m.n_kv_heads = f.integer_or("num_key_value_heads", m.n_heads);
-  m.head_dim = f.integer_or("head_dim", m.n_heads > 0 ? m.d_model / m.n_heads : 0);
+  m.vocab_size = static_cast<int>(f.integer("vocab_size", 1, kMaxInt32));
+  m.d_model = f.dim("hidden_size");
+  m.n_layers = f.dim("num_hidden_layers");
+  m.n_heads = f.dim("num_attention_heads");
+  m.n_kv_heads = f.dim_or("num_key_value_heads", m.n_heads);
+  m.head_dim = f.dim_or("head_dim", std::max(1, m.d_model / m.n_heads));
   m.norm_eps = f.number_or("rms_norm_eps", 1e-6);
   m.init_std = f.number_or("initializer_range", 0.02);
   m.tie_embeddings = f.boolean_or("tie_word_embeddings", false);
-  imp.max_positions =
-      j.contains("max_position_embeddings") && j["max_position_embeddings"].is_number_integer()
-          ? j["max_position_embeddings"].get<int64_t>()
-          : 0;
-  imp.eot_token = read_eos(j);
+  imp.max_positions = f.integer_or("max_position_embeddings", 1, kMaxInt32, 0);
+  imp.eot_token = read_eos(j, f);
   f.expect("hidden_act", "silu", "SwiGLU with SiLU");
   f.use("attention_dropout");
   if (f.number_or("attention_dropout", 0.0) != 0.0)
@@ -243,14 +294,14 @@ HfImport read_hf_config(const std::string& dir) {
   m.attn_bias = f.boolean_or("attention_bias", arch == kGptOss);
   read_rope(f, arch == kGptOss ? 150000.0 : 10000.0, imp.max_positions, m);
   if (arch == kGptOss) {
-    m.n_experts = f.integer("num_local_experts");
-    m.top_k = f.integer("num_experts_per_tok");
+    m.n_experts = f.dim("num_local_experts");
+    m.top_k = f.dim("num_experts_per_tok");
     // The original release's names for two values config.json also gives under their usual ones.
-    if (f.has("experts_per_token") && f.integer("experts_per_token") != m.top_k)
+    if (f.has("experts_per_token") && f.dim("experts_per_token") != m.top_k)
       f.fail("experts_per_token", str_cat("is ", j["experts_per_token"].dump(),
                                           " but num_experts_per_tok is ", m.top_k));
     f.use("experts_per_token");
-    m.expert_ffn_dim = f.integer("intermediate_size");
+    m.expert_ffn_dim = f.dim("intermediate_size");
     m.activation = Activation::kGptOss;
     m.attn_sinks = true;
     m.swiglu_alpha = f.number_or("swiglu_alpha", 1.702);
@@ -260,7 +311,8 @@ HfImport read_hf_config(const std::string& dir) {
     m.moe_aux_coef = router_logits ? aux : 0.0;
     read_windows(f, arch, m);
     if (f.has("initial_context_length") && m.rope_scaling_factor > 1 &&
-        f.integer("initial_context_length") != static_cast<int>(m.rope_original_max_positions))
+        f.integer("initial_context_length", 1, kMaxInt32) !=
+            static_cast<int64_t>(m.rope_original_max_positions))
       f.fail("initial_context_length", str_cat("is ", j["initial_context_length"].dump(),
                                                " but YaRN's original_max_position_embeddings is ",
                                                m.rope_original_max_positions));
@@ -273,7 +325,7 @@ HfImport read_hf_config(const std::string& dir) {
       imp.mxfp4 = true;
     }
   } else {
-    m.ffn_dim = f.integer("intermediate_size");
+    m.ffn_dim = f.dim("intermediate_size");
     m.activation = Activation::kSwiGLU;
     if (arch == kLlama) {
       f.expect("mlp_bias", false, "the dense FFN has no biases");
@@ -440,11 +492,22 @@ HfImport read_hf_checkpoint(const std::string& dir) {
         for (const char* s :
              {"gate_up_proj_blocks", "gate_up_proj_scales", "down_proj_blocks", "down_proj_scales"})
           used.insert(ex + s);
+        // E8M0 has no zero and no infinity; 0xFF is its NaN.
+        const auto finite_scales = [&](const std::string& name, const std::vector<uint8_t>& s) {
+          for (size_t i = 0; i < s.size(); ++i)
+            if (s[i] == 0xFF)
+              HP_USER_ERROR(ErrorKind::kData, "tensor '", name, "' in ", st.entry(name).file,
+                            " holds the E8M0 scale 0xFF (NaN) at flat index ", i,
+                            " (MXFP4 scales are 2^(s - 127) for s in [0, 254])");
+          return s;
+        };
         const auto gb = st.read_u8(ex + "gate_up_proj_blocks", {e, 2 * f, d / 32, 16});
-        const auto gs = st.read_u8(ex + "gate_up_proj_scales", {e, 2 * f, d / 32});
+        const auto gs = finite_scales(ex + "gate_up_proj_scales",
+                                      st.read_u8(ex + "gate_up_proj_scales", {e, 2 * f, d / 32}));
         gu = mxfp4_dequantize(gb.data(), gs.data(), e, 2 * f, d / 32);
         const auto db = st.read_u8(ex + "down_proj_blocks", {e, d, f / 32, 16});
-        const auto ds = st.read_u8(ex + "down_proj_scales", {e, d, f / 32});
+        const auto ds = finite_scales(ex + "down_proj_scales",
+                                      st.read_u8(ex + "down_proj_scales", {e, d, f / 32}));
         down = mxfp4_dequantize(db.data(), ds.data(), e, d, f / 32);
       } else {
         gu = read(ex + "gate_up_proj", {e, d, 2 * f});
@@ -526,8 +589,8 @@ std::string model_config_ini(const ModelConfig& m) {
 }
 
 void write_imported_checkpoint(const std::string& path, const HfImport& imp,
-                               const std::string& config_text) {
-  const std::string tmp = path + ".tmp";
+                               const std::string& config_text, const std::string& model_record,
+                               const std::string& source_dir) {
   // Expert stacks are chunked one expert per chunk, as save_checkpoint writes them.
   const auto chunk_of = [](const NamedTensor& t) {
     for (const char* s : {".moe.w1", ".moe.b1", ".moe.w2", ".moe.b2"}) {
@@ -538,8 +601,8 @@ void write_imported_checkpoint(const std::string& path, const HfImport& imp,
     }
     return checkpoint_chunk_rows(t.shape, DType::kF32);
   };
-  try {
-    CheckpointWriter w(tmp, nullptr);
+  {
+    CheckpointWriter w(path, nullptr);
     for (const NamedTensor& t : imp.params)
       w.write_rows("/params/" + t.name, t.shape, DType::kF32, chunk_of(t), RowRange{0, t.shape[0]},
                    t.data.data());
@@ -568,14 +631,13 @@ void write_imported_checkpoint(const std::string& path, const HfImport& imp,
     w.set_attr("dp", int64_t{1});
     w.set_attr("ep", int64_t{1});
     w.set_attr("master_dtype", std::string("f32"));
+    // The record training checkpoints carry, compared with the run's model config on load (eval,
+    // init_from); and where the weights came from, which also marks the file as holding no
+    // training state.
+    w.set_attr("model_config", model_record);
+    w.set_attr("config_fingerprint", static_cast<int64_t>(hash64(model_record)));
+    w.set_attr("imported_from", source_dir);
     w.close();
-  } catch (...) {
-    std::remove(tmp.c_str());
-    throw;
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    std::remove(tmp.c_str());
-    HP_FAIL(ErrorKind::kIo, "cannot rename ", tmp, " to ", path);
   }
 }
 

@@ -53,10 +53,13 @@ float e2m1_value(uint8_t code);
 // The `key = value` lines of every ModelConfig key (a hotpath config file's model section).
 std::string model_config_ini(const ModelConfig& m);
 
-// Writes a hotpath checkpoint at `path` (through path.tmp and a rename): the parameters, zero
-// AdamW moments, step 0, the config text as its `config` attribute.
+// Writes a hotpath checkpoint at `path` (the caller's temporary name; it renames the file when
+// complete and removes it on failure): the parameters, zero AdamW moments, step 0, the config
+// text as its `config` attribute, `model_record` (model_config_record of imp.model) as its
+// `model_config` attribute, and `source_dir` as `imported_from` (the file holds no training state).
 void write_imported_checkpoint(const std::string& path, const HfImport& imp,
-                               const std::string& config_text);
+                               const std::string& config_text, const std::string& model_record,
+                               const std::string& source_dir);
 
 // Export: config.json for `m` (the architecture is chosen from what the model uses; a model no
 // supported architecture expresses is refused naming the key), and the tensors in HF names.

@@ -12,9 +12,11 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <nlohmann/json.hpp>
 
 #include "framework/core/error.h"
+#include "launch/hf/json_strict.h"
 
 namespace fs = std::filesystem;
 
@@ -41,6 +43,149 @@ float half_to_float(uint16_t h) {
   return sign ? -v : v;
 }
 
+namespace {
+// The safetensors format's own limit on the header (100 MB): a larger length is damage.
+constexpr uint64_t kMaxHeaderBytes = 100ull << 20;
+}  // namespace
+
+SafetensorsHeader parse_safetensors_header(const uint8_t* bytes, uint64_t size,
+                                           const std::string& path) {
+  const std::string what = str_cat("safetensors file ", path, " (", size, " bytes)");
+  if (size < 8) HP_USER_ERROR(ErrorKind::kData, what, ": too short for the 8-byte header length");
+  uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) n = (n << 8) | bytes[i];
+  if (n < 2 || n > size - 8 || n > kMaxHeaderBytes)
+    HP_USER_ERROR(ErrorKind::kData, what, ": header length ", n,
+                  " does not fit the file (a safetensors file starts with the little-endian "
+                  "length of its JSON header, at least 2 and at most ",
+                  std::min<uint64_t>(size - 8, kMaxHeaderBytes), " bytes here)");
+  SafetensorsHeader h;
+  h.data_offset = 8 + n;
+  const uint64_t data_bytes = size - 8 - n;
+  const char* text = reinterpret_cast<const char*>(bytes + 8);
+  const nlohmann::json header = parse_json_strict(text, text + n, what + ": header", 8);
+  if (!header.is_object()) HP_USER_ERROR(ErrorKind::kData, what, ": header is not a JSON object");
+  struct Range {
+    uint64_t begin, end;
+    std::string name;
+  };
+  std::vector<Range> ranges;
+  for (auto it = header.begin(); it != header.end(); ++it) {
+    if (it.key() == "__metadata__") {
+      if (!it.value().is_object())
+        HP_USER_ERROR(ErrorKind::kData, what, ": __metadata__ is not a JSON object");
+      continue;
+    }
+    const std::string where = str_cat(what, " tensor '", it.key(), "'");
+    const nlohmann::json& t = it.value();
+    const auto bad_entry = [&](const std::string& why) {
+      HP_USER_ERROR(ErrorKind::kData, where, ": ", why,
+                    " (an entry is {\"dtype\": str, \"shape\": [n, ...], \"data_offsets\": "
+                    "[begin, end]})");
+    };
+    if (!t.is_object()) bad_entry("entry is not a JSON object");
+    for (auto k = t.begin(); k != t.end(); ++k)
+      if (k.key() != "dtype" && k.key() != "shape" && k.key() != "data_offsets")
+        bad_entry(str_cat("unknown key '", k.key(), "'"));
+    if (!t.contains("dtype") || !t["dtype"].is_string()) bad_entry("\"dtype\" is not a string");
+    if (!t.contains("shape") || !t["shape"].is_array()) bad_entry("\"shape\" is not a list");
+    if (!t.contains("data_offsets") || !t["data_offsets"].is_array() ||
+        t["data_offsets"].size() != 2)
+      bad_entry("\"data_offsets\" is not a list of two integers");
+    SafetensorsEntry e;
+    e.file = path;
+    e.dtype = t["dtype"].get<std::string>();
+    const int64_t es = safetensors_dtype_size(e.dtype);
+    if (es == 0)
+      HP_USER_ERROR(ErrorKind::kData, where, ": unknown dtype '", e.dtype,
+                    "' (known: F64 F32 F16 BF16 I64 I32 I16 I8 U64 U32 U16 U8 BOOL F8_E4M3 "
+                    "F8_E5M2 E8M0)");
+    uint64_t numel = 1;
+    bool overflow = false;
+    for (const auto& d : t["shape"]) {
+      // is_number_unsigned: an integer >= 0 that fits uint64 (negative ones are
+      // number_integer, larger ones and fractions number_float).
+      if (!d.is_number_unsigned() || d.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX))
+        HP_USER_ERROR(ErrorKind::kData, where, ": shape ", t["shape"].dump(),
+                      " must be a list of integers >= 0");
+      const uint64_t dim = d.get<uint64_t>();
+      e.shape.push_back(static_cast<int64_t>(dim));
+      overflow = overflow || __builtin_mul_overflow(numel, dim, &numel);
+    }
+    uint64_t nbytes = 0;
+    overflow = overflow || __builtin_mul_overflow(numel, static_cast<uint64_t>(es), &nbytes);
+    const auto& off = t["data_offsets"];
+    for (int i = 0; i < 2; ++i)
+      if (!off[i].is_number_unsigned() || off[i].get<uint64_t>() > data_bytes)
+        HP_USER_ERROR(ErrorKind::kData, where, ": data_offsets ", off.dump(),
+                      " are not inside the ", data_bytes,
+                      " data bytes (two integers in [0, ", data_bytes,
+                      "], offsets into the data section after the header)");
+    const uint64_t begin = off[0].get<uint64_t>(), end = off[1].get<uint64_t>();
+    if (begin > end)
+      HP_USER_ERROR(ErrorKind::kData, where, ": data_offsets [", begin, ", ", end,
+                    "] end before they begin");
+    if (overflow || end - begin != nbytes)
+      HP_USER_ERROR(ErrorKind::kData, where, ": ", end - begin, " bytes for shape ",
+                    shape_str(e.shape), " of ", e.dtype, " (expected ",
+                    overflow ? std::string("more than 2^64") : std::to_string(nbytes), ")");
+    e.begin = static_cast<int64_t>(begin);
+    e.end = static_cast<int64_t>(end);
+    ranges.push_back({begin, end, it.key()});
+    h.entries[it.key()] = e;
+  }
+  // The byte ranges, in order, must tile the data section: no gap, no overlap, nothing after.
+  std::sort(ranges.begin(), ranges.end(), [](const Range& a, const Range& b) {
+    return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
+  });
+  uint64_t at = 0;
+  for (const Range& r : ranges) {
+    if (r.begin < at)
+      HP_USER_ERROR(ErrorKind::kData, what, " tensor '", r.name, "': data_offsets [", r.begin, ", ",
+                    r.end, "] overlap another tensor's bytes (which end at ", at, ")");
+    if (r.begin > at)
+      HP_USER_ERROR(ErrorKind::kData, what, " tensor '", r.name, "': data_offsets [", r.begin, ", ",
+                    r.end, "] leave bytes [", at, ", ", r.begin, ") of the data section unused");
+    at = r.end;
+  }
+  if (at != data_bytes)
+    HP_USER_ERROR(ErrorKind::kData, what, ": the tensors cover ", at, " of the ", data_bytes,
+                  " data bytes",
+                  ranges.empty() ? std::string() : str_cat(" (the last is '", ranges.back().name, "')"),
+                  "; the rest belongs to no tensor");
+  return h;
+}
+
+std::vector<float> safetensors_to_f32(const std::string& name, const SafetensorsEntry& e,
+                                      const uint8_t* p) {
+  const int64_t n = shape_numel(e.shape);
+  std::vector<float> out(static_cast<size_t>(n));
+  if (e.dtype == "F32") {
+    std::memcpy(out.data(), p, static_cast<size_t>(n) * 4);
+  } else if (e.dtype == "BF16" || e.dtype == "F16") {
+    const bool bf = e.dtype == "BF16";
+    for (int64_t i = 0; i < n; ++i) {
+      const uint16_t h = static_cast<uint16_t>(p[2 * i] | (p[2 * i + 1] << 8));
+      if (bf) {
+        const uint32_t u = static_cast<uint32_t>(h) << 16;
+        std::memcpy(&out[static_cast<size_t>(i)], &u, 4);
+      } else {
+        out[static_cast<size_t>(i)] = half_to_float(h);
+      }
+    }
+  } else {
+    HP_USER_ERROR(ErrorKind::kData, "tensor '", name, "' in ", e.file, " is ", e.dtype,
+                  "; floating-point tensors must be F32, BF16 or F16");
+  }
+  for (int64_t i = 0; i < n; ++i)
+    if (!std::isfinite(out[static_cast<size_t>(i)]))
+      HP_USER_ERROR(ErrorKind::kData, "tensor '", name, "' in ", e.file, " holds ",
+                    out[static_cast<size_t>(i)], " at flat index ", i, " of shape ",
+                    shape_str(e.shape),
+                    " (weights must be finite; the checkpoint is damaged or from a diverged run)");
+  return out;
+}
+
 SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
   const int fd = ::open(path.c_str(), O_RDONLY);
   if (fd < 0)
@@ -51,68 +196,33 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
     ::close(fd);
     HP_USER_ERROR(ErrorKind::kData, "cannot stat ", path, ": ", std::strerror(errno));
   }
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd);
+    HP_USER_ERROR(ErrorKind::kData, "safetensors file ", path, " is not a regular file");
+  }
   const auto size = static_cast<uint64_t>(st.st_size);
-  const std::string what = str_cat("safetensors file ", path, " (", size, " bytes)");
   if (size < 8) {
     ::close(fd);
-    HP_USER_ERROR(ErrorKind::kData, what, ": too short for the 8-byte header length");
+    HP_USER_ERROR(ErrorKind::kData, "safetensors file ", path, " (", size,
+                  " bytes): too short for the 8-byte header length");
   }
   map_bytes_ = static_cast<size_t>(size);
   map_ = ::mmap(nullptr, map_bytes_, PROT_READ, MAP_PRIVATE, fd, 0);
   ::close(fd);
   if (map_ == MAP_FAILED) {
     map_ = nullptr;
-    HP_USER_ERROR(ErrorKind::kData, "cannot map ", what, ": ", std::strerror(errno));
+    HP_USER_ERROR(ErrorKind::kData, "cannot map safetensors file ", path, ": ",
+                  std::strerror(errno));
   }
   const auto* bytes = static_cast<const uint8_t*>(map_);
-  uint64_t n = 0;
-  for (int i = 7; i >= 0; --i) n = (n << 8) | bytes[i];
-  if (n == 0 || n > size - 8)
-    HP_USER_ERROR(ErrorKind::kData, what, ": header length ", n,
-                  " does not fit the file (a safetensors file starts with the little-endian "
-                  "length of its JSON header)");
-  data_ = bytes + 8 + n;
-  const uint64_t data_bytes = size - 8 - n;
-  nlohmann::json header;
   try {
-    header = nlohmann::json::parse(bytes + 8, bytes + 8 + n);
-  } catch (const std::exception& e) {
-    HP_USER_ERROR(ErrorKind::kData, what, ": header is not valid JSON: ", e.what());
-  }
-  if (!header.is_object()) HP_USER_ERROR(ErrorKind::kData, what, ": header is not a JSON object");
-  for (auto it = header.begin(); it != header.end(); ++it) {
-    if (it.key() == "__metadata__") continue;
-    const std::string where = str_cat(what, " tensor '", it.key(), "'");
-    const nlohmann::json& t = it.value();
-    if (!t.is_object() || !t.contains("dtype") || !t.contains("shape") ||
-        !t.contains("data_offsets") || !t["dtype"].is_string() || !t["shape"].is_array() ||
-        !t["data_offsets"].is_array() || t["data_offsets"].size() != 2)
-      HP_USER_ERROR(ErrorKind::kData, where,
-                    ": entry must be {\"dtype\": str, \"shape\": [..], \"data_offsets\": [b, e]}");
-    SafetensorsEntry e;
-    e.file = path;
-    e.dtype = t["dtype"].get<std::string>();
-    const int64_t es = safetensors_dtype_size(e.dtype);
-    if (es == 0) HP_USER_ERROR(ErrorKind::kData, where, ": unknown dtype '", e.dtype, "'");
-    int64_t numel = 1;
-    for (const auto& d : t["shape"]) {
-      if (!d.is_number_integer() || d.get<int64_t>() < 0)
-        HP_USER_ERROR(ErrorKind::kData, where, ": shape entries must be integers >= 0");
-      e.shape.push_back(d.get<int64_t>());
-      numel *= e.shape.back();
-    }
-    const auto& off = t["data_offsets"];
-    if (!off[0].is_number_unsigned() || !off[1].is_number_unsigned())
-      HP_USER_ERROR(ErrorKind::kData, where, ": data_offsets must be integers >= 0");
-    e.begin = off[0].get<int64_t>();
-    e.end = off[1].get<int64_t>();
-    if (e.begin > e.end || static_cast<uint64_t>(e.end) > data_bytes)
-      HP_USER_ERROR(ErrorKind::kData, where, ": data_offsets [", e.begin, ", ", e.end,
-                    "] are not inside the ", data_bytes, " data bytes");
-    if (e.end - e.begin != numel * es)
-      HP_USER_ERROR(ErrorKind::kData, where, ": ", e.end - e.begin, " bytes for shape ",
-                    shape_str(e.shape), " of ", e.dtype, " (expected ", numel * es, ")");
-    entries_[it.key()] = e;
+    SafetensorsHeader h = parse_safetensors_header(bytes, size, path);
+    data_ = bytes + h.data_offset;
+    entries_ = std::move(h.entries);
+  } catch (...) {
+    ::munmap(map_, map_bytes_);
+    map_ = nullptr;
+    throw;
   }
 }
 
@@ -127,20 +237,36 @@ SafetensorsSet::SafetensorsSet(const std::string& dir) : dir_(dir) {
   std::map<std::string, std::string> listed;
   std::error_code ec;
   if (fs::exists(index, ec)) {
-    std::ifstream f(index);
-    nlohmann::json j;
-    try {
-      j = nlohmann::json::parse(f);
-    } catch (const std::exception& e) {
-      HP_USER_ERROR(ErrorKind::kData, index.string(), " is not valid JSON: ", e.what());
-    }
-    if (!j.contains("weight_map") || !j["weight_map"].is_object())
-      HP_USER_ERROR(ErrorKind::kData, index.string(), " has no \"weight_map\" object");
+    const std::string where = index.string();
+    std::ifstream f(index, std::ios::binary);
+    const std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    if (!f && !f.eof()) HP_USER_ERROR(ErrorKind::kData, "cannot read ", where);
+    const nlohmann::json j = parse_json_strict(text.data(), text.data() + text.size(), where, 16);
+    if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object())
+      HP_USER_ERROR(ErrorKind::kData, where, " has no \"weight_map\" object");
+    // Every shard must be a file of this directory: no absolute path, no "..", and no symbolic
+    // link that leads outside it.
+    const fs::path root = fs::weakly_canonical(fs::absolute(d, ec), ec);
     for (auto it = j["weight_map"].begin(); it != j["weight_map"].end(); ++it) {
-      if (!it.value().is_string())
-        HP_USER_ERROR(ErrorKind::kData, index.string(), ": weight_map['", it.key(),
-                      "'] is not a file name");
-      const std::string file = (d / it.value().get<std::string>()).string();
+      const auto refuse = [&](const std::string& why) {
+        HP_USER_ERROR(ErrorKind::kData, where, ": weight_map entry '", it.key(), "': ", why,
+                      " (shards are files of the checkpoint directory, named relative to it)");
+      };
+      if (!it.value().is_string()) refuse(str_cat(it.value().dump(), " is not a file name"));
+      const std::string name = it.value().get<std::string>();
+      const fs::path rel(name);
+      if (name.empty()) refuse("the file name is empty");
+      if (name.find('\0') != std::string::npos) refuse("the file name holds a NUL byte");
+      if (rel.is_absolute() || rel.has_root_name() || rel.has_root_directory())
+        refuse(str_cat("'", name, "' is an absolute path"));
+      for (const fs::path& part : rel)
+        if (part == "..") refuse(str_cat("'", name, "' has a '..' component"));
+      const fs::path target = fs::weakly_canonical(root / rel, ec);
+      const std::string t = target.string(), r = root.string();
+      if (ec || t.size() <= r.size() || t.compare(0, r.size(), r) != 0 ||
+          (r.back() != '/' && t[r.size()] != '/'))
+        refuse(str_cat("'", name, "' leads outside the directory (to ", t, ")"));
+      const std::string file = (d / rel).string();
       listed[it.key()] = file;
       if (std::find(files.begin(), files.end(), file) == files.end()) files.push_back(file);
     }
@@ -199,27 +325,7 @@ std::vector<float> SafetensorsSet::read_f32(const std::string& name, const Shape
   if (!shape.empty() && e.shape != shape)
     HP_USER_ERROR(ErrorKind::kData, "tensor '", name, "' in ", e.file, " has shape ",
                   shape_str(e.shape), "; config.json implies ", shape_str(shape));
-  const int64_t n = shape_numel(e.shape);
-  std::vector<float> out(static_cast<size_t>(n));
-  const uint8_t* p = f.data(e);
-  if (e.dtype == "F32") {
-    std::memcpy(out.data(), p, static_cast<size_t>(n) * 4);
-  } else if (e.dtype == "BF16" || e.dtype == "F16") {
-    const bool bf = e.dtype == "BF16";
-    for (int64_t i = 0; i < n; ++i) {
-      const uint16_t h = static_cast<uint16_t>(p[2 * i] | (p[2 * i + 1] << 8));
-      if (bf) {
-        const uint32_t u = static_cast<uint32_t>(h) << 16;
-        std::memcpy(&out[static_cast<size_t>(i)], &u, 4);
-      } else {
-        out[static_cast<size_t>(i)] = half_to_float(h);
-      }
-    }
-  } else {
-    HP_USER_ERROR(ErrorKind::kData, "tensor '", name, "' in ", e.file, " is ", e.dtype,
-                  "; floating-point tensors must be F32, BF16 or F16");
-  }
-  return out;
+  return safetensors_to_f32(name, e, f.data(e));
 }
 
 std::vector<uint8_t> SafetensorsSet::read_u8(const std::string& name, const Shape& shape) const {

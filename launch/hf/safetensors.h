@@ -4,10 +4,14 @@
 // A checkpoint of several files has `model.safetensors.index.json` whose "weight_map" names the
 // file of every tensor.
 //
-// The reader maps each file read-only and validates the whole header when it opens it (JSON,
-// dtypes, shapes against offsets, offsets inside the file); a problem throws UserError(kData)
-// naming the file and the tensor. Tensors are converted to fp32 on request (BF16, F16, F32; U8 is
-// read as bytes for MXFP4 blocks and scales).
+// The reader maps each file read-only and validates the whole header when it opens it: the header
+// length fits the file, the header is one JSON object without a key given twice, every tensor has
+// a known dtype, a shape of integers >= 0 whose element count times the dtype size (no overflow)
+// is its byte length, and data_offsets [begin, end] inside the data section; the tensors' byte
+// ranges, in order, cover the data section exactly, without gaps or overlaps. A problem throws
+// UserError(kData) naming the file and the tensor. Tensors are converted to fp32 on request (BF16,
+// F16, F32; a NaN or infinity is refused naming the tensor and its first such element; U8 is read
+// as bytes for MXFP4 blocks and scales).
 #pragma once
 
 #include <cstdint>
@@ -27,6 +31,18 @@ struct SafetensorsEntry {
   std::string file;            // the file holding it
 };
 
+// The header of a safetensors image of `size` bytes at `bytes` (`path` names it in messages):
+// the tensors, and where the data section starts. Validates everything listed above.
+struct SafetensorsHeader {
+  uint64_t data_offset = 0;  // 8 + header length
+  std::map<std::string, SafetensorsEntry> entries;
+};
+SafetensorsHeader parse_safetensors_header(const uint8_t* bytes, uint64_t size,
+                                           const std::string& path);
+// The tensor `name` (entry `e`, whose bytes start at `data`) as fp32: F32, BF16 or F16 stored;
+// a NaN or infinity is refused naming the tensor, its file and the first such flat index.
+std::vector<float> safetensors_to_f32(const std::string& name, const SafetensorsEntry& e,
+                                      const uint8_t* data);
 // One safetensors file, memory-mapped.
 class SafetensorsFile {
  public:

@@ -219,19 +219,17 @@ class ConfigMismatch : public UserError {
   explicit ConfigMismatch(const std::string& what) : UserError(ErrorKind::kConfig, what) {}
 };
 
-void check_saved_config(const TrainOptions& o, const CheckpointReader& r) {
-  if (!r.has_attr("model_config")) {  // written before the record existed
-    log_warn("checkpoint ", r.path(),
-             " holds no model config record: its config is not compared with this run's");
-    return;
-  }
-  const std::string saved = r.string_attr("model_config");
+// The model config a checkpoint (or a Hugging Face config.json) was made for, `saved` (a
+// model_config_record), against this run's: a difference in a key allow_config_change does not
+// name throws ConfigMismatch; `what` names the source.
+void refuse_config_changes(const TrainOptions& o, const std::string& saved,
+                           const std::string& what) {
   const std::string now = model_config_record(o.model);
   const std::vector<std::string>& allowed = o.checkpoint.allow_config_change;
   std::string changes, keys;
   for (const std::string& k : model_config_differences(saved, now)) {
     if (std::find(allowed.begin(), allowed.end(), k) != allowed.end()) {
-      log_warn("checkpoint ", r.path(), ": ", k, "=", model_config_value(saved, k), " when saved, ",
+      log_warn(what, ": ", k, "=", model_config_value(saved, k), " when saved, ",
                model_config_value(now, k), " now (allowed by allow_config_change)");
       continue;
     }
@@ -241,12 +239,20 @@ void check_saved_config(const TrainOptions& o, const CheckpointReader& r) {
   }
   if (!changes.empty())
     throw ConfigMismatch(
-        str_cat("checkpoint ", r.path(), " was saved with another model config: ", changes,
+        str_cat(what, " was saved with another model config: ", changes,
                 " (a change of what the model computes; if it is meant, allow it with "
                 "--allow_config_change=",
                 keys, ")"));
 }
 
+void check_saved_config(const TrainOptions& o, const CheckpointReader& r) {
+  if (!r.has_attr("model_config")) {  // written before the record existed
+    log_warn("checkpoint ", r.path(),
+             " holds no model config record: its config is not compared with this run's");
+    return;
+  }
+  refuse_config_changes(o, r.string_attr("model_config"), str_cat("checkpoint ", r.path()));
+}
 }  // namespace
 
 // ---- save ---------------------------------------------------------------------------------------
@@ -501,8 +507,16 @@ bool load_checkpoint_agreed(const RunState& run, const std::string& path, bool p
 }
 
 namespace {
-// An imported Hugging Face checkpoint's parameters into the model (this rank's rows).
+// An imported Hugging Face checkpoint's parameters into the model (this rank's rows). The
+// meaning of its config.json, mapped to a hotpath model config, must be the run's (the rule of
+// resume: allow_config_change names the exceptions); the shapes then agree too.
 void load_hf_params(const RunState& run, const std::string& dir) {
+  {
+    const HfImport cfg = read_hf_config(dir);
+    refuse_config_changes(run.options, model_config_record(cfg.model),
+                          str_cat("the Hugging Face checkpoint ", dir, " (", cfg.architecture,
+                                  ", config.json)"));
+  }
   const HfImport imp = read_hf_checkpoint(dir);
   Backend& be = run.backend;
   std::vector<Tensor> staged;
@@ -530,6 +544,53 @@ void load_hf_params(const RunState& run, const std::string& dir) {
   }
   be.synchronize(SyncCause::kOther);
   run.model.refresh_working_copies();
+}
+
+// init_from's weights must be finite: a NaN or infinity in them is the file's fault, named as
+// such (the first step would otherwise report a diverged run). One sum of squares per parameter;
+// every rank agrees.
+void refuse_nonfinite_params(const RunState& run, const std::string& path) {
+  std::vector<Item> items = checkpoint_items(run.model.params(), true);
+  Backend& be = run.backend;
+  const auto n = static_cast<int64_t>(items.size());
+  std::string bad;
+  if (n > 0) {
+    Tensor acc = be.zeros({n}, be.master_dtype());
+    for (int64_t i = 0; i < n; ++i) {
+      Tensor slot = acc.slice(i, i + 1);
+      be.sum_squares(items[static_cast<size_t>(i)].local, slot);
+    }
+    Tensor host = Tensor::host({n}, be.master_dtype());
+    be.read_to_host(acc, host, SyncCause::kOther);
+    const std::vector<double> sums = to_double_vector(host);
+    for (int64_t i = 0; i < n && bad.empty(); ++i)
+      if (!std::isfinite(sums[static_cast<size_t>(i)])) bad = items[static_cast<size_t>(i)].name;
+  }
+  if (!any_rank(run.ctx, !bad.empty())) return;
+  HP_USER_ERROR(ErrorKind::kData, "init_from: checkpoint ", path, " ",
+                bad.empty() ? std::string("holds non-finite weights (see the other rank's message)")
+                            : str_cat("dataset '", bad, "' holds non-finite values (NaN or inf)"),
+                "; its weights cannot start a run (it was saved damaged, or converted from such "
+                "weights)");
+}
+
+// Where an imported checkpoint's weights came from ("" for a checkpoint a run saved). Files
+// import-hf wrote before it recorded `imported_from` are told by what they lack: no model
+// config record, no dataset manifest, no command line.
+std::string imported_source(const std::string& path) {
+  try {
+    CheckpointReader r(path);
+    if (r.has_attr("imported_from")) {
+      const std::string from = r.string_attr("imported_from");
+      return from.empty() ? std::string("a Hugging Face checkpoint") : from;
+    }
+    if (!r.has_attr("model_config") && !r.has_attr("datasets") && r.has_attr("command_line") &&
+        r.string_attr("command_line").empty())
+      return "a Hugging Face checkpoint";
+  } catch (const std::exception&) {
+    // Unreadable: the load reports it.
+  }
+  return std::string();
 }
 }  // namespace
 
@@ -560,6 +621,7 @@ bool init_from_options(const RunState& run) {
   if (!load_checkpoint_agreed(run, path, true, &pos, &error))
     HP_USER_ERROR(ErrorKind::kData, "init_from: checkpoint ", path, " cannot be loaded: ",
                   error.empty() ? "it failed on another rank (see its message)" : error);
+  refuse_nonfinite_params(run, path);
   log_info("init_from: parameters from ", path, " (fresh optimizer state, step 0)");
   return true;
 }
@@ -570,8 +632,24 @@ std::string resolve_checkpoint_arg(const std::string& path) {
   std::string latest = read_latest(path);
   if (!latest.empty() && fs::exists(latest, ec)) return latest;
   const std::vector<int64_t> steps = committed_steps(path);
-  if (steps.empty())
+  if (steps.empty()) {
+    // A Hugging Face directory is not a checkpoint directory: say which it is.
+    const fs::path d(path);
+    bool safetensors = fs::exists(d / "model.safetensors.index.json", ec);
+    for (const auto& e : fs::directory_iterator(d, ec))
+      safetensors = safetensors || e.path().extension() == ".safetensors";
+    if (fs::exists(d / "config.json", ec))
+      HP_USER_ERROR(ErrorKind::kUser, path,
+                    " is a Hugging Face checkpoint directory (config.json), not a hotpath "
+                    "checkpoint; import it with `hotpath import-hf`, or start a run from it with "
+                    "init_from");
+    if (safetensors)
+      HP_USER_ERROR(ErrorKind::kUser, path,
+                    " holds safetensors but no config.json: a Hugging Face checkpoint directory "
+                    "needs the config.json that describes its model (and a hotpath checkpoint "
+                    "directory holds step_<N>.h5 files)");
     HP_USER_ERROR(ErrorKind::kUser, "no committed checkpoint (step_<N>.h5) in directory ", path);
+  }
   return checkpoint_path(path, steps.front());
 }
 
@@ -605,6 +683,13 @@ RunPosition resume_from_options(const RunState& run) {
       HP_USER_ERROR(ErrorKind::kConfig, "config key 'resume': checkpoint '", resume.path,
                     "' does not exist (use resume=auto to start fresh when there is none)");
     const std::string path = resolve_checkpoint_arg(resume.path);
+    const std::string imported = imported_source(path);
+    if (!imported.empty())
+      HP_USER_ERROR(ErrorKind::kConfig, "config key 'resume': ", path,
+                    " is an imported checkpoint (import-hf, from ", imported,
+                    "); it holds weights but no training state (data position, seed, schedule). "
+                    "Use init_from=",
+                    path, " to start a run from it");
     if (!load_checkpoint_agreed(run, path, false, &pos, &error))
       HP_USER_ERROR(ErrorKind::kData, "resume: checkpoint ", path, " cannot be loaded: ",
                     error.empty() ? "it failed on another rank (see its message)" : error);
