@@ -13,8 +13,11 @@
 namespace hp {
 namespace {
 
-constexpr int64_t kStateFormat = 1;
-constexpr size_t kStateFields = 6;
+// Format 1 (epoch, next_doc, doc_offset, batches, fingerprint) is still read: its position means
+// the same in both packings, with an empty window. Format 2 adds the packing and the window.
+constexpr int64_t kStateFormat = 2;
+constexpr size_t kStateFieldsV1 = 6;
+constexpr size_t kStateFieldsV2 = 8;  // + packing, window size; then the window's ids
 
 void validate(const DataConfig& c) {
   if (c.vocab_size < 1 || c.vocab_size > INT32_MAX)
@@ -29,6 +32,9 @@ void validate(const DataConfig& c) {
   if (c.world < 1 || c.rank < 0 || c.rank >= c.world)
     HP_USER_ERROR(ErrorKind::kConfig, "rank ", c.rank, " is not in 0..world-1 for world size ",
                   c.world);
+  if (c.packing_window < 1 || c.packing_window > kMaxPackingWindow)
+    HP_USER_ERROR(ErrorKind::kConfig, "config key 'packing_window': must be in 1..",
+                  kMaxPackingWindow, " documents (got ", c.packing_window, ")");
   if (c.rows_per_batch % c.world != 0)
     HP_USER_ERROR(ErrorKind::kConfig, "rows_per_batch ", c.rows_per_batch,
                   " (rows of one global batch) is not divisible by the world size ", c.world,
@@ -63,27 +69,46 @@ SyntheticParams synthetic_params(const DataConfig& c) {
 
 }  // namespace
 
+const char* packing_name(Packing p) { return p == Packing::kWhole ? "whole" : "stream"; }
+
 std::vector<int64_t> LoaderState::to_vector() const {
-  return {kStateFormat, epoch, next_doc, doc_offset, batches, fingerprint};
+  std::vector<int64_t> v = {kStateFormat, epoch,
+                            next_doc,     doc_offset,
+                            batches,      fingerprint,
+                            packing == Packing::kWhole ? 1 : 0, static_cast<int64_t>(window.size())};
+  v.insert(v.end(), window.begin(), window.end());
+  return v;
 }
 
 LoaderState LoaderState::from_vector(const std::vector<int64_t>& v) {
-  if (v.size() != kStateFields || v[0] != kStateFormat)
-    HP_USER_ERROR(ErrorKind::kData, "saved data loader state is not in the expected format (",
-                  kStateFields, " integers starting with format ", kStateFormat, "; got ", v.size(),
-                  " integers", v.empty() ? "" : str_cat(" starting with ", v[0]), ")");
+  const bool v1 = v.size() == kStateFieldsV1 && v[0] == 1;
+  const bool v2 = v.size() >= kStateFieldsV2 && v[0] == kStateFormat && (v[6] == 0 || v[6] == 1) &&
+                  v[7] >= 0 && v[7] <= kMaxPackingWindow &&
+                  v.size() == kStateFieldsV2 + static_cast<size_t>(v[7]);
+  if (!v1 && !v2)
+    HP_USER_ERROR(ErrorKind::kData,
+                  "saved data loader state is not in a known format (format 1: ", kStateFieldsV1,
+                  " integers; format 2: ", kStateFieldsV2,
+                  " integers and the packing window's document ids; got ", v.size(), " integers",
+                  v.empty() ? "" : str_cat(" starting with ", v[0]), ")");
   LoaderState s;
   s.epoch = v[1];
   s.next_doc = v[2];
   s.doc_offset = v[3];
   s.batches = v[4];
   s.fingerprint = v[5];
+  s.packing_recorded = v2;
+  if (v2) {
+    s.packing = v[6] == 1 ? Packing::kWhole : Packing::kStream;
+    s.window.assign(v.begin() + kStateFieldsV2, v.end());
+  }
   return s;
 }
 
 bool LoaderState::operator==(const LoaderState& o) const {
   return epoch == o.epoch && next_doc == o.next_doc && doc_offset == o.doc_offset &&
-         batches == o.batches && fingerprint == o.fingerprint;
+         batches == o.batches && fingerprint == o.fingerprint && packing == o.packing &&
+         window == o.window;
 }
 
 std::unique_ptr<DataLoader> DataLoader::open(const DataConfig& config) {
@@ -141,34 +166,104 @@ int64_t DataLoader::document_at(int64_t k) const {
   return order_.empty() ? k : static_cast<int64_t>(order_[k]);
 }
 
+int64_t DataLoader::take_document() {
+  const int64_t doc = document_at(next_doc_);
+  if (++next_doc_ == num_docs_) {
+    // Once per batch at most: a data set smaller than a batch would say it for every pass.
+    if (epoch_logged_batch_ != batches_) {
+      log_info("data: epoch ", epoch_, " done (", num_docs_, " documents, ",
+               source_->num_tokens(), " tokens) during global batch ", batches_,
+               "; starting epoch ", epoch_ + 1);
+    } else if (!small_data_warned_) {
+      log_warn("data: ", source_->describe(), " holds ", source_->num_tokens(),
+               " tokens, fewer than one global batch's ",
+               config_.rows_per_batch * config_.seq_len,
+               " positions: every batch passes over it more than once (no further epoch lines)");
+      small_data_warned_ = true;
+    }
+    epoch_logged_batch_ = batches_;
+    start_epoch(epoch_ + 1);
+    next_doc_ = 0;
+  }
+  return doc;
+}
+
 void DataLoader::pack_row(RowPlan& plan) {
   plan.pieces.clear();
-  const int64_t cap = config_.seq_len + 1;
+  plan.pad = 0;
+  if (config_.packing == Packing::kWhole)
+    pack_whole_row(plan);
+  else
+    pack_stream_row(plan);
+}
+
+void DataLoader::pack_stream_row(RowPlan& plan) {
+  const int64_t T = config_.seq_len;
   int64_t used = 0;
-  while (used < cap) {
+  while (used < T) {
     const int64_t doc = document_at(next_doc_);
     const int64_t left = source_->document_length(doc) - doc_offset_;
-    if (left <= cap - used) {
-      plan.pieces.push_back({doc, doc_offset_, static_cast<int32_t>(left)});
-      used += left;
+    const int64_t take = std::min(left, T - used);
+    plan.pieces.push_back({doc, doc_offset_, static_cast<int32_t>(take)});
+    used += take;
+    if (take == left) {
+      take_document();
       doc_offset_ = 0;
-      if (++next_doc_ == num_docs_) {
-        log_info("data: epoch ", epoch_, " done (", num_docs_, " documents, ",
-                 source_->num_tokens(), " tokens) during global batch ", batches_,
-                 "; starting epoch ", epoch_ + 1);
-        start_epoch(epoch_ + 1);
-        next_doc_ = 0;
-      }
-    } else if (used == 0) {
-      // Longer than a whole row: cut a full-row piece, continue the document in the next row.
-      plan.pieces.push_back({doc, doc_offset_, static_cast<int32_t>(cap)});
-      doc_offset_ += cap;
-      used = cap;
     } else {
-      break;  // does not fit: pad this row, the document starts the next one
+      doc_offset_ += take;
     }
   }
-  plan.pad = static_cast<int32_t>(cap - used);
+  // Row position T is only a target: the stream's next token, which also starts the next row.
+  const int64_t doc = document_at(next_doc_);
+  Piece& last = plan.pieces.back();
+  if (last.doc == doc && last.offset + last.count == doc_offset_)
+    ++last.count;  // the same document goes on past the cut
+  else
+    plan.pieces.push_back({doc, doc_offset_, 1});  // the next document's first token
+}
+
+void DataLoader::pack_whole_row(RowPlan& plan) {
+  // Whole documents fill the T input positions; row position T (a target only) is padding, the
+  // target of a document's EOT being ignored anyway. So every packed token is an input once.
+  const int64_t T = config_.seq_len;
+  const auto fill = [&] {
+    while (static_cast<int64_t>(window_.size()) < config_.packing_window)
+      window_.push_back(take_document());
+  };
+  fill();
+  // The oldest document first, so none waits more than packing_window rows.
+  const int64_t head = window_.front();
+  const int64_t left = source_->document_length(head) - doc_offset_;
+  if (left > T) {
+    // Longer than a row: cut as in stream mode, T inputs and the next token as the last target;
+    // the next row goes on from that token.
+    plan.pieces.push_back({head, doc_offset_, static_cast<int32_t>(T + 1)});
+    doc_offset_ += T;
+    return;
+  }
+  plan.pieces.push_back({head, doc_offset_, static_cast<int32_t>(left)});
+  window_.pop_front();
+  doc_offset_ = 0;
+  int64_t used = left;
+  // Best fit: the longest window document that fits the room left (the oldest among equals).
+  for (;;) {
+    fill();
+    const int64_t room = T - used;
+    auto best = window_.end();
+    int64_t best_len = 0;
+    for (auto it = window_.begin(); it != window_.end(); ++it) {
+      const int64_t len = source_->document_length(*it);
+      if (len <= room && len > best_len) {
+        best = it;
+        best_len = len;
+      }
+    }
+    if (best == window_.end()) break;
+    plan.pieces.push_back({*best, 0, static_cast<int32_t>(best_len)});
+    used += best_len;
+    window_.erase(best);
+  }
+  plan.pad = static_cast<int32_t>(T + 1 - used);
 }
 
 PackedRow DataLoader::materialize(const RowPlan& plan) {
@@ -219,6 +314,8 @@ LoaderState DataLoader::state() const {
   s.doc_offset = doc_offset_;
   s.batches = batches_;
   s.fingerprint = static_cast<int64_t>(state_fingerprint());
+  s.packing = config_.packing;
+  s.window.assign(window_.begin(), window_.end());
   return s;
 }
 
@@ -230,21 +327,32 @@ void DataLoader::restore(const LoaderState& s) {
                   "seed/shuffle setting (fingerprint ",
                   s.fingerprint, ", this loader ", mine, " reading ", source_->describe(),
                   " with seed ", config_.seed, ")");
+  if (s.packing_recorded && s.packing != config_.packing)
+    HP_USER_ERROR(ErrorKind::kConfig, "config key 'packing': the saved data position is of packing=",
+                  packing_name(s.packing), ", this run has packing=", packing_name(config_.packing),
+                  "; resume with packing=", packing_name(s.packing),
+                  " (the batches of one packing do not continue in the other)");
   const bool endless = num_docs_ < 0;
+  const auto is_doc = [&](int64_t d) { return d >= 0 && (endless || d < num_docs_); };
   const bool ok = s.epoch >= 0 && (!endless || s.epoch == 0) && s.next_doc >= 0 &&
-                  (endless || s.next_doc < num_docs_) && s.batches >= 0 && s.doc_offset >= 0;
+                  (endless || s.next_doc < num_docs_) && s.batches >= 0 && s.doc_offset >= 0 &&
+                  std::all_of(s.window.begin(), s.window.end(), is_doc);
   if (!ok)
     HP_USER_ERROR(ErrorKind::kData, "saved data position is out of range for ", source_->describe(),
-                  ": epoch ", s.epoch, ", document ", s.next_doc, ", batch ", s.batches);
+                  ": epoch ", s.epoch, ", document ", s.next_doc, ", batch ", s.batches,
+                  s.window.empty() ? "" : str_cat(", a window of ", s.window.size(), " documents"));
   if (s.epoch != epoch_ || (order_.empty() && !endless && config_.shuffle)) start_epoch(s.epoch);
-  const int64_t length = source_->document_length(document_at(s.next_doc));
+  // The offset is into the window's first document, or into the next document of the order.
+  const int64_t cut_doc = s.window.empty() ? document_at(s.next_doc) : s.window.front();
+  const int64_t length = source_->document_length(cut_doc);
   if (s.doc_offset >= length)
     HP_USER_ERROR(ErrorKind::kData, "saved data position is out of range for ", source_->describe(),
-                  ": offset ", s.doc_offset, " into document ", s.next_doc, " of epoch ", s.epoch,
-                  ", which has ", length, " tokens");
+                  ": offset ", s.doc_offset, " into document ", cut_doc, ", which has ", length,
+                  " tokens");
   next_doc_ = s.next_doc;
   doc_offset_ = s.doc_offset;
   batches_ = s.batches;
+  window_.assign(s.window.begin(), s.window.end());
 }
 
 void DataLoader::seek(int64_t batch) {
@@ -253,6 +361,7 @@ void DataLoader::seek(int64_t batch) {
   next_doc_ = 0;
   doc_offset_ = 0;
   batches_ = 0;
+  window_.clear();
   RowPlan plan;
   for (int64_t b = 0; b < batch; ++b) {
     for (int64_t j = 0; j < config_.rows_per_batch; ++j) pack_row(plan);
@@ -265,9 +374,13 @@ std::string DataLoader::describe() const {
   if (num_docs_ >= 0)
     order = config_.shuffle ? str_cat(", documents shuffled per epoch (seed ", config_.seed, ")")
                             : ", documents in file order";
+  const std::string packing =
+      config_.packing == Packing::kWhole
+          ? str_cat("packing=whole (window ", config_.packing_window, " documents)")
+          : std::string("packing=stream");
   return str_cat("data: ", source_->describe(), "; seq_len ", config_.seq_len, ", ",
                  config_.rows_per_batch, " rows per global batch (", rows_per_rank(), " on rank ",
-                 config_.rank, " of ", config_.world, ")", order);
+                 config_.rank, " of ", config_.world, "), ", packing, order);
 }
 
 std::vector<std::vector<int32_t>> synthetic_documents(const DataConfig& config, int64_t n) {

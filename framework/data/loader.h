@@ -1,13 +1,23 @@
-// DataLoader: packs whole EOT-terminated documents into rows of T+1 tokens in a deterministic
-// global order and hands each rank its share of every global batch (ARCHITECTURE §6).
+// DataLoader: packs EOT-terminated documents into rows of T+1 tokens in a deterministic global
+// order and hands each rank its share of every global batch (docs/architecture.md, "Data").
 //
-// Packing (greedy, in document order): a document goes into the current row if it fits in the
-// row's remaining space; otherwise the row is closed with EOT padding and the document starts the
-// next row. A document longer than T+1 tokens is cut into pieces of T+1 tokens (the last piece may
-// be shorter and shares its row with the documents after it); each piece is its own sequence.
+// A row holds T+1 tokens: inputs row[0:T], targets row[1:T+1]. Two packings (DataConfig::packing):
+//
+// - stream (the default): the documents are one stream, in order, cut at row boundaries. Row r
+//   holds stream tokens [r*T, r*T + T + 1): its last token is only a target, and the next row
+//   starts with it, so every token of the data is an input exactly once and rows carry no padding
+//   (the stream never ends: the next epoch follows the last document). A piece of a document cut
+//   by a row boundary is its own sequence: positions restart at 0, no attention across the cut.
+// - whole: a document that fits in a row's T input positions is never cut. Each row starts with
+//   the oldest document of a look-ahead window of `packing_window` documents (taken from the
+//   stream in order), then the longest window document that fits the room left is added, again
+//   and again, until none fits; the rest of the row is padding (EOT tokens that are no target,
+//   at least row position T). A document longer than T is cut as in stream mode, a row at a
+//   time. Deterministic: the window depends only on the data, seed, shuffle, T and the window
+//   size. For data whose documents must stay whole (conversations with loss masks).
 //
 // Global order: the loader produces one stream of rows that depends only on the data, seed,
-// shuffle and T, never on the layout. Global batch b holds rows [b·R, (b+1)·R), R =
+// shuffle, packing and T, never on the layout. Global batch b holds rows [b·R, (b+1)·R), R =
 // rows_per_batch; rank r of W keeps rows [b·R + r·R/W, b·R + (r+1)·R/W). Every rank packs every
 // row (packing needs document lengths only) and reads token contents only for the rows it keeps.
 //
@@ -19,6 +29,7 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <string>
 #include <vector>
@@ -27,6 +38,11 @@
 #include "framework/data/packed_batch.h"
 
 namespace hp {
+
+// packing=stream|whole (see the top of this file).
+enum class Packing { kStream, kWhole };
+const char* packing_name(Packing p);
+constexpr int64_t kMaxPackingWindow = 4096;  // the largest packing_window accepted
 
 struct DataConfig {
   // "synthetic"; or token files: a .bin path, a comma-separated list of paths and glob patterns
@@ -41,6 +57,8 @@ struct DataConfig {
   int world = 1;
   uint64_t seed = 0;
   bool shuffle = true;  // file sources: shuffle the documents of every epoch
+  Packing packing = Packing::kStream;
+  int64_t packing_window = 128;  // whole: documents of the look-ahead window, 1..kMaxPackingWindow
   // Synthetic source (see synthetic.h): content tokens 0..synthetic_vocab-1 (0: every id below
   // eot_token), Zipf exponent of the next-token law, mean number of content tokens per document.
   int64_t synthetic_vocab = 0;
@@ -55,9 +73,18 @@ struct DataConfig {
 struct LoaderState {
   int64_t epoch = 0;        // passes over a file source completed (0 for synthetic)
   int64_t next_doc = 0;     // index into this epoch's document order of the next document
-  int64_t doc_offset = 0;   // tokens of that document already packed (a cut document), else 0
+  // stream: tokens of that document already packed (a cut document), else 0. whole: tokens of
+  // the window's first document already packed.
+  int64_t doc_offset = 0;
   int64_t batches = 0;      // global batches produced so far
   int64_t fingerprint = 0;  // data, seed and shuffle it belongs to; restore() checks it
+  Packing packing = Packing::kStream;
+  // False for a state of format 1, saved before the packing was recorded: a position in the
+  // document order that either packing continues from.
+  bool packing_recorded = true;
+  // whole: the look-ahead window, oldest first, as document ids of the source (each drawn from
+  // the document order before next_doc).
+  std::vector<int64_t> window;
 
   // Serialization as a flat array (format version first), e.g. for the checkpoint's /state.
   std::vector<int64_t> to_vector() const;
@@ -109,8 +136,13 @@ class DataLoader {
   };
 
   void pack_row(RowPlan& plan);
+  void pack_stream_row(RowPlan& plan);
+  void pack_whole_row(RowPlan& plan);
   PackedRow materialize(const RowPlan& plan);
   int64_t document_at(int64_t k) const;
+  // The document at the stream position, which then moves past it (into the next epoch at the
+  // end of the data).
+  int64_t take_document();
   void start_epoch(int64_t epoch);
   uint64_t state_fingerprint() const;
 
@@ -122,6 +154,9 @@ class DataLoader {
   int64_t next_doc_ = 0;
   int64_t doc_offset_ = 0;
   int64_t batches_ = 0;
+  std::deque<int64_t> window_;    // whole: the look-ahead window (document ids), oldest first
+  int64_t epoch_logged_batch_ = -1;  // the batch of the last "epoch done" line
+  bool small_data_warned_ = false;
 };
 
 // The first n documents of the synthetic source `config` describes (its synthetic_* keys, seed,

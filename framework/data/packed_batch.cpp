@@ -20,6 +20,7 @@ PackedBatch PackedBatch::from_rows(const std::vector<PackedRow>& rows, int64_t s
   b.positions.resize(n);
   b.cu_seqlens.reserve(rows.size() * 4 + 1);
   b.cu_seqlens.push_back(0);
+  b.seq_is_pad.reserve(rows.size() * 4);
 
   for (int64_t r = 0; r < b.rows; ++r) {
     const PackedRow& row = rows[r];
@@ -56,6 +57,8 @@ PackedBatch PackedBatch::from_rows(const std::vector<PackedRow>& rows, int64_t s
         b.targets[base + i] = (is_pad || last || !counted) ? -1 : row.tokens[i + 1];
       }
       b.cu_seqlens.push_back(static_cast<int32_t>(base + clipped));
+      b.seq_is_pad.push_back(is_pad ? 1 : 0);
+      if (!is_pad) b.num_doc_tokens += clipped - start;
       b.max_seqlen = std::max(b.max_seqlen, static_cast<int32_t>(clipped - start));
     };
     int64_t start = 0;
@@ -102,6 +105,8 @@ PackedBatch PackedBatch::from_tokens(std::vector<int32_t> inputs, std::vector<in
   }
   b.num_valid_targets =
       std::count_if(targets.begin(), targets.end(), [](int32_t t) { return t >= 0; });
+  b.num_doc_tokens = n;  // no padding: every position belongs to a sequence of the caller's
+  b.seq_is_pad.assign(b.cu_seqlens.size() - 1, 0);
   b.inputs = std::move(inputs);
   b.targets = std::move(targets);
   b.positions = std::move(positions);
@@ -111,6 +116,7 @@ PackedBatch PackedBatch::from_tokens(std::vector<int32_t> inputs, std::vector<in
 double PackedBatch::attention_pairs(int64_t window) const {
   double pairs = 0;
   for (size_t s = 1; s < cu_seqlens.size(); ++s) {
+    if (s - 1 < seq_is_pad.size() && seq_is_pad[s - 1] != 0) continue;
     const double len = cu_seqlens[s] - cu_seqlens[s - 1];
     if (window <= 0 || window >= len) {
       pairs += len * (len + 1) / 2;

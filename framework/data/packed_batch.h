@@ -11,9 +11,9 @@
 
 namespace hp {
 
-// One row of T+1 tokens as the loader packed it: whole EOT-terminated documents (a document
-// longer than a row is cut into pieces), then padding. segments[i] is the length of the i-th
-// piece in tokens of this row; padding is the trailing `pad` tokens (filled with EOT).
+// One row of T+1 tokens as the loader packed it: pieces of EOT-terminated documents, then
+// padding. segments[i] is the length of the i-th piece in tokens of this row; padding is the
+// trailing `pad` tokens (filled with EOT).
 struct PackedRow {
   std::vector<int32_t> tokens;    // T + 1 tokens
   std::vector<int32_t> segments;  // lengths of the document pieces, in order
@@ -34,7 +34,13 @@ struct PackedBatch {
   std::vector<int32_t> cu_seqlens;  // n_seqs + 1 offsets into the flattened tokens
   int32_t max_seqlen = 0;
   int64_t num_valid_targets = 0;  // on this rank
+  // Input positions that hold a document's token, on this rank: num_tokens() less the padding.
+  // Throughput and MFU count these, never the padding.
+  int64_t num_doc_tokens = 0;
+  // Per sequence of cu_seqlens: 1 where it is a row's padding, not a document piece.
+  std::vector<uint8_t> seq_is_pad;
 
+  // Positions (input tokens) of the batch on this rank, padding included.
   int64_t num_tokens() const { return rows * seq_len; }
   int64_t num_seqs() const { return static_cast<int64_t>(cu_seqlens.size()) - 1; }
 
@@ -45,7 +51,8 @@ struct PackedBatch {
   static PackedBatch from_tokens(std::vector<int32_t> inputs, std::vector<int32_t> targets,
                                  std::vector<int32_t> positions, int64_t seq_len);
 
-  // Sum over documents of the causal attention pairs (for MFU accounting), with an optional window.
+  // Sum over the document pieces (padding left out) of the causal attention pairs, for MFU
+  // accounting, with an optional window.
   double attention_pairs(int64_t window) const;
 };
 

@@ -167,53 +167,7 @@ TEST(PackedBatch, AttentionPairs) {
 
 // ---- Loader: packing -----------------------------------------------------------------------
 
-TEST(DataLoader, PacksWholeDocumentsAndCutsLongOnes) {
-  TempDir dir;
-  std::vector<int32_t> doc0;
-  for (int32_t t = 1; t <= 19; ++t) doc0.push_back(t);
-  doc0.push_back(kE);  // 20 tokens: longer than a row of T+1 = 9
-  const std::vector<int32_t> doc1 = {30, 31, kE}, doc2 = {40, 41, 42, 43, kE};
-  const std::string path = dir.file("docs.bin");
-  write_bin_shard(path, flatten({doc0, doc1, doc2}));
-  EXPECT_FALSE(std::filesystem::exists(path + ".tmp"));
-
-  DataConfig c = small_config();
-  c.source = path;
-  c.seq_len = 8;
-  c.rows_per_batch = 4;
-  c.shuffle = false;
-  auto loader = DataLoader::open(c);
-  EXPECT_TRUE(std::isnan(loader->entropy_floor()));
-  const PackedBatch b = loader->next();
-  const int32_t I = -1;
-  // Rows: doc0[0:9] | doc0[9:18] | doc0[18:20] doc1, pad 4 (doc2 does not fit) |
-  //       doc2, pad 4 (the next epoch's doc0 does not fit).
-  EXPECT_EQ(b.inputs, (std::vector<int32_t>{1,  2,  3,  4,  5,  6,  7,  8,   //
-                                            10, 11, 12, 13, 14, 15, 16, 17,  //
-                                            19, kE, 30, 31, kE, kE, kE, kE,  //
-                                            40, 41, 42, 43, kE, kE, kE, kE}));
-  EXPECT_EQ(b.targets, (std::vector<int32_t>{2,  3,  4,  5,  6,  7,  8,  9,   //
-                                             11, 12, 13, 14, 15, 16, 17, 18,  //
-                                             kE, I,  31, kE, I,  I,  I,  I,   //
-                                             41, 42, 43, kE, I,  I,  I,  I}));
-  EXPECT_EQ(b.positions, (std::vector<int32_t>{0, 1, 2, 3, 4, 5, 6, 7,  //
-                                               0, 1, 2, 3, 4, 5, 6, 7,  //
-                                               0, 1, 0, 1, 2, 0, 1, 2,  //
-                                               0, 1, 2, 3, 4, 0, 1, 2}));
-  EXPECT_EQ(b.cu_seqlens, (std::vector<int32_t>{0, 8, 16, 18, 21, 24, 29, 32}));
-  EXPECT_EQ(b.max_seqlen, 8);
-  EXPECT_EQ(b.num_valid_targets, 8 + 8 + 3 + 4);
-
-  // Epoch 1 starts over with doc0.
-  const LoaderState s = loader->state();
-  EXPECT_EQ(s.epoch, 1);
-  EXPECT_EQ(s.next_doc, 0);
-  EXPECT_EQ(s.batches, 1);
-  EXPECT_EQ(loader->batches_produced(), 1);
-  const PackedBatch b2 = loader->next();
-  EXPECT_EQ(std::vector<int32_t>(b2.inputs.begin(), b2.inputs.begin() + 8),
-            (std::vector<int32_t>{1, 2, 3, 4, 5, 6, 7, 8}));
-}
+// The packings row by row: tests/framework/packing_test.cpp.
 
 TEST(DataLoader, SyntheticRowsAreWellFormed) {
   DataConfig c = small_config();
@@ -480,15 +434,18 @@ TEST(DataLoader, RestoreRejectsOtherDataAndBadArrays) {
 
 // ---- Shuffle -------------------------------------------------------------------------------
 
-// Document ids in the order the loader packs them: doc i is [i, i, ..., EOT] (no cuts, T = 16).
+// Document ids in the order the loader packs them: doc i is [i, i, ..., EOT]. Under stream
+// packing the inputs of consecutive batches are the document stream itself, so a document starts
+// after each EOT.
 std::vector<int32_t> document_stream(const DataConfig& c, int n) {
   auto loader = DataLoader::open(c);
   std::vector<int32_t> ids;
+  bool at_start = true;
   while (static_cast<int>(ids.size()) < n) {
     const PackedBatch b = loader->next();
-    for (int64_t s = 0; s + 1 < static_cast<int64_t>(b.cu_seqlens.size()); ++s) {
-      const int32_t first = b.inputs[b.cu_seqlens[s]];
-      if (first != c.eot_token) ids.push_back(first);  // pad segments start with EOT
+    for (int32_t t : b.inputs) {
+      if (at_start && t != c.eot_token) ids.push_back(t);
+      at_start = t == c.eot_token;
     }
   }
   ids.resize(n);
