@@ -3,8 +3,8 @@
 one CSV, plot it, and write a Markdown report.
 
     python3 examples/scaling/sweep.py run SWEEP.ini --out DIR [--hotpath PATH] [--retry-failed]
-    python3 examples/scaling/sweep.py plot DIR/results.csv [--out DIR]
-    python3 examples/scaling/sweep.py report DIR/results.csv [--md docs/scaling.md]
+    python3 examples/scaling/sweep.py plot DIR/results.csv [--out DIR] [--force]
+    python3 examples/scaling/sweep.py report DIR/results.csv [--md FILE] [--images DIR] [--force]
     python3 examples/scaling/sweep.py submit SWEEP.ini --out DIR [--sbatch-args "..."]
     python3 examples/scaling/sweep.py list SWEEP.ini
 
@@ -12,12 +12,20 @@ The sweep file format is described in examples/scaling/README.md. `run` writes D
 (one row per point, appended as each point ends), DIR/points/<key>.json (each point's own
 --bench_json) and DIR/points/<key>.log, then the PNG plots (`plot`). A point already in the CSV
 is not run again, so a killed sweep resumes where it stopped; a failed point is recorded with its
-error and the sweep goes on. Standard library only, except matplotlib for the plots.
+error and the sweep goes on. SIGINT (Ctrl-C) or SIGTERM stops `run`: the signal is forwarded to
+the running point's process group, which is waited for (SIGKILL after 30 s or a second signal),
+the point is not recorded, and the exit status is 130 or 143. A torn last CSV line (a run killed
+while writing it) is dropped with a warning and its point runs again. `report` writes
+DIR/report.md (and the plots) next to the CSV unless --md says otherwise, and replaces an
+existing file only when it is an earlier report in the CSV's directory, or with --force. Mistakes
+in the sweep file or the command line name the file, line and key; exit status 2. Standard
+library only, except matplotlib for the plots.
 """
 
 import argparse
 import configparser
 import csv
+import errno
 import hashlib
 import io
 import json
@@ -29,6 +37,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import textwrap
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -44,11 +53,16 @@ SWEEP_KEYS = set(AXES) | {"name", "launcher", "args", "bench_steps", "bench_warm
                           "title"}
 
 COLUMNS = (["key", "series", "status", "error", "model", "launcher", "layout", "dp", "ep", "gpus",
-            "nodes", "n_experts", "top_k", "scaling", "tokens_per_gpu", "global_tokens",
-            "ms_per_step", "tok_s", "tok_s_per_gpu", "mfu", "gpu_busy", "idle_share"]
+            "nodes", "n_experts", "top_k", "scaling", "tokens_per_gpu", "global_tokens", "args",
+            "ms_per_step", "tok_s", "padding", "tok_s_per_gpu", "mfu", "gpu_busy", "idle_share"]
            + [f"phase_{p}_share" for p in PHASES] + [f"family_{f}_share" for f in FAMILIES]
            + ["mem_per_rank_max_mib", "mem_per_rank_min_mib", "mem_kind", "syncs_per_step",
               "backend", "wall_s", "finished_at"])
+# The columns of CSVs written before `args` and `padding` were recorded: still read (report,
+# plot) and appended to in their own layout, so a sweep resumes across the change.
+LEGACY_COLUMNS = [c for c in COLUMNS if c not in ("args", "padding")]
+# Where a stopped point's hotpath gets to end after the forwarded signal, before SIGKILL.
+STOP_GRACE_S = 30
 
 
 class SweepError(Exception):
@@ -61,44 +75,79 @@ def log(*parts):
 
 # ---- the sweep file ---------------------------------------------------------------------------
 
+# A number of the sweep file: digits, optionally followed by k or K (x 1024): 4096, 4k, 16K.
+INT_RE = re.compile(r"([0-9]+)([kK]?)")
+NUMBER_RULE = "digits, optionally with the suffix k = x1024 (e.g. 4096 or 4k)"
+
+
 def split_list(text):
     return [v.strip() for v in re.split(r"[,\s]+", text.strip()) if v.strip()]
 
 
-def parse_ints(values, where, key, minimum=1):
-    out = []
-    for v in values:
-        try:
-            n = int(v.lower().replace("k", "")) * (1024 if v.lower().endswith("k") else 1)
-        except ValueError:
-            raise SweepError(f"{where}: key '{key}': '{v}' is not an integer (e.g. 4096 or 4k)")
-        if n < minimum:
-            raise SweepError(f"{where}: key '{key}': {n} is below {minimum}")
-        out.append(n)
-    return out
+def parse_int(v, at, key, minimum=1):
+    """One number of the sweep file, or a SweepError naming the file, line, key and value."""
+    m = INT_RE.fullmatch(v)
+    if not m:
+        raise SweepError(f"{at} key '{key}': '{v}' is not an integer ({NUMBER_RULE})")
+    n = int(m.group(1)) * (1024 if m.group(2) else 1)
+    if n < minimum:
+        raise SweepError(f"{at} key '{key}': {v} is below {minimum}")
+    return n
 
 
-def parse_layout(value, gpus, where):
+def parse_ints(text, at, key, minimum=1):
+    """A comma- or space-separated list of numbers; an empty list is a mistake."""
+    values = split_list(text)
+    if not values:
+        raise SweepError(f"{at} key '{key}' is empty (give a number or a list of numbers)")
+    return [parse_int(v, at, key, minimum) for v in values]
+
+
+def split_args(text, at, key):
+    """A shell-quoted list of words (args, env, the launchers' flags)."""
+    try:
+        return shlex.split(text)
+    except ValueError as e:
+        raise SweepError(f"{at} key '{key}': {e} in {text!r}")
+
+
+def parse_layout(value, gpus, at):
     """A layout name to (dp, ep): dp (ep 1), ep (ep = gpus), epN, or dpMxepN."""
     v = value.strip().lower()
     if v == "dp":
         return gpus, 1
     if v == "ep":
         return 1, gpus
-    m = re.fullmatch(r"ep(\d+)", v)
+    m = re.fullmatch(r"ep([0-9]+)", v)
     if m:
         ep = int(m.group(1))
         if ep < 1 or gpus % ep:
-            raise SweepError(f"{where}: key 'layout': ep{ep} does not divide {gpus} GPUs")
+            raise SweepError(f"{at} key 'layout': ep{ep} does not divide {gpus} GPUs")
         return gpus // ep, ep
-    m = re.fullmatch(r"dp(\d+)x?ep(\d+)", v)
+    m = re.fullmatch(r"dp([0-9]+)x?ep([0-9]+)", v)
     if m:
         dp, ep = int(m.group(1)), int(m.group(2))
         if dp * ep != gpus:
-            raise SweepError(f"{where}: key 'layout': {value} is {dp * ep} GPUs, not {gpus}")
+            raise SweepError(f"{at} key 'layout': {value} is {dp * ep} GPUs, not {gpus}")
         return dp, ep
-    raise SweepError(f"{where}: key 'layout': '{value}' is not a layout; valid: dp, ep, epN, "
+    raise SweepError(f"{at} key 'layout': '{value}' is not a layout; valid: dp, ep, epN, "
                      "dpMxepN")
+
+
+def line_numbers(path):
+    """{(section, key): line} and {(section, None): line of its header} of an INI file."""
+    lines, sec = {}, None
+    with open(path, errors="replace") as f:
+        for n, line in enumerate(f, 1):
+            m = re.match(r"\[(.+)\]\s*(?:[#;].*)?$", line.rstrip("\n"))
+            if m:
+                sec = m.group(1)
+                lines.setdefault((sec, None), n)
+                continue
+            m = re.match(r"([^\s=:#;\[][^=:]*?)\s*[=:]", line)
+            if m and sec is not None:
+                lines.setdefault((sec, m.group(1).strip()), n)
+    return lines
 
 
 def read_sweep(path):
@@ -108,16 +157,25 @@ def read_sweep(path):
     cp = configparser.ConfigParser(interpolation=None, inline_comment_prefixes=("#", ";"))
     cp.optionxform = str
     try:
-        cp.read(path)
+        with open(path, encoding="utf-8") as f:
+            cp.read_file(f)
+    except UnicodeDecodeError as e:
+        raise SweepError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})")
     except configparser.Error as e:
         raise SweepError(f"{path}: {e}".replace("\n", " "))
+    lines = line_numbers(path)
+
+    def loc(sec, key=None):
+        n = lines.get((sec, key)) or lines.get((sec, None))
+        return f"{path}:{n}: [{sec}]" if n else f"{path}: [{sec}]"
+
     if not cp.has_section("sweep"):
         raise SweepError(f"{path}: no [sweep] section (it holds the base config and launcher)")
     base_dir = os.path.dirname(os.path.abspath(path))
     for sec in cp.sections():
         for k in cp[sec]:
             if k not in SWEEP_KEYS:
-                raise SweepError(f"{path}: [{sec}] key '{k}' is not a sweep key; valid: "
+                raise SweepError(f"{loc(sec, k)} key '{k}' is not a sweep key; valid: "
                                  + ", ".join(sorted(SWEEP_KEYS)))
     base = dict(cp["sweep"])
     series_secs = [s for s in cp.sections() if s.startswith("series ")]
@@ -125,7 +183,7 @@ def read_sweep(path):
         series_secs = ["sweep"]
     for s in cp.sections():
         if s != "sweep" and not s.startswith("series "):
-            raise SweepError(f"{path}: section [{s}] is neither [sweep] nor [series NAME]")
+            raise SweepError(f"{loc(s)} section [{s}] is neither [sweep] nor [series NAME]")
     settings = {
         "name": base.get("name", os.path.splitext(os.path.basename(path))[0]),
         "title": base.get("title", ""),
@@ -133,69 +191,81 @@ def read_sweep(path):
     }
     points = {}
     for sec in series_secs:
-        where = f"{path}: [{sec}]"
         s = dict(base)
         s.update(dict(cp[sec]) if sec != "sweep" else {})
+
+        def at(key, sec=sec):
+            """Where key's value comes from: this series, or [sweep] it inherits from."""
+            return loc(sec if sec != "sweep" and key in cp[sec] else "sweep", key)
+
+        where = loc(sec)
         series = sec[len("series "):].strip() if sec != "sweep" else settings["name"]
         launcher = LAUNCHER_OVERRIDE or s.get("launcher", "local")
         if launcher not in LAUNCHERS:
-            raise SweepError(f"{where}: key 'launcher': '{launcher}' is not one of "
+            raise SweepError(f"{at('launcher')} key 'launcher': '{launcher}' is not one of "
                              + ", ".join(LAUNCHERS))
         configs = split_list(s.get("config", ""))
         if not configs:
-            raise SweepError(f"{where}: key 'config' is missing (a hotpath config file, or a list)")
+            raise SweepError(f"{at('config')} key 'config' is missing (a hotpath config file, or "
+                             "a list)")
         resolved = []
         for c in configs:
             cands = [c if os.path.isabs(c) else os.path.join(ROOT, c), os.path.join(base_dir, c)]
             found = next((x for x in cands if os.path.isfile(x)), None)
             if not found:
-                raise SweepError(f"{where}: key 'config': '{c}' not found (paths are relative to "
-                                 "the repository root or the sweep file)")
+                raise SweepError(f"{at('config')} key 'config': '{c}' not found (paths are "
+                                 "relative to the repository root or the sweep file)")
             resolved.append((c, found))
-        gpus_l = parse_ints(split_list(s.get("gpus", "1")), where, "gpus")
+        gpus_l = parse_ints(s.get("gpus", "1"), at("gpus"), "gpus")
         layouts = split_list(s.get("layout", "dp"))
-        experts = parse_ints(split_list(s.get("n_experts", "0")), where, "n_experts", 0)
-        topks = parse_ints(split_list(s.get("top_k", "0")), where, "top_k", 0)
+        if not layouts:
+            raise SweepError(f"{at('layout')} key 'layout' is empty (dp, ep, epN or dpMxepN)")
+        experts = parse_ints(s.get("n_experts", "0"), at("n_experts"), "n_experts", 0)
+        topks = parse_ints(s.get("top_k", "0"), at("top_k"), "top_k", 0)
         if "tokens_per_gpu" in s and "global_tokens" in s:
-            raise SweepError(f"{where}: keys 'tokens_per_gpu' (weak scaling) and 'global_tokens' "
-                             "(strong scaling) exclude each other")
+            raise SweepError(f"{where} keys 'tokens_per_gpu' (weak scaling, "
+                             f"{at('tokens_per_gpu')}) and 'global_tokens' (strong scaling, "
+                             f"{at('global_tokens')}) exclude each other")
         if "global_tokens" in s:
-            scaling, toks = "strong", parse_ints(split_list(s["global_tokens"]), where,
+            scaling, toks = "strong", parse_ints(s["global_tokens"], at("global_tokens"),
                                                  "global_tokens")
         else:
-            scaling, toks = "weak", parse_ints(split_list(s.get("tokens_per_gpu", "4096")), where,
-                                               "tokens_per_gpu")
-        gpn = parse_ints([s.get("gpus_per_node", "8")], where, "gpus_per_node")[0]
-        args = shlex.split(s.get("args", ""))
+            scaling, toks = "weak", parse_ints(s.get("tokens_per_gpu", "4096"),
+                                               at("tokens_per_gpu"), "tokens_per_gpu")
+        gpn = parse_int(s.get("gpus_per_node", "8"), at("gpus_per_node"), "gpus_per_node")
+        bench_steps = parse_int(s.get("bench_steps", "3"), at("bench_steps"), "bench_steps")
+        bench_warmup = parse_int(s.get("bench_warmup", "1"), at("bench_warmup"), "bench_warmup",
+                                 0)
+        timeout_s = parse_int(s.get("timeout_s", "600"), at("timeout_s"), "timeout_s", 0)
+        args = split_args(s.get("args", ""), at("args"), "args")
         for a in args:
             if re.match(r"--(n_experts|top_k|ep_size|batch_tokens|bench_json|config)=", a):
-                raise SweepError(f"{where}: key 'args': '{a}' is set by the sweep's axes")
-        for bk in ("bench_steps", "bench_warmup", "timeout_s"):
-            if bk in s:
-                parse_ints([s[bk]], where, bk, 0)
+                raise SweepError(f"{at('args')} key 'args': '{a}' is set by the sweep's axes")
+        launch_flags = {k: split_args(s.get(k, ""), at(k), k)
+                        for k in ("mpirun_args", "srun_args", "sbatch_args")}
         env = {}
-        for item in shlex.split(s.get("env", "")):
+        for item in split_args(s.get("env", ""), at("env"), "env"):
             if "=" not in item:
-                raise SweepError(f"{where}: key 'env': '{item}' is not NAME=VALUE")
+                raise SweepError(f"{at('env')} key 'env': '{item}' is not NAME=VALUE")
             k, v = item.split("=", 1)
             env[k] = v
         for (cname, cpath) in resolved:
             model = os.path.splitext(os.path.basename(cname))[0]
             for gpus in gpus_l:
                 for lay in layouts:
-                    dp, ep = parse_layout(lay, gpus, where)
+                    dp, ep = parse_layout(lay, gpus, at("layout"))
                     for ne in experts:
                         if ne and ep > 1 and ne % ep:
-                            raise SweepError(f"{where}: {ne} experts do not split over ep={ep} "
+                            raise SweepError(f"{where} {ne} experts do not split over ep={ep} "
                                              f"(layout {lay} on {gpus} GPUs)")
                         for k in topks:
                             if ne and k > ne:
-                                raise SweepError(f"{where}: top_k {k} exceeds {ne} experts")
+                                raise SweepError(f"{where} top_k {k} exceeds {ne} experts")
                             for t in toks:
                                 tpg = t if scaling == "weak" else t // gpus
                                 glob = t * gpus if scaling == "weak" else t
                                 if launcher == "local" and gpus > 1:
-                                    raise SweepError(f"{where}: launcher 'local' runs one "
+                                    raise SweepError(f"{where} launcher 'local' runs one "
                                                      f"process; {gpus} GPUs need mpirun, srun or "
                                                      "sbatch")
                                 p = {
@@ -205,12 +275,11 @@ def read_sweep(path):
                                     "nodes": max(1, math.ceil(gpus / gpn)), "gpus_per_node": gpn,
                                     "n_experts": ne, "top_k": k, "scaling": scaling,
                                     "tokens_per_gpu": tpg, "global_tokens": glob, "args": args,
-                                    "bench_steps": int(s.get("bench_steps", "3")),
-                                    "bench_warmup": int(s.get("bench_warmup", "1")),
-                                    "timeout_s": int(s.get("timeout_s", "600")),
-                                    "mpirun_args": shlex.split(s.get("mpirun_args", "")),
-                                    "srun_args": shlex.split(s.get("srun_args", "")),
-                                    "sbatch_args": shlex.split(s.get("sbatch_args", "")),
+                                    "bench_steps": bench_steps, "bench_warmup": bench_warmup,
+                                    "timeout_s": timeout_s,
+                                    "mpirun_args": launch_flags["mpirun_args"],
+                                    "srun_args": launch_flags["srun_args"],
+                                    "sbatch_args": launch_flags["sbatch_args"],
                                     "env": env,
                                 }
                                 p["key"] = point_key(p)
@@ -280,6 +349,62 @@ def short_error(text, rc):
     return f"exit {rc}: {msg}"
 
 
+class Stop:
+    """The first SIGINT or SIGTERM `run` received (None: none); `run_point` forwards it to the
+    running point's process group, and a second one there becomes SIGKILL."""
+    signum = None
+    count = 0
+
+
+def on_stop_signal(signum, _frame):
+    if Stop.signum is None:
+        Stop.signum = signum
+    Stop.count += 1
+
+
+def signal_name(signum):
+    return signal.Signals(signum).name
+
+
+def kill_group(pgid, sig):
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def wait_point(proc, timeout_s):
+    """Waits for a point's process, forwarding a stop signal to its group (SIGKILL after
+    STOP_GRACE_S or at a second signal) and killing the group at timeout_s; then kills whatever
+    of the group outlived its leader. Returns the exit status, or "timeout"."""
+    t0 = time.time()
+    forwarded, grace_end, killed, timed_out = 0, None, False, False
+    while True:
+        try:
+            rc = proc.wait(timeout=0.1)
+            break
+        except subprocess.TimeoutExpired:
+            pass
+        now = time.time()
+        if Stop.signum is not None and Stop.count > forwarded:
+            if forwarded == 0:
+                kill_group(proc.pid, Stop.signum)
+                grace_end = now + STOP_GRACE_S
+            else:
+                kill_group(proc.pid, signal.SIGKILL)
+                killed = True
+            forwarded = Stop.count
+        if grace_end is not None and now > grace_end and not killed:
+            kill_group(proc.pid, signal.SIGKILL)
+            killed = True
+        if timeout_s and now - t0 > timeout_s and not timed_out:
+            kill_group(proc.pid, signal.SIGKILL)
+            timed_out = killed = True
+    if forwarded or timed_out:
+        kill_group(proc.pid, signal.SIGKILL)  # ranks or helpers its leader left behind
+    return "timeout" if timed_out else rc
+
+
 def run_point(p, hotpath, out_dir):
     pdir = os.path.join(out_dir, "points")
     os.makedirs(pdir, exist_ok=True)
@@ -304,16 +429,12 @@ def run_point(p, hotpath, out_dir):
         lf.write("$ " + " ".join(shlex.quote(c) for c in cmd) + "\n")
         lf.flush()
         try:
+            # Its own session: a terminal's Ctrl-C reaches the runner only, which forwards it.
             proc = subprocess.Popen(cmd, stdout=lf, stderr=subprocess.STDOUT, env=env,
                                     start_new_session=True)
         except OSError as e:
             return {"status": "failed", "error": f"cannot start {cmd[0]}: {e}"}, time.time() - t0
-        try:
-            rc = proc.wait(timeout=p["timeout_s"] or None)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-            rc = "timeout"
+        rc = wait_point(proc, p["timeout_s"])
     wall = time.time() - t0
     with open(log_path, errors="replace") as lf:
         text = lf.read()
@@ -342,6 +463,9 @@ def row_from_json(j):
         "status": "ok", "error": "",
         "ms_per_step": j["ms_per_step"],
         "tok_s": j["tokens_per_s"],
+        # The padded fraction of the step's positions; tokens_per_s counts document tokens only.
+        # 0 from a hotpath whose JSON predates the field.
+        "padding": j.get("padding", 0.0),
         "tok_s_per_gpu": j["tokens_per_s"] / world,
         "mfu": j["mfu"],
         "gpu_busy": j["gpu_busy_fraction"],
@@ -369,39 +493,102 @@ def fmt(v):
     return "" if v is None else str(v)
 
 
+def csv_header(csv_path):
+    """The columns of an existing results CSV (COLUMNS or LEGACY_COLUMNS), or None when it is
+    absent or empty."""
+    if not os.path.exists(csv_path) or os.path.getsize(csv_path) == 0:
+        return None
+    with open(csv_path, newline="", errors="replace") as f:
+        first = f.readline()
+    header = first.rstrip("\r\n").split(",")
+    if not first.endswith("\n"):
+        return None  # a torn header: read_csv(repair=True) empties the file
+    if header == COLUMNS:
+        return COLUMNS
+    if header == LEGACY_COLUMNS:
+        return LEGACY_COLUMNS
+    missing = [c for c in COLUMNS if c not in header]
+    raise SweepError(f"{csv_path}: not a results CSV of this runner (columns differ"
+                     + (f"; missing {', '.join(missing[:5])}" if missing else "") + ")")
+
+
 def append_row(csv_path, row):
-    """One whole line per write with O_APPEND: a kill leaves whole rows (or none) behind."""
-    new = not os.path.exists(csv_path) or os.path.getsize(csv_path) == 0
+    """One whole line per write with O_APPEND, then fsync: a kill leaves whole rows behind, or a
+    torn last line that read_csv(repair=True) drops. A CSV of LEGACY_COLUMNS keeps its layout."""
+    columns = csv_header(csv_path)
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
-    if new:
-        w.writerow(COLUMNS)
-    w.writerow([fmt(row.get(c)) for c in COLUMNS])
+    if columns is None:
+        columns = COLUMNS
+        w.writerow(columns)
+    w.writerow([fmt(row.get(c)) for c in columns])
+    data = buf.getvalue().encode()
     fd = os.open(csv_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
-        os.write(fd, buf.getvalue().encode())
+        while data:
+            data = data[os.write(fd, data):]
         os.fsync(fd)
     finally:
         os.close(fd)
 
 
-def read_csv(csv_path):
-    """Rows by key, the last row of a key winning; a torn last line (no newline) is ignored."""
+def read_csv(csv_path, repair=False):
+    """Rows by key, the last row of a key winning; missing new columns read as "".
+
+    A last line without its newline (or with NUL bytes) is a row torn by a kill while it was
+    written: with repair (run) the file is cut back to its last whole line with a warning, so that
+    point runs again; without (report, plot) the line is left out with a warning. Any other line
+    whose field count is not the header's is refused naming the line."""
     if not os.path.exists(csv_path):
         return {}
-    with open(csv_path, newline="") as f:
-        text = f.read()
-    if text and not text.endswith("\n"):
-        text = text[:text.rfind("\n") + 1]
-    rows = list(csv.DictReader(io.StringIO(text)))
-    if rows or text:
-        header = text.split("\n", 1)[0].split(",")
-        if header != COLUMNS:
-            missing = [c for c in COLUMNS if c not in header]
-            raise SweepError(f"{csv_path}: not a results CSV of this runner (columns differ"
-                             + (f"; missing {', '.join(missing[:5])}" if missing else "") + ")")
+    with open(csv_path, "rb") as f:
+        data = f.read()
+    end = data.rfind(b"\n") + 1  # the end of the last terminated line
+    if end < len(data):
+        keep = end  # an unterminated last line
+    else:
+        start = data.rfind(b"\n", 0, max(end - 1, 0)) + 1
+        # A terminated last line with NULs: a crash left the file's size ahead of its data.
+        keep = start if b"\0" in data[start:] else None
+    if keep is not None:
+        lineno = data.count(b"\n", 0, keep) + 1
+        shown = data[keep:keep + 60].replace(b"\0", b"\\0").decode("utf-8", "replace").strip()
+        if repair:
+            with open(csv_path, "r+b") as f:
+                f.truncate(keep)
+                f.flush()
+                os.fsync(f.fileno())
+            log(f"warning: {csv_path}:{lineno}: incomplete last line (a run stopped while writing "
+                f"it) dropped: '{shown}...'; its point runs again")
+        else:
+            log(f"warning: {csv_path}:{lineno}: incomplete last line (a run stopped while writing "
+                f"it) left out: '{shown}...'; `run` drops it and runs that point again")
+        data = data[:keep]
+    if not data:
+        return {}
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        lineno = data.count(b"\n", 0, e.start) + 1
+        raise SweepError(f"{csv_path}:{lineno}: not UTF-8 text: the file is damaged")
+    header = text.split("\n", 1)[0].split(",")
+    if header not in (COLUMNS, LEGACY_COLUMNS):
+        missing = [c for c in COLUMNS if c not in header]
+        raise SweepError(f"{csv_path}: not a results CSV of this runner (columns differ"
+                         + (f"; missing {', '.join(missing[:5])}" if missing else "") + ")")
     out = {}
-    for r in rows:
+    reader = csv.reader(io.StringIO(text, newline=""))
+    next(reader)
+    for fields in reader:
+        if not fields:
+            continue
+        if len(fields) != len(header):
+            raise SweepError(f"{csv_path}:{reader.line_num}: {len(fields)} fields, expected "
+                             f"{len(header)}: the line is damaged (remove it and its point runs "
+                             "again)")
+        r = dict(zip(header, fields))
+        for c in COLUMNS:
+            r.setdefault(c, "")
         out[r["key"]] = r
     return out
 
@@ -443,6 +630,17 @@ def fmt_s(s):
     return f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{s}s"
 
 
+def make_out_dir(path, flag="--out"):
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise SweepError(f"{flag} {path}: exists and is not a directory")
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as e:
+        raise SweepError(f"{flag} {path}: cannot create the directory: {e.strerror}")
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise SweepError(f"{flag} {path}: the directory is not writable")
+
+
 def cmd_run(a):
     settings, points = read_sweep(a.sweep)
     hotpath = find_hotpath(a.hotpath)
@@ -454,9 +652,12 @@ def cmd_run(a):
         if left:
             log(f"{len(left)} points need more than {a.max_gpus} GPUs and are left out: "
                 + ", ".join(left))
-    os.makedirs(a.out, exist_ok=True)
+    make_out_dir(a.out)
     csv_path = os.path.join(a.out, "results.csv")
-    done = read_csv(csv_path)
+    done = read_csv(csv_path, repair=True)
+    if csv_header(csv_path) == LEGACY_COLUMNS:
+        log(f"{csv_path} has the columns of an earlier runner (no args, padding): new rows keep "
+            "its layout; a new --out directory gets every column")
     todo = []
     for p in points:
         r = done.get(p["key"])
@@ -470,13 +671,22 @@ def cmd_run(a):
                  json.dumps({"name": settings["name"], "title": settings["title"],
                              "sweep_file": os.path.relpath(settings["path"], ROOT),
                              "points": [p["key"] for p in points]}, indent=1) + "\n")
+    # SIGINT and SIGTERM stop the sweep: forwarded to the running point, which is not recorded.
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, on_stop_signal)
     t_start, failed = time.time(), 0
     for i, p in enumerate(todo):
+        if Stop.signum is not None:
+            return stopped(f"before point {skipped + i + 1}/{len(points)} {p['key']}", csv_path)
         log(f"[{skipped + i + 1}/{len(points)}] {p['key']}")
         res, wall = run_point(p, hotpath, a.out)
+        if Stop.signum is not None:
+            return stopped(f"at point {skipped + i + 1}/{len(points)} {p['key']} (ended with the "
+                           "signal, not recorded)", csv_path)
         row = {k: p[k] for k in ("key", "series", "model", "launcher", "layout", "dp", "ep",
                                  "gpus", "nodes", "n_experts", "top_k", "scaling",
                                  "tokens_per_gpu", "global_tokens")}
+        row["args"] = " ".join(shlex.quote(x) for x in p["args"])
         row.update(res)
         row["wall_s"] = round(wall, 3)
         row["finished_at"] = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime())
@@ -489,12 +699,24 @@ def cmd_run(a):
         status = "ok" if res["status"] == "ok" else "FAILED: " + res["error"]
         log(f"{skipped + i + 1}/{len(points)} done ({failed} failed) {p['key']}: {status}; "
             f"{fmt_s(wall)}, ETA {fmt_s(eta)}")
-    if not a.no_plots:
+    if Stop.signum is None and not a.no_plots:
         plot(csv_path, a.out)
-    ok = sum(1 for r in read_csv(csv_path).values() if r["status"] == "ok")
+    if Stop.signum is not None:
+        return stopped(f"after its last point, {len(points)}/{len(points)}", csv_path)
+    keys = {p["key"] for p in points}
+    ok = sum(1 for k, r in read_csv(csv_path).items() if r["status"] == "ok" and k in keys)
     log(f"{settings['name']}: {ok}/{len(points)} points ok, {failed} failed in this run; "
         f"CSV {csv_path}")
     return 0 if failed == 0 else 1
+
+
+def stopped(where, csv_path):
+    """The one line a stopped sweep prints; the exit status is 128 + the signal (130, 143)."""
+    n = len(read_csv(csv_path))
+    log(f"stopped by {signal_name(Stop.signum)} {where}; {n} point{'' if n == 1 else 's'} in "
+        f"{csv_path}; resume with: "
+        "python3 " + " ".join(shlex.quote(x) for x in sys.argv))
+    return 128 + Stop.signum
 
 
 def cmd_list(a):
@@ -531,6 +753,22 @@ def cmd_submit(a):
 
 # ---- plots ------------------------------------------------------------------------------------
 
+# What identifies a point (its key's parts, args included). A line of an axis plot joins the
+# points that agree on every one of these but the axis (and what the axis implies: along GPUs,
+# global tokens under weak scaling and tokens per GPU under strong; along tokens per GPU, global
+# tokens), so no two points of a line differ in anything but the axis.
+KEY_COLS = ["scaling", "model", "layout", "gpus", "n_experts", "top_k", "tokens_per_gpu",
+            "global_tokens", "args"]
+KEY_NAMES = {"scaling": "scaling", "model": "model", "layout": "layout", "gpus": "GPUs",
+             "n_experts": "experts", "top_k": "top-k", "tokens_per_gpu": "tokens/GPU",
+             "global_tokens": "global tokens", "args": "args"}
+AXIS_PLOTS = [("gpus", "scaling.png", "GPUs (ranks)"), ("n_experts", "experts.png", "experts"),
+              ("top_k", "topk.png", "top-k"), ("tokens_per_gpu", "tokens.png", "tokens per GPU")]
+PLOT_FILES = ["scaling.png", "breakdown.png", "memory.png", "experts.png", "topk.png",
+              "tokens.png", "plots.json"]
+TOK_S_GPU = "document tokens/s per GPU"
+
+
 def num(r, k):
     try:
         return float(r[k])
@@ -539,37 +777,91 @@ def num(r, k):
 
 
 def ok_rows(csv_path):
-    return [r for r in read_csv(csv_path).values() if r["status"] == "ok"]
+    rows = [r for r in read_csv(csv_path).values() if r["status"] == "ok"]
+    fill_args(rows, os.path.dirname(os.path.abspath(csv_path)))
+    return rows
 
 
-def group_by(rows, keys):
-    groups = {}
-    for r in rows:
-        groups.setdefault(tuple(r[k] for k in keys), []).append(r)
-    return groups
+def fill_args(rows, src_dir):
+    """Rows of a CSV from before the args column: their args from the sweep file recorded in
+    sweep.json where it still gives their keys, else 'args#HASH' from the key itself."""
+    legacy = [r for r in rows if not r["args"] and re.search(r"_a[0-9a-f]{8}$", r["key"])]
+    if not legacy:
+        return
+    known = {}
+    try:
+        with open(os.path.join(src_dir, "sweep.json")) as f:
+            sweep_file = json.load(f).get("sweep_file") or ""
+        path = sweep_file if os.path.isabs(sweep_file) else os.path.join(ROOT, sweep_file)
+        if os.path.isfile(path):
+            known = {p["key"]: " ".join(shlex.quote(x) for x in p["args"])
+                     for p in read_sweep(path)[1]}
+    except (OSError, ValueError, AttributeError, SweepError):
+        pass
+    for r in legacy:
+        r["args"] = known.get(r["key"]) or "args#" + r["key"][-8:]
 
 
-def label_of(keys, values):
-    names = {"model": "", "layout": "", "n_experts": "E=", "top_k": "k=", "tokens_per_gpu": "T/GPU=",
-             "global_tokens": "T=", "scaling": "", "gpus": "GPUs="}
-    return " ".join(f"{names.get(k, k + '=')}{v}" for k, v in zip(keys, values))
-
-
-def sweep_curves(rows, x, fixed):
-    """Lines over axis x: rows grouped by the other axes, groups with 2+ values of x."""
-    out = []
-    for key, g in sorted(group_by(rows, fixed).items(), key=lambda kv: natural(kv[0])):
-        xs = sorted({int(r[x]) for r in g})
-        if len(xs) < 2:
-            continue
-        g = sorted(g, key=lambda r: int(r[x]))
-        out.append((label_of(fixed, key), g))
-    return out
+def line_key(axis, r):
+    drop = {axis}
+    if axis == "gpus":
+        drop.add("global_tokens" if r["scaling"] == "weak" else "tokens_per_gpu")
+    if axis == "tokens_per_gpu":
+        drop.add("global_tokens")
+    return tuple((c, r[c]) for c in KEY_COLS if c not in drop)
 
 
 def natural(values):
     """Sort key: numbers as numbers (8 before 16), the rest as text."""
     return tuple((0, int(v), "") if str(v).isdigit() else (1, 0, str(v)) for v in values)
+
+
+def key_value(c, v):
+    return ("none" if v == "" else v) if c == "args" else str(v)
+
+
+def plot_lines(rows):
+    """The lines of each axis plot: {png: {"axis", "lines": [(key dict, rows by axis)],
+    "varying": the key columns that tell its lines apart, "fixed": the ones they share}}. A
+    line is a group of 2+ points whose keys differ only in the axis."""
+    out = {}
+    for axis, fname, _ in AXIS_PLOTS:
+        groups = {}
+        for r in rows:
+            groups.setdefault(line_key(axis, r), []).append(r)
+        lines = []
+        for k, g in sorted(groups.items(), key=lambda kv: natural([v for _, v in kv[0]])):
+            if len({r[axis] for r in g}) < 2:
+                continue
+            lines.append((dict(k), sorted(g, key=lambda r: int(r[axis]))))
+        if not lines:
+            continue
+        cols = [c for c in KEY_COLS if any(c in kd for kd, _ in lines)]
+        varying = [c for c in cols if len({kd.get(c) for kd, _ in lines}) > 1]
+        fixed = {c: lines[0][0][c] for c in cols if c not in varying}
+        out[fname] = {"axis": axis, "lines": lines, "varying": varying, "fixed": fixed}
+    return out
+
+
+def line_label(kd, varying):
+    """A line's legend entry: the key columns that tell the plot's lines apart (all of its key
+    for a plot of one line)."""
+    cols = varying or [c for c in KEY_COLS if c in kd]
+    return ", ".join(f"{KEY_NAMES[c]} {key_value(c, kd[c])}" for c in cols)
+
+
+def legend_title(spec):
+    if not spec["varying"]:
+        return "line: " + ", ".join(KEY_NAMES[c] for c in spec["fixed"])
+    return "a line per " + ", ".join(KEY_NAMES[c] for c in spec["varying"])
+
+
+def shared_caption(spec):
+    """What every line of a plot shares (the rest of the line key), for its heading."""
+    if not spec["varying"]:
+        return ""
+    return "every line: " + "; ".join(f"{KEY_NAMES[c]} {key_value(c, v)}"
+                                      for c, v in spec["fixed"].items())
 
 
 def save_fig(fig, path):
@@ -584,8 +876,23 @@ def save_fig(fig, path):
             os.remove(tmp)
 
 
+def check_plot_dir(out_dir, csv_path, force, flag):
+    """Plots go to the CSV's own directory (the sweep's, whose plots `run` rewrites) freely;
+    elsewhere they replace no file of PLOT_FILES without --force."""
+    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
+        raise SweepError(f"{flag} {out_dir}: exists and is not a directory")
+    own = os.path.realpath(os.path.dirname(os.path.abspath(csv_path)))
+    if force or os.path.realpath(out_dir) == own:
+        return
+    there = [f for f in PLOT_FILES if os.path.lexists(os.path.join(out_dir, f))]
+    if there:
+        raise SweepError(f"{flag} {out_dir}: {', '.join(there)} already there: pass --force to "
+                         "replace them (plots in the CSV's own directory are rewritten freely)")
+
+
 def plot(csv_path, out_dir):
-    """PNG plots of the CSV's ok rows, and plots.json: each PNG's series and point counts."""
+    """PNG plots of the CSV's ok rows, and plots.json: each PNG's series and point counts, and
+    for the axis plots their lines (label, key, x values, points)."""
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -596,40 +903,52 @@ def plot(csv_path, out_dir):
     rows = ok_rows(csv_path)
     os.makedirs(out_dir, exist_ok=True)
     made = {}
+    specs = plot_lines(rows)
+    tok_title = TOK_S_GPU if all(r["padding"] != "" for r in rows) else \
+        "tokens/s per GPU (padding included)"
+
+    def describe(spec):
+        return {"series": len(spec["lines"]), "points": sum(len(g) for _, g in spec["lines"]),
+                "axis": spec["axis"], "line_key": [KEY_NAMES[c] for c in spec["varying"]],
+                "lines": [{"label": line_label(kd, spec["varying"]), "key": kd,
+                           "x": [int(r[spec["axis"]]) for r in g],
+                           "points": [r["key"] for r in g]} for kd, g in spec["lines"]]}
+
+    def finish(fig, axs, spec):
+        # Below the axes, where it hides no point; the heading says what the lines share.
+        handles, labels = axs[0].get_legend_handles_labels()
+        fig.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, 0.0), fontsize=8,
+                   title=legend_title(spec), title_fontsize=8, ncol=1 if len(labels) < 6 else 2)
+        cap = shared_caption(spec)
+        if cap:
+            fig.suptitle("\n".join(textwrap.wrap(cap, 160)), fontsize=8, y=1.0)
 
     # Scaling: tok/s/GPU and MFU vs GPUs, the ideal (flat at the smallest count) and efficiency.
-    fixed = ["scaling", "model", "layout", "n_experts", "top_k", "tokens_per_gpu"]
-    curves = []
-    for scal in ("weak", "strong"):
-        sub = [r for r in rows if r["scaling"] == scal]
-        f = fixed if scal == "weak" else fixed[:-1] + ["global_tokens"]
-        curves += sweep_curves(sub, "gpus", f)
-    if curves:
+    spec = specs.get("scaling.png")
+    if spec:
         fig, axs = plt.subplots(1, 3, figsize=(16, 4.6))
-        for label, g in curves:
+        for kd, g in spec["lines"]:
             xs = [int(r["gpus"]) for r in g]
             tpg = [num(r, "tok_s_per_gpu") for r in g]
-            line, = axs[0].plot(xs, tpg, "o-", label=label)
+            line, = axs[0].plot(xs, tpg, "o-", label=line_label(kd, spec["varying"]))
             axs[0].plot([xs[0], xs[-1]], [tpg[0], tpg[0]], ":", color=line.get_color(), lw=1)
             axs[1].plot(xs, [100 * num(r, "mfu") for r in g], "o-", color=line.get_color())
             axs[2].plot(xs, [100 * v / tpg[0] for v in tpg], "o-", color=line.get_color())
         axs[2].axhline(100, ls=":", color="gray", lw=1, label="ideal")
-        for ax, t in zip(axs, ("tokens/s per GPU (dotted: ideal)", mfu_title(rows),
+        for ax, t in zip(axs, (f"{tok_title} (dotted: ideal)", mfu_title(rows),
                                "scaling efficiency (%)")):
             ax.set_xscale("log", base=2)
             ax.set_xlabel("GPUs (ranks)")
             ax.set_title(t)
             ax.grid(alpha=0.3)
-        axs[0].legend(fontsize=7)
+        finish(fig, axs, spec)
         save_fig(fig, os.path.join(out_dir, "scaling.png"))
         plt.close(fig)
-        made["scaling.png"] = {"series": len(curves), "points": sum(len(g) for _, g in curves)}
+        made["scaling.png"] = describe(spec)
 
     # Time breakdown per point: stacked shares of the profiled step by op family (+ idle).
     if rows:
-        rows_sorted = sorted(rows, key=lambda r: (r["model"], r["layout"], int(r["gpus"]),
-                                                  int(r["n_experts"]), int(r["top_k"]),
-                                                  int(r["global_tokens"])))
+        rows_sorted = sort_rows(rows)
         names = [f"family_{f}_share" for f in FAMILIES] + ["idle_share"]
         present = [n for n in names if any(num(r, n) > 0 for r in rows_sorted)]
         fig, ax = plt.subplots(figsize=(max(6, 0.45 * len(rows_sorted) + 3), 5))
@@ -642,8 +961,7 @@ def plot(csv_path, out_dir):
                    label=n.replace("family_", "").replace("_share", ""))
             bottom = [b + v for b, v in zip(bottom, vals)]
         ax.set_xticks(list(xs))
-        ax.set_xticklabels([short_label(r) for r in rows_sorted], rotation=70, ha="right",
-                           fontsize=7)
+        ax.set_xticklabels(short_labels(rows_sorted), rotation=70, ha="right", fontsize=7)
         ax.set_ylabel("% of the profiled step")
         ax.set_title("where the step's time goes (op families)")
         ax.legend(fontsize=7, bbox_to_anchor=(1.01, 1), loc="upper left")
@@ -660,8 +978,7 @@ def plot(csv_path, out_dir):
             ax.plot(xs, [num(r, "mem_per_rank_min_mib") for r in mem_rows], "k_", ms=14,
                     label="smallest rank")
             ax.set_xticks(list(xs))
-            ax.set_xticklabels([short_label(r) for r in mem_rows], rotation=70, ha="right",
-                               fontsize=7)
+            ax.set_xticklabels(short_labels(mem_rows), rotation=70, ha="right", fontsize=7)
             kinds = sorted({r["mem_kind"] for r in mem_rows})
             ax.set_ylabel("MiB per rank (" + ", ".join(kinds) + ")")
             ax.set_title("memory per rank")
@@ -671,32 +988,28 @@ def plot(csv_path, out_dir):
             made["memory.png"] = {"series": 2, "points": len(mem_rows)}
 
     # Expert count, top-k and tokens-per-GPU sweeps: tok/s/GPU and MFU along each axis.
-    for axis, fname, xlabel in (("n_experts", "experts.png", "experts"),
-                                ("top_k", "topk.png", "top-k"),
-                                ("tokens_per_gpu", "tokens.png", "tokens per GPU")):
-        others = [k for k in ("model", "layout", "gpus", "n_experts", "top_k", "tokens_per_gpu")
-                  if k != axis]
-        curves = sweep_curves(rows, axis, others)
-        if not curves:
+    for axis, fname, xlabel in AXIS_PLOTS[1:]:
+        spec = specs.get(fname)
+        if not spec:
             continue
         fig, axs = plt.subplots(1, 2, figsize=(12, 4.4))
-        for label, g in curves:
+        for kd, g in spec["lines"]:
             xs = [int(r[axis]) for r in g]
-            line, = axs[0].plot(xs, [num(r, "tok_s_per_gpu") for r in g], "o-", label=label)
+            line, = axs[0].plot(xs, [num(r, "tok_s_per_gpu") for r in g], "o-",
+                                label=line_label(kd, spec["varying"]))
             axs[1].plot(xs, [100 * num(r, "mfu") for r in g], "o-", color=line.get_color())
-        for ax, t in zip(axs, ("tokens/s per GPU", mfu_title(rows))):
+        for ax, t in zip(axs, (tok_title, mfu_title(rows))):
             if axis != "top_k":
                 ax.set_xscale("log", base=2)
             ax.set_xlabel(xlabel)
             ax.set_title(t if t.startswith("MFU (%):") else f"{t} vs {xlabel}")
             ax.grid(alpha=0.3)
-        axs[0].legend(fontsize=7)
+        finish(fig, axs, spec)
         save_fig(fig, os.path.join(out_dir, fname))
         plt.close(fig)
-        made[fname] = {"series": len(curves), "points": sum(len(g) for _, g in curves)}
+        made[fname] = describe(spec)
 
-    for stale in ("scaling.png", "breakdown.png", "memory.png", "experts.png", "topk.png",
-                  "tokens.png"):
+    for stale in PLOT_FILES[:-1]:
         if stale not in made and os.path.exists(os.path.join(out_dir, stale)):
             os.remove(os.path.join(out_dir, stale))
     write_atomic(os.path.join(out_dir, "plots.json"), json.dumps(made, indent=1) + "\n")
@@ -710,53 +1023,118 @@ def mfu_title(rows):
     return "MFU (%)"
 
 
-def short_label(r):
-    s = f"{r['model']} {r['layout']} g{r['gpus']} E{r['n_experts']} k{r['top_k']}"
-    return s + f" T{int(r['tokens_per_gpu']) // 1024}K" if int(r["tokens_per_gpu"]) >= 1024 \
-        else s + f" T{r['tokens_per_gpu']}"
+def short_labels(rows):
+    """A tick label per point: its key columns, with args (as a, b, ... in first-seen order)
+    where the rows' args differ."""
+    tags = {}
+    for r in rows:
+        tags.setdefault(r["args"], chr(ord("a") + len(tags) % 26))
+    out = []
+    for r in rows:
+        s = f"{r['model']} {r['layout']} g{r['gpus']} E{r['n_experts']} k{r['top_k']}"
+        s += f" T{int(r['tokens_per_gpu']) // 1024}K" if int(r["tokens_per_gpu"]) >= 1024 \
+            else f" T{r['tokens_per_gpu']}"
+        out.append(s + (f" args:{tags[r['args']]}" if len(tags) > 1 else ""))
+    return out
 
 
 def cmd_plot(a):
-    plot(a.csv, a.out or os.path.dirname(os.path.abspath(a.csv)))
+    out_dir = a.out or os.path.dirname(os.path.abspath(a.csv))
+    if not os.path.isfile(a.csv):
+        raise SweepError(f"{a.csv}: no such results CSV")
+    check_plot_dir(out_dir, a.csv, a.force, "--out")
+    plot(a.csv, out_dir)
     return 0
 
 
 # ---- report -----------------------------------------------------------------------------------
 
+# The first line of every report: an existing file in the CSV's directory that starts with it is
+# a report of this runner, which `report` replaces without --force.
+REPORT_MARK = ("<!-- Written by examples/scaling/sweep.py report; edits here are lost when it "
+               "runs again. -->")
+
+
+def check_report_path(md_path, csv_path, force):
+    if os.path.realpath(md_path) == os.path.realpath(csv_path):
+        raise SweepError(f"--md {md_path}: that is the results CSV")
+    if os.path.isdir(md_path):
+        raise SweepError(f"--md {md_path}: is a directory, expected the Markdown file to write")
+    if not os.path.lexists(md_path) or force:
+        return
+    own = os.path.realpath(os.path.dirname(csv_path)) == \
+        os.path.realpath(os.path.dirname(md_path))
+    first = ""
+    try:
+        with open(md_path, errors="replace") as f:
+            first = f.readline().rstrip("\n")
+    except OSError:
+        pass
+    if own and first == REPORT_MARK:
+        return
+    raise SweepError(f"--md {md_path} exists" + ("" if own else " outside the CSV's directory")
+                     + (" and is not a report of this runner" if first != REPORT_MARK else "")
+                     + ": pass --force to replace it, or choose another --md")
+
+
+def rel_to_root(path):
+    return os.path.relpath(path, ROOT) if path.startswith(ROOT + os.sep) else path
+
+
 def cmd_report(a):
     csv_path = os.path.abspath(a.csv)
+    if not os.path.isfile(csv_path):
+        raise SweepError(f"{a.csv}: no such results CSV")
     src_dir = os.path.dirname(csv_path)
-    md_path = os.path.abspath(a.md)
+    md_path = os.path.abspath(a.md) if a.md else os.path.join(src_dir, "report.md")
     md_dir = os.path.dirname(md_path)
     img_dir = os.path.abspath(a.images) if a.images else src_dir
-    made = plot(csv_path, img_dir)
+    check_report_path(md_path, csv_path, a.force)
+    check_plot_dir(img_dir, csv_path, a.force, "--images")
     rows = list(read_csv(csv_path).values())
+    made = plot(csv_path, img_dir)
+    fill_args(rows, src_dir)
     meta = {}
     if os.path.exists(os.path.join(src_dir, "sweep.json")):
-        with open(os.path.join(src_dir, "sweep.json")) as f:
-            meta = json.load(f)
+        try:
+            with open(os.path.join(src_dir, "sweep.json")) as f:
+                meta = json.load(f)
+        except (OSError, ValueError):
+            meta = {}
     ok = [r for r in rows if r["status"] == "ok"]
     bad = [r for r in rows if r["status"] != "ok"]
     backends = sorted({r["backend"] for r in ok})
-    out = []
+    cmd = ["python3", "examples/scaling/sweep.py", "report", rel_to_root(csv_path)]
+    if a.md:
+        cmd += ["--md", rel_to_root(md_path)]
+    if a.images:
+        cmd += ["--images", rel_to_root(img_dir)]
+    if os.path.realpath(md_dir) != os.path.realpath(src_dir) or \
+            os.path.realpath(img_dir) != os.path.realpath(src_dir):
+        cmd.append("--force")
+    out = [REPORT_MARK, ""]
     title = meta.get("title") or meta.get("name") or "Scaling"
     out.append(f"# Scaling experiments: {title}\n")
-    out.append("Generated by `python3 examples/scaling/sweep.py report` from "
-               f"`{os.path.relpath(csv_path, ROOT) if csv_path.startswith(ROOT) else os.path.basename(csv_path)}`"
+    out.append("Generated by `" + " ".join(shlex.quote(c) for c in cmd) + "`"
                + (f" (sweep file `{meta['sweep_file']}`)" if meta.get("sweep_file") else "")
                + f": {len(ok)} points measured, {len(bad)} failed"
                + (f"; backend {', '.join(backends)}" if backends else "") + ".\n")
+    legacy = any(r["padding"] == "" for r in ok)
     out.append("Each point is one `hotpath bench step` run: the median of its timed steps (tok/s, "
-               "ms, syncs), and the time breakdown from as many profiled steps again. tok/s/GPU "
-               "is the job's tokens per second over its ranks; MFU is per GPU against the bf16 "
-               "peak (0 on the CPU backend); busy is the device's busy fraction (1 on the CPU "
-               "backend, which computes on the calling thread); memory is the largest rank's "
+               "ms, syncs), and the time breakdown from as many profiled steps again. doc tok/s "
+               "counts document tokens per second, the positions a step pads to fill its rows "
+               "left out; padding is the padded fraction of the step's positions. doc tok/s/GPU "
+               "is the job's document tokens per second over its ranks; MFU is per GPU against "
+               "the bf16 peak (0 on the CPU backend); busy is the device's busy fraction (1 on the "
+               "CPU backend, which computes on the calling thread); memory is the largest rank's "
                "(`device_peak_allocated`: the caching allocator's peak on the GPU; "
-               "`host_peak_rss`: the process's peak resident set on the CPU).\n")
+               "`host_peak_rss`: the process's peak resident set on the CPU)."
+               + (" A padding of – marks a point measured before padding was recorded: its tok/s "
+                  "counts every position, padding included." if legacy else "") + "\n")
     if any(m.get("series") for m in made.values()):
         out.append("## Plots\n")
-        captions = {"scaling.png": "tok/s per GPU, MFU and scaling efficiency vs GPUs (dotted: "
-                                   "ideal, flat at the smallest GPU count)",
+        captions = {"scaling.png": "doc tok/s per GPU, MFU and scaling efficiency vs GPUs "
+                                   "(dotted: ideal, flat at the smallest GPU count)",
                     "breakdown.png": "time breakdown per point by op family",
                     "memory.png": "memory per rank",
                     "experts.png": "expert-count sweep", "topk.png": "top-k sweep",
@@ -765,16 +1143,25 @@ def cmd_report(a):
                      "memory.png"):
             if name in made:
                 rel = os.path.relpath(os.path.join(img_dir, name), md_dir)
-                out.append(f"![{captions[name]}]({rel})\n")
+                cap = captions[name]
+                if made[name].get("line_key"):
+                    cap += "; a line per " + ", ".join(made[name]["line_key"])
+                out.append(f"![{cap}]({rel})\n")
+    show_args = len({r["args"] for r in ok}) > 1
     if ok:
         out.append("## Throughput\n")
-        out.append("| model | layout | GPUs | dp×ep | experts | top-k | tokens/GPU | ms/step | tok/s "
-                   "| tok/s/GPU | MFU | busy | syncs/step | memory/rank MiB |")
-        out.append("|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+        out.append("| model | layout | GPUs | dp×ep | experts | top-k | tokens/GPU | "
+                   + ("args | " if show_args else "")
+                   + "ms/step | doc tok/s | padding | doc tok/s/GPU | MFU | busy | syncs/step "
+                   "| memory/rank MiB |")
+        out.append("|---|---|---:|---|---:|---:|---:|" + ("---|" if show_args else "")
+                   + "---:|---:|---:|---:|---:|---:|---:|---:|")
         for r in sort_rows(ok):
+            pad = "–" if r["padding"] == "" else f"{100 * num(r, 'padding'):.1f}%"
             out.append(f"| {r['model']} | {r['layout']} | {r['gpus']} | {r['dp']}×{r['ep']} | "
                        f"{r['n_experts']} | {r['top_k']} | {r['tokens_per_gpu']} | "
-                       f"{num(r, 'ms_per_step'):.1f} | {num(r, 'tok_s'):.0f} | "
+                       + (f"`{key_value('args', r['args'])}` | " if show_args else "")
+                       + f"{num(r, 'ms_per_step'):.1f} | {num(r, 'tok_s'):.0f} | {pad} | "
                        f"{num(r, 'tok_s_per_gpu'):.0f} | {100 * num(r, 'mfu'):.1f}% | "
                        f"{100 * num(r, 'gpu_busy'):.0f}% | {num(r, 'syncs_per_step'):.0f} | "
                        f"{num(r, 'mem_per_rank_max_mib'):.0f} |")
@@ -782,21 +1169,27 @@ def cmd_report(a):
         out.append("## Where the time goes (% of the profiled step)\n")
         fams = [f for f in FAMILIES if any(num(r, f"family_{f}_share") > 0 for r in ok)]
         out.append("| model | layout | GPUs | experts | top-k | tokens/GPU | "
+                   + ("args | " if show_args else "")
                    + " | ".join(f.replace("_", " ") for f in fams) + " | idle |")
-        out.append("|---|---|---:|---:|---:|---:|" + "---:|" * (len(fams) + 1))
+        out.append("|---|---|---:|---:|---:|---:|" + ("---|" if show_args else "")
+                   + "---:|" * (len(fams) + 1))
         for r in sort_rows(ok):
             out.append(f"| {r['model']} | {r['layout']} | {r['gpus']} | {r['n_experts']} | "
                        f"{r['top_k']} | {r['tokens_per_gpu']} | "
+                       + (f"`{key_value('args', r['args'])}` | " if show_args else "")
                        + " | ".join(f"{100 * num(r, f'family_{f}_share'):.1f}" for f in fams)
                        + f" | {100 * num(r, 'idle_share'):.1f} |")
         out.append("")
         out.append("By phase:\n")
         out.append("| model | layout | GPUs | experts | top-k | tokens/GPU | "
+                   + ("args | " if show_args else "")
                    + " | ".join(p.replace("_", " ") for p in PHASES) + " |")
-        out.append("|---|---|---:|---:|---:|---:|" + "---:|" * len(PHASES))
+        out.append("|---|---|---:|---:|---:|---:|" + ("---|" if show_args else "")
+                   + "---:|" * len(PHASES))
         for r in sort_rows(ok):
             out.append(f"| {r['model']} | {r['layout']} | {r['gpus']} | {r['n_experts']} | "
                        f"{r['top_k']} | {r['tokens_per_gpu']} | "
+                       + (f"`{key_value('args', r['args'])}` | " if show_args else "")
                        + " | ".join(f"{100 * num(r, f'phase_{p}_share'):.1f}" for p in PHASES)
                        + " |")
         out.append("")
@@ -814,7 +1207,8 @@ def cmd_report(a):
 
 def sort_rows(rows):
     return sorted(rows, key=lambda r: (r["model"], r["layout"], int(r["n_experts"]),
-                                       int(r["top_k"]), int(r["tokens_per_gpu"]), int(r["gpus"])))
+                                       int(r["top_k"]), int(r["tokens_per_gpu"]), int(r["gpus"]),
+                                       r["args"]))
 
 
 def main(argv=None):
@@ -837,10 +1231,15 @@ def main(argv=None):
     p = sub.add_parser("plot", help="PNG plots from a results CSV")
     p.add_argument("csv")
     p.add_argument("--out", help="directory for the PNGs (default: the CSV's)")
+    p.add_argument("--force", action="store_true",
+                   help="replace plots in an --out directory other than the CSV's")
     p = sub.add_parser("report", help="Markdown tables and plots from a results CSV")
     p.add_argument("csv")
-    p.add_argument("--md", default=os.path.join(ROOT, "docs", "scaling.md"))
+    p.add_argument("--md", help="the Markdown file to write (default: report.md next to the CSV)")
     p.add_argument("--images", help="directory for the PNGs (default: the CSV's)")
+    p.add_argument("--force", action="store_true",
+                   help="replace an existing --md that is not an earlier report in the CSV's "
+                        "directory, and plots in an --images directory other than the CSV's")
     p = sub.add_parser("submit", help="the whole sweep as one sbatch job (points via srun)")
     p.add_argument("sweep")
     p.add_argument("--out", required=True)
@@ -856,6 +1255,13 @@ def main(argv=None):
     except SweepError as e:
         print(f"sweep: error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("sweep: interrupted", file=sys.stderr)
+        return 130
+    except OSError as e:
+        print(f"sweep: error: {e.filename or ''}: {e.strerror or e}", file=sys.stderr)
+        return 2 if e.errno in (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOENT,
+                                errno.ENOTDIR, errno.EISDIR) else 1
 
 
 LAUNCHER_OVERRIDE = None

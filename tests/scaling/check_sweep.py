@@ -5,12 +5,24 @@
                          point's own JSON; PNGs valid with the expected series counts; the report
   resume HOTPATH WORK    a sweep killed after two points, run again: it finishes, runs no finished
                          point twice, and records its failing point with the error
-  errors WORK            mistakes in sweep files name the file and key and exit 2
+  errors WORK            mistakes in sweep files (numbers included) name the file, line and key
+                         and exit 2
+  interrupt HOTPATH WORK a sweep stopped by SIGINT, then SIGTERM, while a point runs: the signal
+                         reaches the point, nothing of it outlives the runner, the CSV stays
+                         whole, exit 130 / 143 and one line saying how to resume
+  torn HOTPATH WORK      a torn last CSV line is dropped with a warning and its point run again;
+                         a damaged line elsewhere is refused naming it
+  report WORK            `report` writes next to the CSV by default (never into the repository),
+                         replaces nothing it did not write without --force; document tokens and
+                         padding in its tables
+  series WORK            a plot's line joins only points that differ in its axis alone (args
+                         included), and its legend names the key
 
 Exit 77 (skipped) with the reason when matplotlib is missing for the tests that plot.
 """
 
 import csv
+import io
 import json
 import math
 import os
@@ -102,9 +114,15 @@ def cmd_demo(hotpath, work):
             continue
         with open(jpath) as f:
             j = json.load(f)
-        # The run's own JSON: world and tokens are the point's; every CSV number is the JSON's.
+        # The run's own JSON: world and positions are the point's; every CSV number is the JSON's.
+        # positions_per_step counts the padded positions (batch_tokens); a hotpath whose JSON
+        # predates it gives them as tokens_per_step.
         check(j["world"] == p["gpus"], p["key"], "world", j["world"])
-        check(j["tokens_per_step"] == p["global_tokens"], p["key"], "tokens", j["tokens_per_step"])
+        positions = j.get("positions_per_step", j["tokens_per_step"])
+        check(positions == p["global_tokens"], p["key"], "positions per step", positions)
+        pad = j.get("padding", 0.0)
+        check(0 <= pad < 1, p["key"], "padding", pad, "is not in [0, 1)")
+        check(float(row["padding"]) == pad, p["key"], "CSV padding", row["padding"], "JSON", pad)
         check(len(j["memory"]["per_rank_bytes"]) == p["gpus"], p["key"], "memory of",
               len(j["memory"]["per_rank_bytes"]), "ranks")
         check(all(b > 0 for b in j["memory"]["per_rank_bytes"]), p["key"], "a rank's memory is 0")
@@ -140,7 +158,7 @@ def cmd_demo(hotpath, work):
               "expected", n)
         check(plots.get(name, {}).get("points") == 12, name, "points", plots.get(name))
     check(not [f for f in os.listdir(out) if f.endswith(".tmp")], "temporary files left in", out)
-    # The report: a table row per point, every plot linked.
+    # The report: a table row per point, every plot linked; throughput in document tokens.
     md = os.path.join(out, "report", "scaling.md")
     r = subprocess.run([sys.executable, SWEEP, "report", os.path.join(out, "results.csv"), "--md",
                         md], capture_output=True, text=True)
@@ -151,6 +169,8 @@ def cmd_demo(hotpath, work):
     table = [l for l in text.splitlines() if l.startswith("| tiny-moe |")]
     check(len(table) == 3 * 12, "report has", len(table), "point rows, expected 12 in each of 3 "
           "tables")
+    check("| doc tok/s | padding | doc tok/s/GPU |" in text, "the report's throughput columns "
+          "are not document tokens with padding")
     return done("cpu demo sweep: 12 points, CSV = JSON, 4 plots, report")
 
 
@@ -238,19 +258,36 @@ def cmd_resume(hotpath, work):
     return done("killed sweep resumed: no finished point ran twice; failure recorded")
 
 
+CFG = "[sweep]\nconfig = examples/configs/tiny-moe.ini\n"
 ERRORS = [
-    ("[sweep]\nconfig = examples/configs/tiny-moe.ini\nlaunchr = mpirun\n", "key 'launchr'"),
-    ("[sweep]\nconfig = examples/configs/tiny-moe.ini\nlauncher = pbs\n",
-     "key 'launcher': 'pbs' is not one of local, mpirun, srun, sbatch"),
-    ("[sweep]\nconfig = nowhere.ini\n", "key 'config': 'nowhere.ini' not found"),
-    ("[sweep]\nconfig = examples/configs/tiny-moe.ini\nlauncher = mpirun\ngpus = 2\n"
-     "layout = ep3\n", "key 'layout': ep3 does not divide 2 GPUs"),
-    ("[sweep]\nconfig = examples/configs/tiny-moe.ini\ngpus = 2\n", "launcher 'local' runs one"),
-    ("[sweep]\nconfig = examples/configs/tiny-moe.ini\ntokens_per_gpu = lots\n",
-     "key 'tokens_per_gpu': 'lots' is not an integer"),
-    ("[sweep]\nconfig = examples/configs/tiny-moe.ini\nargs = --top_k=3\n",
-     "key 'args': '--top_k=3' is set by the sweep's axes"),
+    (CFG + "launchr = mpirun\n", ":3: [sweep] key 'launchr'"),
+    (CFG + "launcher = pbs\n",
+     ":3: [sweep] key 'launcher': 'pbs' is not one of local, mpirun, srun, sbatch"),
+    ("[sweep]\nconfig = nowhere.ini\n", ":2: [sweep] key 'config': 'nowhere.ini' not found"),
+    (CFG + "launcher = mpirun\ngpus = 2\nlayout = ep3\n",
+     ":5: [sweep] key 'layout': ep3 does not divide 2 GPUs"),
+    (CFG + "gpus = 2\n", "launcher 'local' runs one"),
+    (CFG + "tokens_per_gpu = lots\n", ":3: [sweep] key 'tokens_per_gpu': 'lots' is not an integer"),
+    (CFG + "args = --top_k=3\n", ":3: [sweep] key 'args': '--top_k=3' is set by the sweep's axes"),
+    (CFG + "args = --seq_len='128\n", ":3: [sweep] key 'args': No closing quotation"),
     ("[points]\nconfig = x\n", "no [sweep] section"),
+    # Numbers: digits with an optional k (x 1024), nothing else, in every numeric key; the line
+    # named is the one the value comes from (a series inherits [sweep]'s).
+    (CFG + "tokens_per_gpu = 1k5\n", ":3: [sweep] key 'tokens_per_gpu': '1k5' is not an integer"),
+    (CFG + "global_tokens = 16k, 32kk\n", ":3: [sweep] key 'global_tokens': '32kk' is not an"),
+    (CFG + "launcher = mpirun\ngpus = 1, 2x\n", ":4: [sweep] key 'gpus': '2x' is not an integer"),
+    (CFG + "n_experts = -8\n", ":3: [sweep] key 'n_experts': '-8' is not an integer"),
+    (CFG + "top_k = 2.0\n", ":3: [sweep] key 'top_k': '2.0' is not an integer"),
+    (CFG + "top_k = \u0663\n", ":3: [sweep] key 'top_k': '\u0663' is not an integer"),
+    (CFG + "bench_steps = 3_000\n", ":3: [sweep] key 'bench_steps': '3_000' is not an integer"),
+    (CFG + "bench_warmup = +1\n", ":3: [sweep] key 'bench_warmup': '+1' is not an integer"),
+    (CFG + "timeout_s = 1e3\n", ":3: [sweep] key 'timeout_s': '1e3' is not an integer"),
+    (CFG + "gpus_per_node = 0\n", ":3: [sweep] key 'gpus_per_node': 0 is below 1"),
+    (CFG + "bench_steps = 0\n", ":3: [sweep] key 'bench_steps': 0 is below 1"),
+    (CFG + "tokens_per_gpu =\n", ":3: [sweep] key 'tokens_per_gpu' is empty"),
+    (CFG + "top_k = 2k2\n\n[series a]\nn_experts = 8\n", ":3: [sweep] key 'top_k': '2k2'"),
+    (CFG + "\n[series a]\nn_experts = 8\nbench_steps = 2.5\n",
+     ":6: [series a] key 'bench_steps': '2.5' is not an integer"),
 ]
 
 
@@ -258,13 +295,434 @@ def cmd_errors(work):
     os.makedirs(work, exist_ok=True)
     for i, (text, want) in enumerate(ERRORS):
         path = os.path.join(work, f"bad{i}.ini")
-        with open(path, "w") as f:
+        with open(path, "w", encoding="utf-8") as f:
             f.write(text)
         r = subprocess.run([sys.executable, SWEEP, "list", path], capture_output=True, text=True)
         check(r.returncode == 2, path, "exit", r.returncode, "expected 2")
-        check(want in r.stderr and path in r.stderr, path, "says", repr(r.stderr.strip()),
-              "expected it to name the file and", repr(want))
-    return done(f"{len(ERRORS)} bad sweep files refused, each naming its file and key")
+        need = path + want if want.startswith(":") else want
+        check(need in r.stderr and path in r.stderr, path, "says", repr(r.stderr.strip()),
+              "expected it to name the file (and line) and", repr(want))
+        check("Traceback" not in r.stderr, path, "prints a traceback")
+    # What the numbers may be: 16k and 16K are 16384, plain digits are themselves.
+    path = os.path.join(work, "good.ini")
+    with open(path, "w") as f:
+        f.write(CFG + "tokens_per_gpu = 16k, 4K, 512\nbench_steps = 2\ntimeout_s = 0\n")
+    _, points = sweep.read_sweep(path)
+    check(sorted(p["tokens_per_gpu"] for p in points) == [512, 4096, 16384],
+          "16k, 4K, 512 read as", sorted(p["tokens_per_gpu"] for p in points))
+    check(all(p["bench_steps"] == 2 and p["timeout_s"] == 0 for p in points),
+          "bench_steps/timeout_s read as", [(p["bench_steps"], p["timeout_s"]) for p in points])
+    return done(f"{len(ERRORS)} bad sweep files refused, each naming its file, line and key")
+
+
+# ---- report outputs, document tokens, series keys (no hotpath needed) --------------------------
+
+def fake_bench_json(world, tokens, padding, ms, with_new_fields=True):
+    """A `hotpath bench step --bench_json` object as hotpath writes it."""
+    wall = 10.0
+    fam = {f: 0.0 for f in sweep.FAMILIES}
+    fam["dense_gemm"] = 6.0
+    fam["attention"] = 3.0
+    ph = {p: 0.0 for p in sweep.PHASES}
+    ph["forward"], ph["backward"] = 3.0, 6.0
+    doc = tokens * (1 - padding)
+    j = {"world": world, "backend": "cpu-f32", "ms_per_step": ms, "tokens_per_step": doc,
+         "tokens_per_s": doc / ms * 1000, "mfu": 0.0, "gpu_busy_fraction": 1.0,
+         "syncs_per_step": 2.0,
+         "profile": {"wall_ms": wall, "idle_ms": 1.0, "by_phase_ms": ph, "by_family_ms": fam},
+         "memory": {"kind": "host_peak_rss", "per_rank_bytes": [1 << 20] * world}}
+    if with_new_fields:
+        j.update({"positions_per_step": tokens, "positions_per_s": tokens / ms * 1000,
+                  "padding": padding})
+    else:
+        j["tokens_per_step"] = tokens
+    return j
+
+
+def fake_results(csv_path, points):
+    """A results CSV of rows (model, n_experts, top_k, tokens_per_gpu, args, padding)."""
+    os.makedirs(os.path.dirname(csv_path), exist_ok=True)
+    for model, ne, k, tpg, args, pad in points:
+        p = {"model": model, "gpus": 1, "layout": "dp", "dp": 1, "ep": 1, "n_experts": ne,
+             "top_k": k, "global_tokens": tpg, "args": args.split()}
+        row = {**p, "key": sweep.point_key(p), "series": "s", "launcher": "local", "nodes": 1,
+               "scaling": "weak", "tokens_per_gpu": tpg, "args": args}
+        row.update(sweep.row_from_json(fake_bench_json(1, tpg, pad, 50.0 + ne + k)))
+        row["wall_s"], row["finished_at"] = 1.0, "2025-01-01T00:00:00"
+        sweep.append_row(csv_path, row)
+
+
+def sweep_cmd(*args):
+    return subprocess.run([sys.executable, SWEEP, *args], capture_output=True, text=True)
+
+
+def read_bytes(path):
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def cmd_report(work):
+    """`report` writes next to the CSV unless told otherwise, never into the repository by
+    default, and replaces no file it did not write without --force; throughput is counted in
+    document tokens, with the padding beside it."""
+    shutil.rmtree(work, ignore_errors=True)
+    res = os.path.join(work, "res")
+    csv_path = os.path.join(res, "results.csv")
+    fake_results(csv_path, [("m", 8, 2, 4096, "--n_layers=1", 0.25),
+                            ("m", 16, 2, 4096, "--n_layers=1", 0.0)])
+    with open(csv_path) as f:
+        header = f.readline().strip().split(",")
+    check("padding" in header and header.index("padding") == header.index("tok_s") + 1,
+          "no padding column after tok_s:", header)
+    # Before the JSON had padding: 0, not a failure.
+    check(sweep.row_from_json(fake_bench_json(1, 4096, 0.0, 50, False)).get("padding") == 0.0,
+          "a JSON without padding does not give padding 0")
+    docs = os.path.join(ROOT, "docs", "scaling.md")
+    docs_before = read_bytes(docs) if os.path.exists(docs) else None
+    r = sweep_cmd("report", csv_path)
+    check(r.returncode == 0, "report without --md exit", r.returncode, r.stderr[-600:])
+    check((read_bytes(docs) if os.path.exists(docs) else None) == docs_before,
+          "report without --md changed", docs)
+    md = os.path.join(res, "report.md")
+    text = open(md).read() if check(os.path.exists(md), "report without --md wrote no", md) else ""
+    check(text.startswith(sweep.REPORT_MARK + "\n"), "the report does not start with its mark")
+    check("| doc tok/s | padding | doc tok/s/GPU |" in text, "no document-token columns:",
+          [l for l in text.splitlines() if l.startswith("| model")][:1])
+    check(" | 25.0% | " in text and " | 0.0% | " in text, "the padding of the points (25%, 0%) "
+          "is not in the table")
+    check("document tokens per second" in text, "the report does not say tok/s counts document "
+          "tokens")
+    # Its own earlier report in the CSV's directory is replaced; anything else is not.
+    r = sweep_cmd("report", csv_path)
+    check(r.returncode == 0, "a second report exit", r.returncode, r.stderr[-600:])
+    notes = os.path.join(res, "notes.md")
+    with open(notes, "w") as f:
+        f.write("my notes\n")
+    r = sweep_cmd("report", csv_path, "--md", notes)
+    check(r.returncode == 2 and f"--md {notes} exists" in r.stderr and "--force" in r.stderr,
+          "a foreign --md: exit", r.returncode, r.stderr.strip())
+    check(read_bytes(notes) == b"my notes\n", "a foreign --md was changed")
+    r = sweep_cmd("report", csv_path, "--md", notes, "--force")
+    check(r.returncode == 0 and read_bytes(notes).startswith(sweep.REPORT_MARK.encode()),
+          "--force did not replace --md:", r.returncode, r.stderr[-400:])
+    # An earlier report outside the CSV's directory (a committed docs page) needs --force too.
+    other = os.path.join(work, "docs", "scaling.md")
+    os.makedirs(os.path.dirname(other))
+    shutil.copy(md, other)
+    before = read_bytes(other)
+    r = sweep_cmd("report", csv_path, "--md", other)
+    check(r.returncode == 2 and "outside the CSV's directory" in r.stderr,
+          "a report outside the CSV's directory replaced without --force:", r.returncode,
+          r.stderr.strip())
+    check(read_bytes(other) == before, "the outside report changed without --force")
+    r = sweep_cmd("report", csv_path, "--md", other, "--force")
+    check(r.returncode == 0, "--md outside --force exit", r.returncode, r.stderr[-400:])
+    check("--force`" in open(other).read(), "the report does not give the --force it needs to be "
+          "written again")
+    # The CSV itself is never the report.
+    csv_before = read_bytes(csv_path)
+    r = sweep_cmd("report", csv_path, "--md", csv_path, "--force")
+    check(r.returncode == 2 and "that is the results CSV" in r.stderr, "--md = the CSV: exit",
+          r.returncode, r.stderr.strip())
+    check(read_bytes(csv_path) == csv_before, "--md = the CSV changed the CSV")
+    # Plots in another directory replace nothing there without --force (report and plot).
+    img = os.path.join(work, "img")
+    os.makedirs(img)
+    with open(os.path.join(img, "memory.png"), "wb") as f:
+        f.write(b"not mine")
+    for args in (("report", csv_path, "--md", os.path.join(work, "r2.md"), "--images", img),
+                 ("plot", csv_path, "--out", img)):
+        r = sweep_cmd(*args)
+        check(r.returncode == 2 and "memory.png already there" in r.stderr, args[0],
+              "over a foreign plot: exit", r.returncode, r.stderr.strip())
+        check(read_bytes(os.path.join(img, "memory.png")) == b"not mine", args[0],
+              "replaced a foreign plot without --force")
+        check("Traceback" not in r.stderr, args[0], "prints a traceback")
+    check(not os.path.exists(os.path.join(work, "r2.md")), "a refused report wrote its markdown")
+    return done("report: next to the CSV by default, nothing replaced without --force, document "
+                "tokens and padding")
+
+
+def cmd_series(work):
+    """A line of a plot joins only points that differ in the plot's axis alone: points that
+    differ in any flag (args included) are on lines of their own, and the legend names the key."""
+    shutil.rmtree(work, ignore_errors=True)
+    csv_path = os.path.join(work, "results.csv")
+    # Like the GPT-OSS-20b points of docs/scaling: a tokens series on two layers, and an experts
+    # series on one layer whose 32-expert point has the tokens series' 16K tokens per GPU.
+    two, one = "--n_layers=2", "--n_layers=1"
+    fake_results(csv_path, [("m", 32, 4, t, two, 0.1) for t in (4096, 8192, 16384, 32768)]
+                 + [("m", e, 4, 16384, one, 0.1) for e in (8, 16, 32)]
+                 + [("m", 32, k, 16384, two, 0.1) for k in (1, 2)])
+    rows = sweep.ok_rows(csv_path)
+    specs = sweep.plot_lines(rows)
+    check(set(specs) == {"tokens.png", "experts.png", "topk.png"}, "plots", sorted(specs))
+    for name, spec in specs.items():
+        for kd, g in spec["lines"]:
+            xs = [int(r[spec["axis"]]) for r in g]
+            check(len(xs) == len(set(xs)), name, "line", kd, "has a repeated", spec["axis"], xs)
+            for c in sweep.KEY_COLS:
+                if c in kd:
+                    check(len({r[c] for r in g}) == 1, name, "line", kd, "joins points whose",
+                          c, "differ:", sorted({r[c] for r in g}))
+    tokens = specs.get("tokens.png", {"lines": []})["lines"]
+    check([[int(r["tokens_per_gpu"]) for r in g] for _, g in tokens] == [[4096, 8192, 16384,
+                                                                          32768]],
+          "tokens.png lines", [[(r["tokens_per_gpu"], r["args"]) for r in g] for _, g in tokens])
+    experts = specs.get("experts.png", {"lines": []})["lines"]
+    check([[(int(r["n_experts"]), r["args"]) for r in g] for _, g in experts]
+          == [[(8, one), (16, one), (32, one)]], "experts.png lines",
+          [[(r["n_experts"], r["args"]) for r in g] for _, g in experts])
+    topk = specs.get("topk.png", {"lines": []})["lines"]
+    check([[int(r["top_k"]) for r in g] for _, g in topk] == [[1, 2, 4]], "topk.png lines",
+          [[(r["top_k"], r["args"]) for r in g] for _, g in topk])
+    # Two lines that differ only in args: the legend is keyed by args and says so.
+    fake_results(csv_path, [("m", 32, 4, t, "--n_layers=3", 0.1) for t in (4096, 8192)])
+    specs = sweep.plot_lines(sweep.ok_rows(csv_path))
+    spec = specs.get("tokens.png")
+    if check(spec and len(spec["lines"]) == 2, "tokens.png with a 3-layer series:", spec):
+        check(spec["varying"] == ["args"], "the lines differ in", spec["varying"])
+        labels = [sweep.line_label(kd, spec["varying"]) for kd, _ in spec["lines"]]
+        check(labels == ["args --n_layers=2", "args --n_layers=3"], "labels", labels)
+        check(sweep.legend_title(spec) == "a line per args", "legend title",
+              sweep.legend_title(spec))
+        check("experts 32" in sweep.shared_caption(spec), "the caption does not say what the lines "
+              "share:", sweep.shared_caption(spec))
+    # The same in plots.json, where matplotlib draws them.
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return done("series keyed by every differing flag (plots.json not checked: no "
+                    "matplotlib)")
+    r = sweep_cmd("plot", csv_path)
+    check(r.returncode == 0, "plot exit", r.returncode, r.stderr[-500:])
+    with open(os.path.join(work, "plots.json")) as f:
+        plots = json.load(f)
+    lines = plots.get("tokens.png", {}).get("lines", [])
+    check([l["x"] for l in lines] == [[4096, 8192, 16384, 32768], [4096, 8192]],
+          "plots.json tokens.png lines", [(l["label"], l["x"]) for l in lines])
+    check(plots.get("tokens.png", {}).get("line_key") == ["args"], "plots.json line_key",
+          plots.get("tokens.png", {}).get("line_key"))
+    return done("series keyed by every differing flag, args included; the legend names the key")
+
+
+# ---- a stopped sweep, a torn CSV (real runs of tiny CPU points) -------------------------------
+
+STOP_SWEEP = """
+[sweep]
+name = stop
+config = examples/configs/tiny-moe.ini
+launcher = local
+args = --seq_len=128 --log_every=1000 --n_layers=1
+bench_warmup = 0
+tokens_per_gpu = 256
+top_k = 2
+timeout_s = 0
+
+[series quick]
+n_experts = 4
+bench_steps = 1
+
+# Far more steps than a test waits for: it is stopped while it runs.
+[series long]
+n_experts = 8
+bench_steps = 1000000
+"""
+
+
+def proc_stat(pid):
+    """(state, ppid, pgid) of a live process, or None."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            text = f.read()
+    except OSError:
+        return None
+    fields = text[text.rindex(")") + 2:].split()
+    return fields[0], int(fields[1]), int(fields[2])
+
+
+def children(pid):
+    out = []
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            st = proc_stat(int(d))
+            if st and st[1] == pid and st[0] != "Z":
+                out.append(int(d))
+    return out
+
+
+def group_members(pgid):
+    out = []
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            st = proc_stat(int(d))
+            if st and st[2] == pgid and st[0] != "Z":
+                out.append(int(d))
+    return out
+
+
+def cmdline(pid):
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def csv_lines_whole(csv_path):
+    """Every line of the CSV ends in a newline and has the header's field count."""
+    data = read_bytes(csv_path)
+    if not data.endswith(b"\n"):
+        return False
+    rows = list(csv.reader(io.StringIO(data.decode(), newline="")))
+    return all(len(r) == len(rows[0]) for r in rows)
+
+
+def stop_once(sweep_file, out, hotpath, sig, long_key):
+    """Starts the sweep, waits for the long point's hotpath, sends sig the way a terminal's
+    Ctrl-C (the runner's process group) or `kill` (the runner) would; returns (rc, stderr, the
+    hotpath's pid)."""
+    proc = subprocess.Popen([sys.executable, SWEEP, "run", sweep_file, "--out", out, "--hotpath",
+                             hotpath, "--no-plots"], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    hp, deadline = None, time.time() + 120
+    while hp is None and time.time() < deadline and proc.poll() is None:
+        for c in children(proc.pid):
+            if "bench" in cmdline(c) and "--n_experts=8" in cmdline(c):
+                hp = c
+        time.sleep(0.05)
+    if not check(hp is not None, "the long point's hotpath never started"):
+        proc.kill()
+        proc.communicate()
+        return None, "", None
+    time.sleep(0.5)  # well inside its first step or setup: either way it is running
+    if sig == signal.SIGINT:
+        os.killpg(proc.pid, sig)
+    else:
+        os.kill(proc.pid, sig)
+    try:
+        _, err = proc.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        _, err = proc.communicate()
+        check(False, "the sweep did not end within 120 s of", sig.name)
+    return proc.returncode, err, hp
+
+
+def cmd_interrupt(hotpath, work):
+    out = os.path.join(work, "interrupt")
+    shutil.rmtree(out, ignore_errors=True)
+    os.makedirs(out)
+    sweep_file = os.path.join(out, "stop.ini")
+    with open(sweep_file, "w") as f:
+        f.write(STOP_SWEEP)
+    _, points = sweep.read_sweep(sweep_file)
+    quick = [p["key"] for p in points if p["n_experts"] == 4][0]
+    long_key = [p["key"] for p in points if p["n_experts"] == 8][0]
+    csv_path = os.path.join(out, "results.csv")
+    for sig, status in ((signal.SIGINT, 130), (signal.SIGTERM, 143)):
+        rc, err, hp = stop_once(sweep_file, out, hotpath, sig, long_key)
+        if hp is None:
+            continue
+        sys.stderr.write(err[-1500:])
+        check(rc == status, sig.name, "exit", rc, "expected", status)
+        check("Traceback" not in err, sig.name, "prints a traceback")
+        last = [l for l in err.splitlines() if l.strip()][-1:] or [""]
+        check(f"stopped by {sig.name} at point 2/2 {long_key}" in last[0]
+              and "resume with: python3" in last[0] and out in last[0], sig.name,
+              "last line", repr(last[0]))
+        check(sum("stopped by" in l for l in err.splitlines()) == 1, sig.name, "says 'stopped' "
+              "other than once")
+        # Nothing of the point outlives the runner: not its hotpath, not its process group.
+        st = proc_stat(hp)
+        check(st is None or st[0] == "Z", sig.name, "left the point's hotpath", hp, "running:", st)
+        left = group_members(hp)
+        check(left == [], sig.name, "left processes of the point's group:",
+              [(m, cmdline(m)) for m in left])
+        for m in left:
+            os.kill(m, signal.SIGKILL)
+        # The CSV: the finished quick point, whole lines, the stopped point not recorded.
+        rows = rows_of(csv_path)
+        check([r["key"] for r in rows] == [quick], sig.name, "CSV rows",
+              [r["key"] for r in rows])
+        check(csv_lines_whole(csv_path), sig.name, "left a torn CSV")
+    with open(os.path.join(out, "launches.log")) as f:
+        launches = f.read().split()
+    check(launches == [quick, long_key, long_key], "launches", launches)
+    return done("SIGINT and SIGTERM stop the sweep: the point's processes ended, CSV whole, "
+                "130/143, one line saying how to resume")
+
+
+TORN_SWEEP = """
+[sweep]
+name = torn
+config = examples/configs/tiny-moe.ini
+launcher = local
+args = --seq_len=128 --log_every=1000 --n_layers=1
+bench_steps = 1
+bench_warmup = 0
+tokens_per_gpu = 256
+top_k = 2
+n_experts = 4, 8
+"""
+
+
+def cmd_torn(hotpath, work):
+    out = os.path.join(work, "torn")
+    shutil.rmtree(out, ignore_errors=True)
+    os.makedirs(out)
+    sweep_file = os.path.join(out, "torn.ini")
+    with open(sweep_file, "w") as f:
+        f.write(TORN_SWEEP)
+    csv_path = os.path.join(out, "results.csv")
+    r = run_sweep(sweep_file, out, hotpath, "--no-plots")
+    check(r.returncode == 0, "first run exit", r.returncode, r.stderr[-800:])
+    rows = rows_of(csv_path)
+    if not check(len(rows) == 2, "first run rows", len(rows)):
+        return done("")
+    # A kill while the second row was written: only its first 40 bytes reached the file.
+    data = read_bytes(csv_path)
+    cut = data.rindex(b"\n", 0, len(data) - 1) + 1
+    torn_key = rows[1]["key"]
+    with open(csv_path, "wb") as f:
+        f.write(data[:cut + 40])
+    torn = read_bytes(csv_path)
+    # report and plot read around it, saying so, and leave the file as it is.
+    r = subprocess.run([sys.executable, SWEEP, "report", csv_path], capture_output=True,
+                       text=True)
+    check(r.returncode == 0, "report of a torn CSV exit", r.returncode, r.stderr[-500:])
+    check(f"{csv_path}:3: incomplete last line" in r.stderr, "report does not warn of line 3:",
+          r.stderr[-500:])
+    check(read_bytes(csv_path) == torn, "report changed the CSV")
+    # run drops the torn line with a warning and runs that point again.
+    r = run_sweep(sweep_file, out, hotpath, "--no-plots")
+    check(r.returncode == 0, "run after a torn line exit", r.returncode, r.stderr[-800:])
+    check(f"warning: {csv_path}:3: incomplete last line" in r.stderr and "runs again" in r.stderr,
+          "run does not warn of the torn line:", r.stderr[-800:])
+    check("1 already in" in r.stderr and "1 to run" in r.stderr, "the torn point is not run again")
+    check(csv_lines_whole(csv_path), "the CSV is not whole lines after the repair")
+    rows2 = rows_of(csv_path)
+    check([x["key"] for x in rows2] == [rows[0]["key"], torn_key], "rows after the repair",
+          [x["key"] for x in rows2])
+    check(all(x["status"] == "ok" and x["tok_s"] for x in rows2), "rows after the repair",
+          [(x["key"], x["status"], x["tok_s"]) for x in rows2])
+    with open(os.path.join(out, "launches.log")) as f:
+        check(f.read().split().count(torn_key) == 2, "the torn point was not launched again")
+    # A damaged line that is not the last is refused, naming it.
+    data = read_bytes(csv_path)
+    lines = data.split(b"\n")
+    lines[1] = lines[1][:30]
+    with open(csv_path, "wb") as f:
+        f.write(b"\n".join(lines))
+    for cmd in ("run", "report"):
+        args = ([sys.executable, SWEEP, "run", sweep_file, "--out", out, "--hotpath", hotpath,
+                 "--no-plots"] if cmd == "run" else [sys.executable, SWEEP, "report", csv_path])
+        r = subprocess.run(args, capture_output=True, text=True)
+        check(r.returncode == 2 and f"{csv_path}:2:" in r.stderr and "fields, expected" in r.stderr
+              and "Traceback" not in r.stderr, cmd, "on a damaged line 2: exit", r.returncode,
+              r.stderr[-500:])
+    return done("a torn last CSV line dropped with a warning and its point run again; a damaged "
+                "line refused")
 
 
 def main():
@@ -275,6 +733,14 @@ def main():
         return cmd_resume(os.path.abspath(sys.argv[2]), sys.argv[3])
     if cmd == "errors":
         return cmd_errors(sys.argv[2])
+    if cmd == "report":
+        return cmd_report(sys.argv[2])
+    if cmd == "interrupt":
+        return cmd_interrupt(os.path.abspath(sys.argv[2]), sys.argv[3])
+    if cmd == "torn":
+        return cmd_torn(os.path.abspath(sys.argv[2]), sys.argv[3])
+    if cmd == "series":
+        return cmd_series(sys.argv[2])
     print(__doc__)
     return 2
 
