@@ -963,7 +963,9 @@ def plot(csv_path, out_dir):
         ax.set_xticks(list(xs))
         ax.set_xticklabels(short_labels(rows_sorted), rotation=70, ha="right", fontsize=7)
         ax.set_ylabel("% of the profiled step")
-        ax.set_title("where the step's time goes (op families)")
+        ax.set_title("where the step's time goes (op families)"
+                     + ("\n" + args_legend(rows_sorted) if args_tags(rows_sorted) else ""),
+                     fontsize=10)
         ax.legend(fontsize=7, bbox_to_anchor=(1.01, 1), loc="upper left")
         save_fig(fig, os.path.join(out_dir, "breakdown.png"))
         plt.close(fig)
@@ -981,7 +983,8 @@ def plot(csv_path, out_dir):
             ax.set_xticklabels(short_labels(mem_rows), rotation=70, ha="right", fontsize=7)
             kinds = sorted({r["mem_kind"] for r in mem_rows})
             ax.set_ylabel("MiB per rank (" + ", ".join(kinds) + ")")
-            ax.set_title("memory per rank")
+            ax.set_title("memory per rank" + ("\n" + args_legend(mem_rows)
+                                              if args_tags(mem_rows) else ""), fontsize=10)
             ax.legend(fontsize=7)
             save_fig(fig, os.path.join(out_dir, "memory.png"))
             plt.close(fig)
@@ -1023,19 +1026,29 @@ def mfu_title(rows):
     return "MFU (%)"
 
 
-def short_labels(rows):
-    """A tick label per point: its key columns, with args (as a, b, ... in first-seen order)
-    where the rows' args differ."""
+def args_tags(rows):
+    """{args: a, b, ...} in first-seen order when the rows' args differ, else {}."""
     tags = {}
     for r in rows:
         tags.setdefault(r["args"], chr(ord("a") + len(tags) % 26))
+    return tags if len(tags) > 1 else {}
+
+
+def short_labels(rows):
+    """A tick label per point: its key columns, and its args' tag where the rows' args differ."""
+    tags = args_tags(rows)
     out = []
     for r in rows:
         s = f"{r['model']} {r['layout']} g{r['gpus']} E{r['n_experts']} k{r['top_k']}"
         s += f" T{int(r['tokens_per_gpu']) // 1024}K" if int(r["tokens_per_gpu"]) >= 1024 \
             else f" T{r['tokens_per_gpu']}"
-        out.append(s + (f" args:{tags[r['args']]}" if len(tags) > 1 else ""))
+        out.append(s + (f" args:{tags[r['args']]}" if tags else ""))
     return out
+
+
+def args_legend(rows):
+    """The args tags of short_labels spelled out, for a plot's heading ('' when none)."""
+    return "\n".join(f"args:{t} = {key_value('args', a)}" for a, t in args_tags(rows).items())
 
 
 def cmd_plot(a):
@@ -1120,11 +1133,12 @@ def cmd_report(a):
                + f": {len(ok)} points measured, {len(bad)} failed"
                + (f"; backend {', '.join(backends)}" if backends else "") + ".\n")
     legacy = any(r["padding"] == "" for r in ok)
+    tok_h = "tok/s" if legacy else "doc tok/s"
     out.append("Each point is one `hotpath bench step` run: the median of its timed steps (tok/s, "
-               "ms, syncs), and the time breakdown from as many profiled steps again. doc tok/s "
-               "counts document tokens per second, the positions a step pads to fill its rows "
-               "left out; padding is the padded fraction of the step's positions. doc tok/s/GPU "
-               "is the job's document tokens per second over its ranks; MFU is per GPU against "
+               "ms, syncs), and the time breakdown from as many profiled steps again. "
+               f"{tok_h} counts document tokens per second, the positions a step pads to fill its "
+               "rows left out; padding is the padded fraction of the step's positions. "
+               f"{tok_h}/GPU is the job's {tok_h} over its ranks; MFU is per GPU against "
                "the bf16 peak (0 on the CPU backend); busy is the device's busy fraction (1 on the "
                "CPU backend, which computes on the calling thread); memory is the largest rank's "
                "(`device_peak_allocated`: the caching allocator's peak on the GPU; "
@@ -1152,7 +1166,7 @@ def cmd_report(a):
         out.append("## Throughput\n")
         out.append("| model | layout | GPUs | dp×ep | experts | top-k | tokens/GPU | "
                    + ("args | " if show_args else "")
-                   + "ms/step | doc tok/s | padding | doc tok/s/GPU | MFU | busy | syncs/step "
+                   + f"ms/step | {tok_h} | padding | {tok_h}/GPU | MFU | busy | syncs/step "
                    "| memory/rank MiB |")
         out.append("|---|---|---:|---|---:|---:|---:|" + ("---|" if show_args else "")
                    + "---:|---:|---:|---:|---:|---:|---:|---:|")
