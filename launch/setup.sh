@@ -36,6 +36,7 @@ hp_install_deps() {
     DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
   fi
   hp_python_matplotlib
+  hp_python_sft
 }
 
 # The scaling sweeps plot with matplotlib: Debian's python3-matplotlib serves /usr/bin/python3;
@@ -44,6 +45,15 @@ hp_python_matplotlib() {
   python3 -c 'import matplotlib' 2>/dev/null && return 0
   hp_log "python3 ($(command -v python3)) lacks matplotlib: pip install matplotlib"
   python3 -m pip install -q matplotlib >&2 || hp_log "could not install matplotlib: the sweeps write no plots"
+}
+
+# launch/tools/sft_data.py and its tests (hf.sft.tool*, registered only where python3 has them)
+# need tokenizers and h5py: from PyPI where missing.
+hp_python_sft() {
+  python3 -c 'import tokenizers, h5py, numpy' 2>/dev/null && return 0
+  hp_log "python3 ($(command -v python3)) lacks tokenizers or h5py: pip install tokenizers h5py"
+  python3 -m pip install -q tokenizers h5py >&2 ||
+    hp_log "could not install tokenizers/h5py: the SFT data tool's tests are not registered"
 }
 
 hp_nvcc() {
