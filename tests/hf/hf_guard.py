@@ -140,9 +140,19 @@ NORM = "model.norm.weight"
 
 
 def case_st_offsets_wrap():
-    # An end beyond 2^63 (and a begin that wraps to a negative int64): refused, not read.
-    import_fails("st_offsets_wrap", rf"model.safetensors.*tensor '{re.escape(NORM)}'.*data_offsets",
-                 header=set_offsets(NORM, 2**64 - 64, 2**64 - 64 + 128))
+    # A begin of 2^64 - n and an end of 0: as int64 the range is [-n, 0), n bytes before the
+    # data section (a read there crashed); refused.
+    def f(h):
+        n = h[EMB]["data_offsets"][1] - h[EMB]["data_offsets"][0]
+        h[EMB]["data_offsets"] = [2**64 - n, 0]
+        return h
+    import_fails("st_offsets_wrap", rf"model.safetensors.*tensor '{re.escape(EMB)}'.*data_offsets",
+                 header=f)
+
+
+def case_st_offsets_huge():
+    import_fails("st_offsets_huge", rf"model.safetensors.*tensor '{re.escape(NORM)}'.*data_offsets",
+                 header=set_offsets(NORM, 2**63 + 8, 2**63 + 264))
 
 
 def case_st_offsets_negative():

@@ -94,6 +94,70 @@ TEST(Safetensors, BadHeadersNameTheProblem) {
                "not inside");
 }
 
+TEST(Safetensors, EveryHeaderRuleIsChecked) {
+  const std::string a = R"("a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]})";
+  const std::string b = R"("b": {"dtype": "U8", "shape": [4], "data_offsets": [8, 12]})";
+  // Accepted: two tensors tiling 12 bytes, metadata, a zero-size tensor.
+  {
+    const std::string path = temp_file(with_header(
+        "{\"__metadata__\": {\"format\": \"pt\"}, " + a + ", " + b +
+            R"(, "z": {"dtype": "F16", "shape": [0, 3], "data_offsets": [12, 12]}})",
+        12));
+    SafetensorsFile f(path);
+    EXPECT_EQ(f.entries().size(), 3u);
+    std::remove(path.c_str());
+  }
+  expect_error(with_header("{" + a + ", " + b + ", " + a + "}", 12), "key 'a' appears twice");
+  expect_error(
+      with_header(R"({"a": {"dtype": "F32", "dtype": "F16", "shape": [2], "data_offsets": [0, 8]}})",
+                  8),
+      "key 'dtype' appears twice in 'a'");
+  expect_error(with_header("{" + a + "}", 12), "the tensors cover 8 of the 12 data bytes");
+  expect_error(with_header("{" + a + R"(, "b": {"dtype": "U8", "shape": [4], "data_offsets": [9, 13]}})",
+                           13),
+               "tensor 'b': data_offsets [9, 13] leave bytes [8, 9)");
+  expect_error(with_header("{" + a + R"(, "b": {"dtype": "U8", "shape": [4], "data_offsets": [4, 8]}})",
+                           8),
+               "overlap");
+  expect_error(
+      with_header(R"({"a": {"dtype": "F32", "shape": [2], "data_offsets": [18446744073709551608, 0]}})",
+                  8),
+      "tensor 'a': data_offsets");
+  expect_error(
+      with_header(R"({"a": {"dtype": "F32", "shape": [2], "data_offsets": [-8, 0]}})", 8),
+      "tensor 'a': data_offsets");
+  expect_error(
+      with_header(R"({"a": {"dtype": "F32", "shape": [2], "data_offsets": [8, 0]}})", 8),
+      "end before they begin");
+  expect_error(
+      with_header(R"({"a": {"dtype": "F32", "shape": [4611686018427387904, 4], "data_offsets": [0, 8]}})",
+                  8),
+      "more than 2^64");
+  expect_error(with_header(R"({"a": {"dtype": "F32", "shape": [2.5], "data_offsets": [0, 8]}})", 8),
+               "integers >= 0");
+  expect_error(with_header(R"({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8], "x": 1}})",
+                           8),
+               "unknown key 'x'");
+  expect_error(with_header(R"({"__metadata__": 3})", 0), "__metadata__ is not a JSON object");
+  expect_error(with_header("[]", 0), "not a JSON object");
+}
+
+TEST(Safetensors, NonFiniteValuesAreRefused) {
+  SafetensorsEntry e;
+  e.dtype = "BF16";
+  e.shape = {3};
+  e.file = "f.safetensors";
+  const uint8_t bf16[6] = {0x80, 0x3f, 0x80, 0xff, 0, 0};  // 1, -inf, 0
+  try {
+    safetensors_to_f32("w", e, bf16);
+    ADD_FAILURE() << "accepted -inf";
+  } catch (const UserError& err) {
+    EXPECT_NE(std::string(err.what()).find("tensor 'w' in f.safetensors holds -inf at flat index 1"),
+              std::string::npos)
+        << err.what();
+  }
+}
+
 TEST(Safetensors, WriteReadRoundTrip) {
   const std::vector<float> a = {1.5f, -2.25f, 3.0e-3f, 7.0f, 0.0f, -0.0f};
   const std::string path = "/tmp/hp_st_roundtrip.safetensors";
