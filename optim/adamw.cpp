@@ -18,17 +18,32 @@ double clip_coefficient(double grad_norm, double clip) {
   return std::min(1.0, clip / (grad_norm + 1e-6));
 }
 
+namespace {
+AdamWParams adamw_params(const AdamWConfig& cfg, bool weight_decay, int64_t step, double lr,
+                         double grad_scale) {
+  AdamWParams p;
+  p.lr = lr;
+  p.beta1 = cfg.beta1;
+  p.beta2 = cfg.beta2;
+  p.eps = cfg.eps;
+  p.step = step;
+  p.grad_scale = grad_scale;
+  p.weight_decay = weight_decay ? cfg.weight_decay : 0.0;
+  return p;
+}
+}  // namespace
+
 void AdamW::update(Backend& be, Tensor& master, const Tensor& grad, Tensor& m, Tensor& v,
                    bool weight_decay, int64_t step, double lr, double grad_scale,
                    Tensor& working) const {
-  AdamWParams p;
-  p.lr = lr;
-  p.beta1 = cfg_.beta1;
-  p.beta2 = cfg_.beta2;
-  p.eps = cfg_.eps;
-  p.step = step;
-  p.grad_scale = grad_scale;
-  p.weight_decay = weight_decay ? cfg_.weight_decay : 0.0;
+  be.adamw(master, grad, m, v, adamw_params(cfg_, weight_decay, step, lr, grad_scale), working);
+}
+
+void AdamW::check_update(Backend& be, Tensor& master, const Tensor& grad, Tensor& m, Tensor& v,
+                         bool weight_decay, int64_t step, double lr, double grad_scale,
+                         Tensor& working, Tensor& flag) const {
+  AdamWParams p = adamw_params(cfg_, weight_decay, step, lr, grad_scale);
+  p.check_flag = &flag;
   be.adamw(master, grad, m, v, p, working);
 }
 

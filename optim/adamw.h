@@ -36,6 +36,12 @@ class AdamW {
   // of its rows); `working`, when defined, receives master in its dtype.
   void update(Backend& be, Tensor& master, const Tensor& grad, Tensor& m, Tensor& v,
               bool weight_decay, int64_t step, double lr, double grad_scale, Tensor& working) const;
+  // The same update computed without writing anything (the backend op's check-only mode):
+  // flag[0] (master dtype, on the device, cleared by the caller) becomes 1 when a new master, m
+  // or v value, or the master in working's dtype (only its dtype is read), would not be finite.
+  void check_update(Backend& be, Tensor& master, const Tensor& grad, Tensor& m, Tensor& v,
+                    bool weight_decay, int64_t step, double lr, double grad_scale, Tensor& working,
+                    Tensor& flag) const;
 
  private:
   AdamWConfig cfg_;

@@ -74,6 +74,12 @@ struct AdamWParams {
   double weight_decay = 0;
   int64_t step = 1;         // 1-based, for bias correction
   double grad_scale = 1.0;  // multiplies the gradient first (global-norm clipping)
+  // Check only (nonfinite=skip): when set, the op writes nothing to master, m, v or working; it
+  // computes the same update with the same arithmetic and sets check_flag[0] (master dtype, on
+  // this backend's device; never cleared by the op) to 1 if any new master, m or v value, or the
+  // new master in working's dtype (when working is defined; only its dtype is read), would not be
+  // finite.
+  Tensor* check_flag = nullptr;
 };
 
 class Backend {
@@ -306,6 +312,7 @@ class Backend {
   virtual void sum_squares(const Tensor& x, Tensor& acc) = 0;
   // Decoupled-weight-decay Adam with bias correction on master/m/v; grad is scaled by
   // p.grad_scale first. When `working` is defined it receives master converted to its dtype.
+  // With p.check_flag set: the check-only mode above (nothing written but the flag).
   virtual void adamw(Tensor& master, const Tensor& grad, Tensor& m, Tensor& v, const AdamWParams& p,
                      Tensor& working) = 0;
 

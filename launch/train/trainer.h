@@ -44,6 +44,9 @@ class Trainer {
   const char* reduction_stream() const;
   // Steps not applied under nonfinite=skip, over the whole run (restored on resume).
   int64_t skipped_steps() const { return skipped_; }
+  // nonfinite=skip: the last step was skipped because its loss and gradients were finite but its
+  // update would have made a parameter or an AdamW moment non-finite.
+  bool last_update_overflowed() const { return update_overflowed_; }
   const TrainOptions& options() const { return o_; }
   const RankContext& context() const { return ctx_; }
   // What a checkpoint saves and restores (launch/train/checkpoint.h).
@@ -51,6 +54,11 @@ class Trainer {
   void set_position(const RunPosition& p);
 
  private:
+  // nonfinite=skip: runs this rank's AdamW update (its shards under zero1) in check-only mode,
+  // reads the flag (one sync) and agrees over the world: true when no rank's update would make a
+  // parameter or a moment non-finite.
+  bool update_is_finite(int64_t step, double lr, double clip);
+
   TrainOptions o_;
   RankContext ctx_;
   // Declared before be_: the backend keeps a pointer to it until the backend is gone.
@@ -68,10 +76,13 @@ class Trainer {
   AdamW opt_;
   LrSchedule sched_;
   int64_t step_ = 0;
-  int64_t tokens_seen_ = 0;  // global tokens of all steps so far
+  int64_t tokens_seen_ = 0;  // global document tokens of all steps so far
   int64_t skipped_ = 0;      // non-finite steps skipped (nonfinite=skip)
   // [4] on the device: lm loss sum, aux loss sum, dense grad sumsq, expert grad sumsq.
   Tensor scalars_;
+  // [1] on the device (nonfinite=skip): the flag of update_is_finite's check.
+  Tensor check_flag_;
+  bool update_overflowed_ = false;
 };
 
 // `hotpath train`: the whole run. Collective over the world. Returns the exit status (0, or

@@ -1120,16 +1120,53 @@ class CpuBackend final : public Backend {
     const T* gp = grad.data<T>();
     T* mp = m.data<T>();
     T* vp = v.data<T>();
-#pragma omp parallel for schedule(static) if (n > kParallelMin)
-    for (int64_t i = 0; i < n; ++i) {
+    // One element of the update, in double, rounded to T: the same arithmetic in both modes.
+    const auto element = [&](int64_t i, T& m_new, T& v_new, T& w_new) {
       const double g = static_cast<double>(gp[i]) * p.grad_scale;
       const double mi = b1 * mp[i] + (1.0 - b1) * g;
       const double vi = b2 * vp[i] + (1.0 - b2) * g * g;
-      mp[i] = static_cast<T>(mi);
-      vp[i] = static_cast<T>(vi);
+      m_new = static_cast<T>(mi);
+      v_new = static_cast<T>(vi);
       const double w = wp[i];
       const double update = (mi / bc1) / (std::sqrt(vi / bc2) + p.eps) + p.weight_decay * w;
-      wp[i] = static_cast<T>(w - p.lr * update);
+      w_new = static_cast<T>(w - p.lr * update);
+    };
+    if (p.check_flag != nullptr) {
+      // Check only: nothing but the flag is written.
+      Tensor& flag = *p.check_flag;
+      check_cpu(op, "check_flag", flag);
+      HP_CHECK(flag.dtype() == kDType && flag.numel() >= 1, op, ": check_flag ", flag.desc(),
+               " must be ", dtype_name(kDType), " with at least one element");
+      // A working copy of another dtype must hold the new master too (bf16 rounds up to inf
+      // just below the float range).
+      const DType wt = working.defined() ? working.dtype() : kDType;
+      HP_CHECK(wt == DType::kF32 || wt == DType::kF64 || wt == DType::kBF16, op, ": working ",
+               working.desc(), " is not of a float dtype");
+      const auto in_working = [wt](double x) {
+        if (wt == DType::kBF16) return to_f64(from_f64<bf16>(x));
+        if (wt == DType::kF32) return static_cast<double>(static_cast<float>(x));
+        return x;
+      };
+      int bad = 0;
+#pragma omp parallel for schedule(static) reduction(| : bad) if (n > kParallelMin)
+      for (int64_t i = 0; i < n; ++i) {
+        T mi, vi, wi;
+        element(i, mi, vi, wi);
+        const bool ok = std::isfinite(static_cast<double>(mi)) &&
+                        std::isfinite(static_cast<double>(vi)) &&
+                        std::isfinite(in_working(static_cast<double>(wi)));
+        bad |= ok ? 0 : 1;
+      }
+      if (bad) flag.data<T>()[0] = T(1);
+      return;
+    }
+#pragma omp parallel for schedule(static) if (n > kParallelMin)
+    for (int64_t i = 0; i < n; ++i) {
+      T mi, vi, wi;
+      element(i, mi, vi, wi);
+      mp[i] = mi;
+      vp[i] = vi;
+      wp[i] = wi;
     }
     if (working.defined() &&
         !(working.raw() == master.raw() && working.dtype() == master.dtype())) {

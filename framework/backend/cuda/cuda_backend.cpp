@@ -1147,6 +1147,20 @@ class CudaBackend final : public Backend {
              op, ": grad ", grad.desc(), ", m ", m.desc(), " and v ", v.desc(),
              " must be f32 with the numel of master ", master.desc());
     HP_CHECK(p.step >= 1, op, ": step ", p.step, " must be >= 1");
+    if (p.check_flag != nullptr) {
+      // Check only: the same arithmetic, nothing written but the flag.
+      Tensor& flag = *p.check_flag;
+      check_dev(op, "check_flag", flag);
+      HP_CHECK(flag.dtype() == DType::kF32 && flag.numel() >= 1, op, ": check_flag ", flag.desc(),
+               " must be f32 with at least one element");
+      const DType wt = working.defined() ? working.dtype() : DType::kF32;
+      HP_CHECK(wt == DType::kF32 || wt == DType::kBF16, op, ": working ", working.desc(),
+               " must be f32 or bf16");
+      cuda::launch_adamw_check(master.data<float>(), grad.data<float>(), m.data<float>(),
+                               v.data<float>(), n, adamw_scalars(p), wt, flag.data<float>(),
+                               cur_stream());
+      return;
+    }
     void* work = nullptr;
     if (working.defined() && !(working.raw() == master.raw() && working.dtype() == DType::kF32)) {
       check_float(op, "working", working);
@@ -1154,6 +1168,12 @@ class CudaBackend final : public Backend {
                " elements");
       work = working.raw();
     }
+    cuda::launch_adamw(master.data<float>(), grad.data<float>(), m.data<float>(), v.data<float>(),
+                       n, adamw_scalars(p), work, work ? working.dtype() : DType::kF32,
+                       cur_stream());
+  }
+
+  static cuda::AdamWScalars adamw_scalars(const AdamWParams& p) {
     cuda::AdamWScalars s;
     s.lr = static_cast<float>(p.lr);
     s.beta1 = static_cast<float>(p.beta1);
@@ -1163,8 +1183,7 @@ class CudaBackend final : public Backend {
     s.grad_scale = static_cast<float>(p.grad_scale);
     s.bias_correction1 = static_cast<float>(1.0 - std::pow(p.beta1, static_cast<double>(p.step)));
     s.bias_correction2 = static_cast<float>(1.0 - std::pow(p.beta2, static_cast<double>(p.step)));
-    cuda::launch_adamw(master.data<float>(), grad.data<float>(), m.data<float>(), v.data<float>(),
-                       n, s, work, work ? working.dtype() : DType::kF32, cur_stream());
+    return s;
   }
 
  private:

@@ -171,6 +171,11 @@ struct AdamWScalars {
 // working (dtype working_t) may be null.
 void launch_adamw(float* master, const float* grad, float* m, float* v, int64_t n,
                   const AdamWScalars& s, void* working, DType working_t, cudaStream_t stream);
+// Check only: the update launch_adamw would make, nothing written; *flag = 1 when a new m, v or
+// master, or the master in working_t, would not be finite (flag is never cleared here).
+void launch_adamw_check(const float* master, const float* grad, const float* m, const float* v,
+                        int64_t n, const AdamWScalars& s, DType working_t, float* flag,
+                        cudaStream_t stream);
 
 }  // namespace cuda
 }  // namespace hp

@@ -67,7 +67,35 @@ __global__ void adamw_x4_kernel(float4* master, const float4* grad, float4* m, f
   }
 }
 
+// Check only: the same adamw_element on copies, nothing written but *flag = 1 where a new m, v
+// or master (or the master in the working dtype W) would not be finite.
+template <typename W>
+__global__ void adamw_check_kernel(const float* master, const float* grad, const float* m,
+                                   const float* v, int64_t n, AdamWScalars s, float* flag) {
+  bool bad = false;
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+       i += (int64_t)gridDim.x * blockDim.x) {
+    float mi = m[i], vi = v[i], pi = master[i];
+    adamw_element(grad[i], s, mi, vi, pi);
+    const float wi = to_f32(from_f32<W>(pi));
+    bad = bad || !(isfinite(mi) && isfinite(vi) && isfinite(pi) && isfinite(wi));
+  }
+  if (bad) *flag = 1.f;  // every writer writes the same value
+}
+
 }  // namespace
+
+void launch_adamw_check(const float* master, const float* grad, const float* m, const float* v,
+                        int64_t n, const AdamWScalars& s, DType working_t, float* flag,
+                        cudaStream_t stream) {
+  if (n == 0) return;
+  const unsigned grid = grid_for(n, 256, 8192);
+  dispatch_float(working_t, [&](auto ws) {
+    using W = decltype(ws);
+    adamw_check_kernel<W><<<grid, 256, 0, stream>>>(master, grad, m, v, n, s, flag);
+  });
+  CUDA_CHECK_LAUNCH();
+}
 
 void launch_adamw(float* master, const float* grad, float* m, float* v, int64_t n,
                   const AdamWScalars& s, void* working, DType working_t, cudaStream_t stream) {
