@@ -165,25 +165,42 @@ H5TokenFile::H5TokenFile(const std::string& path, int64_t vocab_size, int32_t eo
       hash64(std::to_string(sum),
              hash64(std::to_string(n_docs), hash64(std::to_string(n_tokens_), hash64("h5"))));
 
-  // The optional loss mask: as many uint8 entries as /tokens, each 0 or 1.
+  // The optional loss mask: as many integer entries as /tokens, each 0 or 1, at least one 1.
+  // Read in 64 bits, as stored: a conversion to uint8 would clip -1 to 0 and 300 to 255.
   if (H5Lexists(file_.get(), kLossMask, H5P_DEFAULT) > 0) {
     int64_t n_mask = 0;
     H5Handle mask_ds = open_dataset(kLossMask, &n_mask);
     if (n_mask != n_tokens_)
       HP_USER_ERROR(ErrorKind::kData, kLossMask, " in ", path, " has ", n_mask,
                     " entries; it needs one per token of ", kTokens, " (", n_tokens_, ")");
+    H5Handle mask_type(H5Dget_type(mask_ds.get()), H5Tclose);
+    if (!mask_type.valid()) h5_fail("H5Dget_type", path, kLossMask);
+    const bool is_unsigned = H5Tget_sign(mask_type.get()) == H5T_SGN_NONE;
     mask_.resize(static_cast<size_t>(n_mask));
-    read_range(kLossMask, mask_ds, 0, n_mask, H5T_NATIVE_UINT8, mask_.data());
+    std::vector<int64_t> chunk(static_cast<size_t>(std::min(kChunk, n_mask)));
     uint64_t mask_sum = 0;
-    for (int64_t k = 0; k < n_mask; ++k) {
-      if (mask_[static_cast<size_t>(k)] > 1)
-        HP_USER_ERROR(ErrorKind::kData, kLossMask, "[", k,
-                      "] = ", int(mask_[static_cast<size_t>(k)]), " in ", path,
-                      "; entries must be 0 (context only) or 1 (a target the loss "
-                      "counts)");
-      mask_ones_ += mask_[static_cast<size_t>(k)];
-      mask_sum = mask_sum * 0x100000001B3ull + mask_[static_cast<size_t>(k)];
+    for (int64_t start = 0; start < n_mask; start += kChunk) {
+      const int64_t n = std::min(kChunk, n_mask - start);
+      read_range(kLossMask, mask_ds, start, n, is_unsigned ? H5T_NATIVE_UINT64 : H5T_NATIVE_INT64,
+                 chunk.data());
+      for (int64_t k = 0; k < n; ++k) {
+        const int64_t raw = chunk[static_cast<size_t>(k)];
+        if (raw != 0 && raw != 1)
+          HP_USER_ERROR(
+              ErrorKind::kData, kLossMask, "[", start + k, "] = ",
+              is_unsigned ? std::to_string(static_cast<uint64_t>(raw)) : std::to_string(raw),
+              " in ", path, "; entries must be 0 (context only) or 1 (a target the loss counts)");
+        mask_[static_cast<size_t>(start + k)] = static_cast<uint8_t>(raw);
+        mask_ones_ += raw;
+        mask_sum = mask_sum * 0x100000001B3ull + static_cast<uint64_t>(raw);
+      }
     }
+    if (mask_ones_ == 0)
+      HP_USER_ERROR(ErrorKind::kData, "dataset ", kLossMask, " of ", path, " selects nothing: all ",
+                    n_mask,
+                    " entries are 0, so no token of the file is a target the loss counts; mark "
+                    "the targets with 1 (or remove ",
+                    kLossMask, " to count every token)");
     fingerprint_ = hash64(std::to_string(mask_sum), fingerprint_);
   }
 }

@@ -1,6 +1,7 @@
 // The HDF5 token file's /loss_mask: packing turns the targets of masked-out tokens into ignored
 // ones (-1), everything else as without a mask; bad masks are refused naming the dataset.
 #include <gtest/gtest.h>
+#include <hdf5.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -112,6 +113,77 @@ TEST(LossMask, BadMasksAreRefusedNamingTheDataset) {
   } catch (const UserError& e) {
     EXPECT_NE(std::string(e.what()).find("has 2 entries"), std::string::npos) << e.what();
   }
+}
+
+// Adds /loss_mask of HDF5 type `type` holding `values` to an existing token file.
+void add_mask(const std::string& path, hid_t type, const std::vector<int64_t>& values) {
+  const hid_t f = H5Fopen(path.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+  ASSERT_GE(f, 0);
+  const hsize_t n[1] = {values.size()};
+  const hid_t space = H5Screate_simple(1, n, nullptr);
+  const hid_t ds = H5Dcreate2(f, "/loss_mask", type, space, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+  ASSERT_GE(ds, 0);
+  ASSERT_GE(H5Dwrite(ds, H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, values.data()), 0);
+  H5Dclose(ds);
+  H5Sclose(space);
+  H5Fclose(f);
+}
+
+std::string open_error(const std::string& path) {
+  try {
+    DataLoader::open(config(path));
+  } catch (const UserError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// Masks are read as stored, not converted to uint8 (which clips -1 to 0 and 300 to 255): a
+// value other than 0 or 1 is named with its index and the file.
+TEST(LossMask, ValuesOtherThanZeroOrOneAreRefusedNotClipped) {
+  Dir dir;
+  std::mt19937 rng(11);
+  std::vector<int32_t> tokens;
+  for (int k = 0; k < 63; ++k) tokens.push_back(static_cast<int32_t>(rng() % 49));
+  tokens.push_back(49);
+  const std::vector<int64_t> offsets = {0, 20, 64};
+  std::vector<int64_t> mask;
+  for (size_t k = 0; k < tokens.size(); ++k) mask.push_back(static_cast<int64_t>(rng() % 2));
+  mask[0] = 1;
+  struct Case {
+    const char* name;
+    hid_t type;
+    int64_t value;
+  };
+  for (const Case& c : {Case{"minus_one.h5", H5T_STD_I8LE, -1}, Case{"big.h5", H5T_STD_I16LE, 300},
+                        Case{"two.h5", H5T_STD_U8LE, 2}}) {
+    const std::string path = dir.file(c.name);
+    write_h5_tokens(path, tokens, offsets);
+    std::vector<int64_t> bad = mask;
+    bad[37] = c.value;
+    add_mask(path, c.type, bad);
+    const std::string m = open_error(path);
+    EXPECT_NE(m.find("/loss_mask[37] = " + std::to_string(c.value) + " in " + path),
+              std::string::npos)
+        << c.name << ": " << (m.empty() ? "accepted" : m);
+  }
+  // The same mask without the bad entry, stored as int16, is read as it is.
+  const std::string good = dir.file("good.h5");
+  write_h5_tokens(good, tokens, offsets);
+  add_mask(good, H5T_STD_I16LE, mask);
+  EXPECT_EQ(open_error(good), "");
+}
+
+TEST(LossMask, AMaskThatSelectsNothingIsRefused) {
+  Dir dir;
+  const std::vector<int32_t> tokens = {5, 9, 3, 49, 7, 8, 49};
+  const std::vector<int64_t> offsets = {0, 4, 7};
+  const std::vector<uint8_t> zeros(tokens.size(), 0);
+  const std::string path = dir.file("nothing.h5");
+  write_h5_tokens(path, tokens, offsets, &zeros);
+  const std::string m = open_error(path);
+  EXPECT_NE(m.find("dataset /loss_mask of " + path + " selects nothing"), std::string::npos)
+      << (m.empty() ? "accepted" : m);
 }
 
 }  // namespace
