@@ -21,7 +21,9 @@
 #include "launch/options.h"
 #include "launch/tools/tools.h"
 #include "launch/train/components.h"
+#include "launch/train/fault_injection.h"
 #include "launch/train/memory_plan.h"
+#include "launch/train/preemption.h"
 #include "launch/train/preflight.h"
 #include "launch/train/rank_context.h"
 #include "launch/train/trainer.h"
@@ -50,7 +52,8 @@ constexpr const char* kUsage =
     "'hotpath <command> --help' lists every option with its default.\n";
 
 // --dry-run: validate for the planned world, print parameter counts and the memory plan of one
-// rank; exit 2 (before any allocation) when it does not fit the device.
+// rank; exit 2 (before any allocation) when it does not fit the device or, on the CPU backend,
+// when one rank needs more than this host's memory (the check a run makes).
 int dry_run(const TrainOptions& o) {
   const int world = o.plan_world > 0 ? o.plan_world : 1;
   validate_train_options(o, world);
@@ -64,6 +67,11 @@ int dry_run(const TrainOptions& o) {
   std::fflush(stdout);
   if (!o.plan_json.empty()) write_json_file(o.plan_json, plan_json(plan, device), "plan_json");
   require_plan_fits(o, plan, device, /*with_plan=*/false);
+  if (!cuda) check_cpu_memory(o, world, 1);
+  if (preemption_requested()) {
+    log_warn("preemption signal during the dry run; exit status ", kRequeueExitCode);
+    return kRequeueExitCode;
+  }
   return 0;
 }
 
@@ -78,6 +86,9 @@ int run(std::vector<std::string> args, int* argc, char*** argv) {
   }
   const std::string cmd = args[0];
   args.erase(args.begin());
+  // Only a training run stops at a step boundary for SIGUSR1/SIGTERM; everything else ends on
+  // them as it always did.
+  if (cmd != "train") restore_default_signal_actions();
   if (cmd == "data") return data_tool_main(args);
   if (cmd == "inspect") return inspect_main(args);
   if (cmd == "import-hf") return import_hf_main(args);
@@ -101,6 +112,17 @@ int run(std::vector<std::string> args, int* argc, char*** argv) {
     HP_USER_ERROR(ErrorKind::kConfig, "hotpath ", cmd,
                   ": no model: give --config FILE (e.g. --config examples/configs/tiny-moe.ini) "
                   "or the model keys on the command line");
+  // Flags of the dry run only: refused elsewhere rather than ignored.
+  if (!(cmd == "train" && o.dry_run) && (o.plan_world > 0 || !o.plan_json.empty()))
+    HP_USER_ERROR(ErrorKind::kConfig, "hotpath ", cmd, ": ",
+                  o.plan_world > 0 ? str_cat("--plan_world=", o.plan_world)
+                                   : str_cat("--plan_json=", o.plan_json),
+                  " plans a layout without running it and needs --dry-run (hotpath train "
+                  "--dry-run ...); without --dry-run it would be ignored");
+  if (cmd != "eval" && o.eval.force)
+    HP_USER_ERROR(ErrorKind::kConfig, "hotpath ", cmd,
+                  ": --force only lets hotpath eval --dump_logits replace an existing file");
+  planned_device_bytes(o, 0);  // device_memory_gib is checked here, whatever the device
   if (cmd == "train" && o.dry_run) return dry_run(o);
   // Outputs are checked before the ranks meet, so a run that cannot save does not start.
   const LaunchInfo launch = detect_launch();
@@ -125,8 +147,14 @@ int run(std::vector<std::string> args, int* argc, char*** argv) {
 }  // namespace hp
 
 int main(int argc, char** argv) {
-  // First: may execute the program again with OpenMP defaults set (launch/cpu_threads.h).
+  // Before anything else: SIGUSR1/SIGTERM only set a flag (a training run stops for them before
+  // its first step or at a step boundary, exit status 75). They stay blocked, pending, across
+  // the re-execution below and are delivered when unblocked after it.
+  hp::install_preemption_handlers();
+  hp::maybe_inject_startup_signal();  // tests: HOTPATH_FAULT=sigterm:RANK:0
+  // May execute the program again with OpenMP defaults set (launch/cpu_threads.h).
   hp::apply_omp_defaults(argv);
+  hp::unblock_preemption_signals();
   hp::h5_skip_exit_handler();
   try {
     return hp::run(std::vector<std::string>(argv + 1, argv + argc), &argc, &argv);

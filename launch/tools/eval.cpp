@@ -1,5 +1,11 @@
+#include <unistd.h>
+
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
 #include <vector>
 
 #include "framework/core/error.h"
@@ -9,10 +15,87 @@
 #include "launch/train/trainer.h"
 
 namespace hp {
+namespace {
+
+namespace fs = std::filesystem;
+
+// --dump_logits: checked before any work, written into a directory of its own next to the
+// destination and moved into place at the end, so an existing file is never replaced (unless
+// --force) and a failed run leaves nothing behind.
+class LogitsDump {
+ public:
+  LogitsDump(const std::string& path, bool force) : path_(path), force_(force) {
+    if (path_.empty()) return;
+    std::error_code ec;
+    const fs::file_status st = fs::status(path_, ec);
+    if (fs::is_directory(st))
+      fail("is a directory; name a file (e.g. " +
+           (fs::path(path_) / "logits.safetensors").string() + ")");
+    if (fs::exists(st) && !force_)
+      fail(
+          "already exists; hotpath eval does not replace a file it did not create: remove it, "
+          "choose another path, or pass --force");
+    std::string pattern = path_ + ".XXXXXX";
+    if (::mkdtemp(pattern.data()) == nullptr)
+      fail(std::string("cannot be written: ") + std::strerror(errno));
+    staging_ = pattern;
+  }
+  ~LogitsDump() {
+    std::error_code ec;
+    if (!staging_.empty()) fs::remove_all(staging_, ec);
+  }
+  LogitsDump(const LogitsDump&) = delete;
+  LogitsDump& operator=(const LogitsDump&) = delete;
+
+  bool enabled() const { return !staging_.empty(); }
+  // Where to write the file; commit() moves it to the destination.
+  std::string staged() const { return staging_ + "/logits.safetensors"; }
+
+  void commit() {
+    const std::string from = staged();
+    if (force_) {
+      if (std::rename(from.c_str(), path_.c_str()) != 0) fail_io(errno);
+      return;
+    }
+    // link() never replaces: a file that appeared at the destination meanwhile stays.
+    if (::link(from.c_str(), path_.c_str()) != 0) {
+      if (errno == EEXIST)
+        fail(
+            "appeared while the evaluation ran; it was not replaced (pass --force to replace "
+            "it)");
+      // No hard links on this file system: rename, once more making sure nothing is there.
+      std::error_code ec;
+      if (fs::exists(path_, ec))
+        fail(
+            "appeared while the evaluation ran; it was not replaced (pass --force to replace "
+            "it)");
+      if (std::rename(from.c_str(), path_.c_str()) != 0) fail_io(errno);
+    }
+  }
+
+ private:
+  [[noreturn]] void fail(const std::string& why) const {
+    HP_USER_ERROR(ErrorKind::kUser, "hotpath eval: --dump_logits ", path_, " ", why);
+  }
+  [[noreturn]] void fail_io(int err) const {
+    HP_FAIL(ErrorKind::kIo, "hotpath eval: writing --dump_logits ", path_,
+            " failed: ", std::strerror(err));
+  }
+
+  std::string path_;
+  bool force_ = false;
+  std::string staging_;  // a directory this run created ("": no dump)
+};
+
+}  // namespace
 
 int run_eval(const TrainOptions& o, const RankContext& ctx) {
   if (o.eval.checkpoint.empty())
     HP_USER_ERROR(ErrorKind::kUser, "hotpath eval: --checkpoint FILE (or directory) is required");
+  if (!o.eval.dump_logits.empty() && ctx.world() > 1)
+    HP_USER_ERROR(ErrorKind::kUser, "hotpath eval: --dump_logits runs on one rank");
+  // Before the model is built or anything evaluated: an output that cannot be written fails now.
+  LogitsDump dump_file(o.eval.dump_logits, o.eval.force);
   Trainer t(o, ctx);
   const std::string path = resolve_checkpoint_arg(o.eval.checkpoint);
   std::string error;
@@ -25,9 +108,7 @@ int run_eval(const TrainOptions& o, const RankContext& ctx) {
   Tensor host = Tensor::host({2}, be.master_dtype());
   double lm = 0;
   int64_t valid = 0;
-  const bool dump = !o.eval.dump_logits.empty();
-  if (dump && ctx.world() > 1)
-    HP_USER_ERROR(ErrorKind::kUser, "hotpath eval: --dump_logits runs on one rank");
+  const bool dump = dump_file.enabled();
   std::vector<float> logits, targets;
   for (int64_t b = 0; b < o.eval.batches; ++b) {
     PackedBatch batch = t.loader().next();
@@ -60,9 +141,10 @@ int run_eval(const TrainOptions& o, const RankContext& ctx) {
     char loss_text[64];
     std::snprintf(loss_text, sizeof loss_text, "%.17g", loss);
     write_safetensors(
-        o.eval.dump_logits,
+        dump_file.staged(),
         {{"logits", {n, o.model.vocab_size}, logits.data()}, {"targets", {n}, targets.data()}},
         "F32", {{"loss", loss_text}, {"tokens", std::to_string(valid)}});
+    dump_file.commit();
   }
   if (ctx.rank() == 0)
     std::printf("eval_loss=%.6f tokens=%lld\n", loss, static_cast<long long>(valid));

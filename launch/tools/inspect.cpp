@@ -4,12 +4,39 @@
 #include <sstream>
 
 #include "framework/checkpoint/checkpoint.h"
+#include "framework/core/error.h"
 #include "framework/model/config.h"
 #include "launch/options.h"
 #include "launch/tools/tools.h"
 #include "launch/train/checkpoint.h"
 
 namespace hp {
+namespace {
+
+// What HDF5 said, without the call site and the library's function names: "hdf5 error ... at
+// FILE:LINE: CALL failed on checkpoint PATH: H5X__fn: what (detail)" -> "what (detail)".
+std::string hdf5_reason(const std::string& what, const std::string& path) {
+  std::string r = what;
+  const std::string marker = "failed on checkpoint " + path + ": ";
+  const size_t at = r.find(marker);
+  if (at != std::string::npos) r = r.substr(at + marker.size());
+  if (r.rfind("H5", 0) == 0) {
+    const size_t colon = r.find(": ");
+    if (colon != std::string::npos && r.find(' ') > colon) r = r.substr(colon + 2);
+  }
+  return r;
+}
+
+// A file that cannot be opened or walked as a checkpoint: one line naming it, status 2, as eval
+// and resume report it.
+int corrupt(const std::string& path, const std::string& why) {
+  std::cout << "checkpoint: " << path << "\n";
+  std::cerr << "hotpath inspect: checkpoint " << path
+            << " cannot be read: the file is corrupt or not a hotpath checkpoint (" << why << ")\n";
+  return 2;
+}
+
+}  // namespace
 
 int inspect_main(const std::vector<std::string>& args) {
   if (args.size() != 1 || args[0] == "--help" || args[0] == "-h") {
@@ -21,9 +48,12 @@ int inspect_main(const std::vector<std::string>& args) {
   std::unique_ptr<CheckpointReader> r;
   try {
     r = std::make_unique<CheckpointReader>(path);
+  } catch (const UserError& e) {
+    // Missing, not a hotpath checkpoint, an unsupported version: said as such.
+    std::cerr << "hotpath inspect: " << e.what() << "\n";
+    return 2;
   } catch (const std::exception& e) {
-    std::cout << "checkpoint: " << path << "\nchecksums: FAILED: " << e.what() << "\n";
-    return 1;
+    return corrupt(path, hdf5_reason(e.what(), path));
   }
   int failures = 0;
   std::cout << "checkpoint: " << path << "\n";
@@ -44,8 +74,7 @@ int inspect_main(const std::vector<std::string>& args) {
   try {
     sets = r->datasets();
   } catch (const std::exception& e) {
-    std::cout << "datasets: FAILED: " << e.what() << "\n";
-    return 1;
+    return corrupt(path, "its groups cannot be listed: " + hdf5_reason(e.what(), path));
   }
   int64_t total = 0;
   for (const DatasetInfo& d : sets) total += d.bytes();

@@ -3,10 +3,12 @@
 #include <chrono>
 #include <csignal>
 #include <cstdlib>
+#include <cstring>
 #include <thread>
 
 #include "framework/core/error.h"
 #include "framework/core/log.h"
+#include "parallel/launch_env.h"
 
 namespace hp {
 namespace {
@@ -16,8 +18,8 @@ constexpr const char* kSavePoints[] = {"begin", "data", "close", "rename"};
 
 [[noreturn]] void bad_spec(const std::string& text, const std::string& why) {
   HP_USER_ERROR(ErrorKind::kConfig, "HOTPATH_FAULT='", text, "': ", why,
-                "; expected KIND:RANK:STEP with KIND throw, kill, hang, nan or kill-save-POINT "
-                "(POINT: begin, data, close, rename)");
+                "; expected KIND:RANK:STEP with KIND throw, kill, hang, nan, sigterm or "
+                "kill-save-POINT (POINT: begin, data, close, rename)");
 }
 
 bool parse_integer(const std::string& s, long long* out) {
@@ -49,6 +51,8 @@ FaultSpec parse_fault_spec(const std::string& text) {
     f.kind = FaultKind::kHang;
   } else if (kind == "nan") {
     f.kind = FaultKind::kNan;
+  } else if (kind == "sigterm") {
+    f.kind = FaultKind::kSigterm;
   } else if (kind.rfind(kSavePrefix, 0) == 0) {
     f.kind = FaultKind::kKillInSave;
     f.save_point = kind.substr(std::char_traits<char>::length(kSavePrefix));
@@ -75,16 +79,33 @@ void maybe_inject_step_fault(int rank, int64_t step, double collective_timeout_s
   if (!f || f->kind == FaultKind::kKillInSave || f->kind == FaultKind::kNan || f->rank != rank ||
       f->step != step)
     return;
-  const char* name = f->kind == FaultKind::kThrow  ? "throw"
-                     : f->kind == FaultKind::kKill ? "kill"
-                                                   : "hang";
+  const char* name = f->kind == FaultKind::kThrow     ? "throw"
+                     : f->kind == FaultKind::kKill    ? "kill"
+                     : f->kind == FaultKind::kSigterm ? "sigterm"
+                                                      : "hang";
   log_warn("injecting fault '", name, "' at step ", step, " (HOTPATH_FAULT)");
+  if (f->kind == FaultKind::kSigterm) {
+    std::raise(SIGTERM);  // a preemption request: the step goes on
+    return;
+  }
   if (f->kind == FaultKind::kThrow)
     HP_FAIL(ErrorKind::kInternal, "injected failure at step ", step);
   if (f->kind == FaultKind::kKill) std::raise(SIGKILL);
   // hang: the peers must time out; this rank gives up after three timeouts.
   std::this_thread::sleep_for(std::chrono::duration<double>(3 * collective_timeout_s));
   HP_FAIL(ErrorKind::kInternal, "injected hang at step ", step, " ended");
+}
+
+void maybe_inject_startup_signal() {
+  const char* env = std::getenv("HOTPATH_FAULT");
+  if (env == nullptr || std::strncmp(env, "sigterm:", 8) != 0) return;
+  try {
+    const FaultSpec f = parse_fault_spec(env);
+    if (f.step != 0 || f.rank != detect_launch().rank) return;
+  } catch (const std::exception&) {
+    return;  // reported when the run parses HOTPATH_FAULT
+  }
+  std::raise(SIGTERM);
 }
 
 bool nan_gradients_injected(int rank, int64_t step) {

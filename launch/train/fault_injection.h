@@ -9,7 +9,10 @@
 //   hang               the rank stops calling collectives (its peers must time out; it gives up
 //                      after three collective timeouts)
 //   nan                the rank's gradients of the step become NaN after backward (and after
-//                      their all-reduce), so only this rank sees a non-finite value
+//                      their all-reduce or, with optimizer_sharding=zero1, their reduce-scatter
+//                      into this rank's shards), so only this rank sees a non-finite value
+//   sigterm            the rank sends itself SIGTERM: STEP 0 at the very start of main (before
+//                      the options are read), STEP >= 1 at the start of that step
 //   kill-save-POINT    SIGKILL inside the checkpoint save of step STEP, at POINT: begin (file
 //                      created, nothing written), data (half the tensors written), close (file
 //                      complete and fsynced, before the commit) or rename (rank 0: renamed,
@@ -22,7 +25,7 @@
 
 namespace hp {
 
-enum class FaultKind { kThrow, kKill, kHang, kKillInSave, kNan };
+enum class FaultKind { kThrow, kKill, kHang, kKillInSave, kNan, kSigterm };
 
 struct FaultSpec {
   FaultKind kind = FaultKind::kThrow;
@@ -39,8 +42,14 @@ FaultSpec parse_fault_spec(const std::string& text);
 // the variable is unset or empty.
 const std::optional<FaultSpec>& injected_fault();
 
-// At the start of step `step` on rank `rank`: acts out a throw, kill or hang meant for them.
+// At the start of step `step` on rank `rank`: acts out a throw, kill, hang or sigterm meant for
+// them.
 void maybe_inject_step_fault(int rank, int64_t step, double collective_timeout_s);
+
+// First thing in main, before the options are read: raises SIGTERM when HOTPATH_FAULT is
+// sigterm:RANK:0 and this process is RANK of its launch (a malformed value is left for the
+// checks that report it later).
+void maybe_inject_startup_signal();
 
 // After backward of step `step` on rank `rank`: whether its gradients are to be made NaN.
 bool nan_gradients_injected(int rank, int64_t step);

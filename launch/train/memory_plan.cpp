@@ -12,6 +12,7 @@ namespace hp {
 namespace {
 
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+constexpr double kMinDeviceGiB = 0.001;  // device_memory_gib's smallest size
 
 // What the CUDA caching allocator hands out for a request (framework/backend/cuda/
 // cuda_allocator.cpp): 512-byte steps up to 1 MiB, then quarters of the power of two below.
@@ -24,7 +25,6 @@ int64_t cuda_bucket(int64_t bytes) {
   const int64_t step = p / 4;
   return (bytes + step - 1) / step * step;
 }
-
 
 // Bytes one layer keeps from forward for backward with `n` tokens on the rank (framework/model/
 // model.cpp, LayerActs): a = activation bytes, m = master bytes (norm statistics, LSE).
@@ -160,12 +160,13 @@ int64_t planned_device_bytes(const TrainOptions& o, int64_t visible_bytes) {
   if (v == "off") return 0;
   for (const GpuType& g : kGpuTypes)
     if (v == g.name) return static_cast<int64_t>(g.gib * kGiB);
+  // A size below a MiB is no device; read as bytes it would round to 0, which means "no check".
   char* end = nullptr;
   const double gib = std::strtod(v.c_str(), &end);
-  if (v.empty() || end != v.c_str() + v.size() || !(gib > 0) || gib > 1e6)
+  if (v.empty() || end != v.c_str() + v.size() || !(gib >= kMinDeviceGiB) || gib > 1e6)
     HP_USER_ERROR(ErrorKind::kConfig,
-                  "config key 'device_memory_gib': must be auto, off, a number "
-                  "of GiB in (0, 1e6] or one of h100, h200, b200; got '",
+                  "config key 'device_memory_gib': must be auto, off (no check), a number "
+                  "of GiB in [0.001, 1e6] or one of h100, h200, b200; got '",
                   o.device.memory, "'");
   return static_cast<int64_t>(gib * kGiB);
 }

@@ -211,24 +211,31 @@ hp_cli_check(overwrite.allowed_moves_latest REQUIRES ov_allowed
 # that rank sees it). abort: exit 2 naming the step, nothing of it saved; skip: parameters and
 # moments byte-equal to the state before the step, counted in the log, metrics and checkpoint.
 set(NF ${F}/nonfinite)
-foreach(spec "1:1:0" "2:2:1")
+# The zero1 variants (optimizer_sharding=zero1, each rank updates its shards only): the NaN
+# reaches the reduced rows of the victim's shards, and every rank still agrees.
+foreach(spec "1:1:0:none" "2:2:1:none" "2:1:1:zero1" "2:2:0:zero1")
   string(REPLACE ":" ";" spec "${spec}")
   list(GET spec 0 np)
   list(GET spec 1 ep)
   list(GET spec 2 victim)
+  list(GET spec 3 sharding)
   set(n np${np})
+  if(sharding STREQUAL "zero1")
+    set(n np${np}_ep${ep}_zero1)
+  endif()
+  set(L --ep_size=${ep} --optimizer_sharding=${sharding})
   hp_cli(nonfinite.${n}.reference NP ${np} SETUP nf_${n}_ref CLEAN ${NF}/${n}/ref
-         COMMAND ${HP} ${TINY} --ep_size=${ep} --steps=4 --stop_at_step=2 --checkpoint_dir=${NF}/${n}/ref)
+         COMMAND ${HP} ${TINY} ${L} --steps=4 --stop_at_step=2 --checkpoint_dir=${NF}/${n}/ref)
   hp_cli(nonfinite.${n}.abort NP ${np} SETUP nf_${n}_abort CLEAN ${NF}/${n}/abort EXIT 2
          PASS "training diverged at step 3.*nonfinite=abort" ENV HOTPATH_FAULT=nan:${victim}:3
-         COMMAND ${HP} ${TINY} --ep_size=${ep} --steps=4 --checkpoint_every=1
+         COMMAND ${HP} ${TINY} ${L} --steps=4 --checkpoint_every=1
                  --checkpoint_dir=${NF}/${n}/abort)
   hp_cli_check(nonfinite.${n}.abort_saved_nothing_of_the_step NP ${np} REQUIRES nf_${n}_abort
                ARGS dir ${NF}/${n}/abort --latest step_00000002.h5 --absent step_00000003.h5
                     --absent step_00000003.h5.tmp)
   hp_cli(nonfinite.${n}.skip NP ${np} SETUP nf_${n}_skip CLEAN ${NF}/${n}/skip ${NF}/${n}/skip.jsonl
          PASS "step 3: .*grad_norm=nan not finite: skipped" ENV HOTPATH_FAULT=nan:${victim}:3
-         COMMAND ${HP} ${TINY} --ep_size=${ep} --steps=4 --stop_at_step=3 --nonfinite=skip
+         COMMAND ${HP} ${TINY} ${L} --steps=4 --stop_at_step=3 --nonfinite=skip
                  --checkpoint_dir=${NF}/${n}/skip --metrics_path=${NF}/${n}/skip.jsonl)
   hp_cli_check(nonfinite.${n}.skip_leaves_state_bitwise NP ${np} REQUIRES nf_${n}_skip nf_${n}_ref
                ARGS digests --hotpath ${HP} ${NF}/${n}/skip/step_00000003.h5
@@ -255,6 +262,44 @@ hp_cli(nonfinite.huge_lr_commits_nothing SETUP nf_huge CLEAN ${NF}/huge EXIT non
 hp_cli_check(nonfinite.huge_lr_dir_empty REQUIRES nf_huge
              ARGS dir ${NF}/huge --absent latest --absent step_00000001.h5
                   --absent step_00000001.h5.tmp)
+# nonfinite=skip also catches an update that would itself make the weights non-finite (lr=1e39
+# overflows the float range): it is never applied, so the skipped steps' checkpoints hold finite
+# state; more than max_skipped_steps skipped in a row stop the run (2). With lr=1e38 the update is
+# finite but the next forward is not: every step after the first is skipped, and the run stops
+# instead of going on with a stale loss.
+foreach(spec "1:none" "2:zero1")
+  string(REPLACE ":" ";" spec "${spec}")
+  list(GET spec 0 np)
+  list(GET spec 1 sharding)
+  set(n np${np}_${sharding})
+  hp_cli(nonfinite.update_overflow.${n}.stops NP ${np} SETUP nf_over_${n} CLEAN ${NF}/over_${n}
+         EXIT 2 PASS "stopping at step 3: 3 steps in a row were skipped as non-finite.*max_skipped_steps=2.*lower lr"
+         COMMAND ${HP} ${TINY} --optimizer_sharding=${sharding} --steps=40 --lr=1e39
+                 --warmup_steps=0 --nonfinite=skip --max_skipped_steps=2 --checkpoint_every=1
+                 --checkpoint_dir=${NF}/over_${n})
+  hp_cli_check(nonfinite.update_overflow.${n}.saved_finite_state NP ${np} REQUIRES nf_over_${n}
+               ARGS inspect --hotpath ${HP} ${NF}/over_${n}/step_00000002.h5
+                    --expect "step == 2" --expect "skipped_steps == 2")
+endforeach()
+hp_cli(nonfinite.update_overflow.warned EXIT 2
+       PASS "step 1: loss=.* finite, but the update \\(lr=[0-9.e+]+\\) would make parameters or moments non-finite: skipped"
+       COMMAND ${HP} ${TINY} --steps=40 --lr=1e39 --warmup_steps=0 --nonfinite=skip
+               --max_skipped_steps=0)
+hp_cli(nonfinite.huge_lr_skip_stops EXIT 2
+       PASS "stopping at step 4: 3 steps in a row were skipped"
+       COMMAND ${HP} ${TINY} --steps=40 --lr=1e38 --warmup_steps=0 --nonfinite=skip
+               --max_skipped_steps=2)
+hp_cli_config_error(range.max_skipped_steps_negative "'max_skipped_steps': must be >= 0"
+                    train ${MOE} --max_skipped_steps=-1 --dry-run)
+# The summary line never shows a stale loss: a skipped last step is said, with the step its loss
+# belongs to; with no step applied there is no loss to show.
+hp_cli(nonfinite.summary.last_step_skipped ENV HOTPATH_FAULT=nan:0:3
+       PASS "done: steps=3 skipped=1 final_loss=[0-9.]+ \\(step 2, the last applied; step 3 skipped\\)"
+       COMMAND ${HP} ${TINY} --steps=3 --nonfinite=skip)
+hp_cli(nonfinite.summary.no_step_applied
+       PASS "done: steps=2 skipped=2 final_loss=none \\(no step applied in this run: 2 skipped\\)"
+       COMMAND ${HP} ${TINY} --steps=40 --stop_at_step=2 --lr=1e39 --warmup_steps=0
+               --nonfinite=skip)
 
 # ==== the disk fills during a save =================================================================
 # A 30 MiB tmpfs holds one tiny-moe checkpoint (21 MiB), not two: the save of step 2 fails. The
@@ -351,3 +396,70 @@ hp_cli(load_error.eval_truncated_two_ranks NP 2 EXIT 2 REQUIRES dmg_trunc
        PASS "eval: checkpoint .*cannot be loaded"
        COMMAND ${HP} eval ${MOE} --seq_len=128 --batch_tokens=1024 --ep_size=2 --batches=1
                --checkpoint=${C}/trunc/step_00000006.h5)
+
+# ==== a preemption signal during start-up ==========================================================
+# The handlers are installed first thing in main; HOTPATH_FAULT=sigterm:RANK:0 raises SIGTERM
+# there, before the options are read. The run stops before step 1 with 75, all ranks together,
+# leaving no checkpoint and no metrics file.
+set(PS ${F}/preempt_start)
+foreach(np 1 2)
+  math(EXPR victim "${np} - 1")
+  hp_cli(preempt.sigterm_at_start.np${np} NP ${np} SETUP ps_${np} CLEAN ${PS}/${np} ${PS}/${np}.jsonl
+         EXIT 75 ENV HOTPATH_FAULT=sigterm:${victim}:0
+         PASS "preemption signal during start-up: stopping before any step; exit status 75"
+         COMMAND ${HP} ${TINY} --ep_size=${np} --steps=3 --checkpoint_dir=${PS}/${np}
+                 --metrics_path=${PS}/${np}.jsonl)
+  hp_cli_check(preempt.sigterm_at_start.np${np}.nothing_written NP ${np} REQUIRES ps_${np}
+               ARGS dir ${PS} --absent ${np}.jsonl)
+endforeach()
+hp_cli_check(preempt.sigterm_at_start.no_checkpoint REQUIRES ps_1
+             ARGS dir ${PS}/1 --absent latest --absent step_00000001.h5)
+
+# ==== options that were read as something else, or ignored ========================================
+# device_memory_gib below 0.001 GiB rounds to 0 bytes, which meant "no check"; --plan_world and
+# --plan_json only plan (--dry-run); a CPU dry run makes the host-memory check a run makes.
+hp_cli_config_error(range.device_memory_gib_tiny_dry_run
+                    "'device_memory_gib': must be auto, off \\(no check\\), a number of GiB in .0.001"
+                    train ${MOE} --dry-run --device_memory_gib=1e-12)
+hp_cli_config_error(range.device_memory_gib_tiny_run "'device_memory_gib'.*got '1e-12'"
+                    train ${MOE} --steps=1 --device_memory_gib=1e-12)
+hp_cli_config_error(args.plan_world_without_dry_run "--plan_world=4 plans a layout .*needs --dry-run"
+                    train ${MOE} --steps=1 --plan_world=4)
+hp_cli_config_error(args.plan_json_without_dry_run "--plan_json=.*needs --dry-run"
+                    train ${MOE} --steps=1 --plan_json=${F}/plan.json)
+hp_cli_config_error(range.dry_run_cpu_beyond_memory
+                    "'batch_tokens': 1000000000 tokens need at least .* GiB of host memory"
+                    train ${MOE} --device=cpu --dry-run --seq_len=1000 --batch_tokens=1000000000)
+
+# ==== inspect of a file that is no checkpoint ======================================================
+hp_cli(inspect.not_a_checkpoint EXIT 2
+       PASS "checkpoint .*garbage.h5 cannot be read: the file is corrupt or not a hotpath checkpoint"
+       COMMAND ${HP} inspect ${IN}/garbage.h5)
+
+# ==== eval --dump_logits: checked before the evaluation, never replaces a file unasked ==============
+set(DL ${F}/dump_logits)
+file(MAKE_DIRECTORY ${DL})
+file(WRITE ${IN}/logits_keep.orig "a file hotpath did not create\n")
+hp_cli(dump_logits.unwritable_dir EXIT 2
+       PASS "--dump_logits .*no-such-dir/l.safetensors cannot be written: No such file or directory"
+       COMMAND ${HP} eval ${MOE} --seq_len=128 --batch_tokens=1024 --checkpoint=${F}/no-such.h5
+               --dump_logits=${DL}/no-such-dir/l.safetensors)
+hp_cli(dump_logits.a_directory EXIT 2 PASS "--dump_logits .*dump_logits is a directory"
+       COMMAND ${HP} eval ${MOE} --seq_len=128 --batch_tokens=1024 --checkpoint=${F}/no-such.h5
+               --dump_logits=${DL})
+hp_cli(dump_logits.plant SETUP dl_planted
+       COMMAND ${CMAKE_COMMAND} -E copy ${IN}/logits_keep.orig ${DL}/keep.safetensors)
+hp_cli(dump_logits.existing_refused EXIT 2 REQUIRES dl_planted ckpt_np1_straight SETUP dl_refused
+       PASS "--dump_logits .*keep.safetensors already exists; .*--force"
+       COMMAND ${HP} eval ${MOE} --seq_len=128 --batch_tokens=1024 --checkpoint=${C}/np1/straight
+               --batches=1 --dump_logits=${DL}/keep.safetensors)
+hp_cli(dump_logits.existing_unchanged REQUIRES dl_refused SETUP dl_unchanged
+       COMMAND ${CMAKE_COMMAND} -E compare_files ${IN}/logits_keep.orig ${DL}/keep.safetensors)
+hp_cli(dump_logits.force_replaces EXIT 0 REQUIRES dl_unchanged ckpt_np1_straight SETUP dl_forced
+       PASS "eval_loss=[0-9.]+"
+       COMMAND ${HP} eval ${MOE} --seq_len=128 --batch_tokens=1024 --checkpoint=${C}/np1/straight
+               --batches=1 --dump_logits=${DL}/keep.safetensors --force)
+hp_cli(dump_logits.force_replaced WILL_FAIL REQUIRES dl_forced
+       COMMAND ${CMAKE_COMMAND} -E compare_files ${IN}/logits_keep.orig ${DL}/keep.safetensors)
+hp_cli(dump_logits.force_outside_eval EXIT 2 PASS "--force .*hotpath eval --dump_logits"
+       COMMAND ${HP} ${TINY} --steps=1 --force)
