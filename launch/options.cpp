@@ -133,6 +133,9 @@ po::options_description describe_options(TrainOptions& o, RawEnums& raw) {
       "nonfinite", po::value(&raw.nonfinite)->default_value(raw.nonfinite),
       "a step whose loss or gradient norm is not finite: abort (stop, exit 2, nothing of it "
       "saved) | skip (parameters and moments unchanged, counted as skipped, go on)")(
+      "max_skipped_steps",
+      po::value(&o.run.max_skipped_steps)->default_value(o.run.max_skipped_steps),
+      "nonfinite=skip: more than this many skipped steps in a row stop the run (exit 2)")(
       "seed", po::value(&raw.seed)->default_value(raw.seed),
       "seed of init, data order and synthetic data")(
       "device", po::value(&raw.device)->default_value(raw.device),
@@ -406,7 +409,9 @@ bool parse_train_options(const std::vector<std::string>& args, const std::string
       "plan_world", po::value(&o.plan_world)->default_value(o.plan_world),
       "--dry-run: plan a layout of this many ranks from one process (0: one rank)")(
       "plan_json", po::value(&o.plan_json),
-      "--dry-run: also write the memory plan's bytes as JSON to this file");
+      "--dry-run: also write the memory plan's bytes as JSON to this file")(
+      "force", po::bool_switch(&o.eval.force),
+      "eval: let --dump_logits replace an existing file (without it, an error)");
   po::options_description all;
   all.add(cli).add(keys);
 
@@ -594,6 +599,9 @@ void validate_train_options(const TrainOptions& o, int world) {
           str_cat("must be >= 0 (0: automatic), got ", off.pinned_pool_mib));
   make_lane_options(o).validate();
   const CheckpointOptions& ck = o.checkpoint;
+  require(o.run.max_skipped_steps >= 0, "max_skipped_steps",
+          str_cat("must be >= 0 (0: stop at the first skipped step), got ",
+                  o.run.max_skipped_steps));
   require(ck.every >= 0, "checkpoint_every", "must be >= 0");
   require(ck.keep_last >= 0, "keep_last", "must be >= 0");
   require(ck.resume.kind != ResumeSpec::Kind::kPath || !ck.resume.path.empty(), "resume",

@@ -34,6 +34,8 @@ struct RunOptions {
   int64_t log_every = 1;
   std::string metrics_path;  // JSON Lines, one object per step (launch/train/metrics.h)
   NonfinitePolicy nonfinite = NonfinitePolicy::kAbort;  // key `nonfinite`: abort | skip
+  // nonfinite=skip: more skipped steps than this in a row stop the run (exit status 2).
+  int64_t max_skipped_steps = 10;
 };
 
 // Which backend, and its precision knobs.
@@ -144,6 +146,7 @@ struct EvalOptions {
   std::string checkpoint;   // --checkpoint: a file or a checkpoint directory
   int64_t batches = 10;     // --batches: global batches from the start of the data
   std::string dump_logits;  // --dump_logits: write every position's logits here (safetensors)
+  bool force = false;       // --force: --dump_logits may replace an existing file
 };
 
 struct BenchOptions {

@@ -96,6 +96,8 @@ Trainer::Trainer(const TrainOptions& o, const RankContext& ctx)
   sched_.warmup_steps = o_.optimizer.warmup_steps;
   sched_.total_steps = std::max<int64_t>(1, o_.run.steps);
   scalars_ = be_->zeros({4}, be_->master_dtype());
+  if (o_.run.nonfinite == NonfinitePolicy::kSkip)
+    check_flag_ = be_->zeros({1}, be_->master_dtype());
 }
 
 const char* Trainer::reduction_stream() const {
@@ -114,6 +116,29 @@ void Trainer::set_position(const RunPosition& p) {
   step_ = p.step;
   tokens_seen_ = p.tokens_seen;
   skipped_ = p.skipped_steps;
+}
+
+bool Trainer::update_is_finite(int64_t step, double lr, double clip) {
+  Backend& be = *be_;
+  FamilyScope scope(be, OpFamily::kOptimizer);
+  be.fill(check_flag_, 0.0);
+  for (auto& p : model_->params().all()) {
+    // zero1: this rank's rows and their reduced gradient, as Zero1::step updates them.
+    const Tensor* shard = zero1_ ? zero1_->find_grad_shard(*p) : nullptr;
+    Tensor working = p->work.storage() == p->master.storage() ? Tensor() : p->work;
+    opt_.check_update(be, p->master, shard ? *shard : p->grad, p->m, p->v, p->weight_decay, step,
+                      lr, clip, working, check_flag_);
+  }
+  Tensor host = Tensor::host({1}, be.master_dtype());
+  be.read_to_host(check_flag_, host, SyncCause::kOther);
+  double bad = to_double_vector(host)[0] != 0 ? 1.0 : 0.0;
+  if (ctx_.world() > 1) {
+    // Every rank skips together, whichever ranks' shards would overflow.
+    Tensor flags = Tensor::host_from(std::vector<double>{bad}, DType::kF64);
+    ctx_.groups.world->all_reduce(flags, ReduceOp::kSum);
+    bad = flags.data<double>()[0];
+  }
+  return bad == 0;
 }
 
 // ================================ one training step ============================================
@@ -168,8 +193,14 @@ StepStats Trainer::step() {
     PhaseScope phase(be, StepPhase::kGradSync);
     if (grad_sync) grad_sync->finish();  // compute now waits for the last reductions
   }
-  if (nan_gradients_injected(ctx_.rank(), st.step))
-    for (auto& p : model_->params().all()) be.fill(p->grad, std::nan(""));
+  if (nan_gradients_injected(ctx_.rank(), st.step)) {
+    for (auto& p : model_->params().all()) {
+      be.fill(p->grad, std::nan(""));
+      // zero1: the norm and the update read the reduced rows of this rank's shards.
+      if (Tensor* shard = zero1_ ? zero1_->find_grad_shard(*p) : nullptr)
+        be.fill(*shard, std::nan(""));
+    }
+  }
 
   {
     PhaseScope phase(be, StepPhase::kOptimizer);
@@ -206,6 +237,13 @@ StepStats Trainer::step() {
     st.finite = nonfinite_ranks == 0 && std::isfinite(st.loss) && std::isfinite(st.grad_norm);
     // ---- clip and update ----
     const double clip = clip_coefficient(st.grad_norm, o_.optimizer.grad_clip);
+    // nonfinite=skip: an update that would itself make a parameter or a moment non-finite (a
+    // huge lr) is not applied either; checked on every rank's shard, agreed by all.
+    update_overflowed_ = false;
+    if (st.finite && o_.run.nonfinite == NonfinitePolicy::kSkip) {
+      update_overflowed_ = !update_is_finite(st.step, st.lr, clip);
+      st.finite = !update_overflowed_;
+    }
     if (st.finite && zero1_) {
       // This rank's rows, then the all-gathers of the updated parameters (waited for before
       // the next forward).
@@ -291,14 +329,24 @@ void log_run_header(const TrainOptions& o, const RankContext& ctx, Trainer& trai
 
 int run_train(const TrainOptions& o, const RankContext& ctx) {
   const auto t_start = Clock::now();
-  // SIGUSR1/SIGTERM only set a flag from here on; the step loop acts on it.
-  install_preemption_handlers();
+  // SIGUSR1/SIGTERM only set a flag (handlers installed first thing in main); the step loop acts
+  // on it, and so does start-up: a signal before the first step stops the run there, all ranks
+  // together, with nothing to save (no checkpoint, the metrics file untouched).
+  const auto preempted_before_training = [&](const char* when) {
+    if (!preemption_agreed(ctx)) return false;
+    log_warn("preemption signal ", when, ": stopping before any step; exit status ",
+             kRequeueExitCode, " (requeue and resume with --resume=auto)");
+    return true;
+  };
+  if (preempted_before_training("during start-up")) return kRequeueExitCode;
   Trainer trainer(o, ctx);
   log_run_header(o, ctx, trainer);
   // ---- init_from: start from given weights; a checkpoint found by resume wins ----
   init_from_options(trainer.run_state());
   // ---- resume: --resume=none|auto|PATH ----
   trainer.set_position(resume_from_options(trainer.run_state()));
+  if (preempted_before_training("while the model and data were being set up"))
+    return kRequeueExitCode;
   int64_t saved_step = trainer.steps_done();
   const int64_t last_step =
       o.run.stop_at_step > 0 ? std::min(o.run.steps, o.run.stop_at_step) : o.run.steps;
@@ -315,6 +363,8 @@ int run_train(const TrainOptions& o, const RankContext& ctx) {
   // Recent losses for a smoothed figure: single steps are noisy.
   std::vector<double> recent;
   double last_loss = 0;
+  int64_t last_applied = 0;      // the last step of this run whose update was applied (0: none)
+  int64_t skipped_in_a_row = 0;  // nonfinite=skip: skipped steps since the last applied one
   int64_t tokens = 0;
   while (trainer.steps_done() < last_step) {
     // ---- one training step ----
@@ -332,13 +382,27 @@ int run_train(const TrainOptions& o, const RankContext& ctx) {
     if (s.skipped)
       log_warn("step ", s.step, ": loss=", number_text(s.loss),
                " grad_norm=", number_text(s.grad_norm),
-               " not finite: skipped (nonfinite=skip; parameters and moments unchanged), ",
-               s.skipped_steps, " skipped in this run so far");
+               trainer.last_update_overflowed()
+                   ? str_cat(" finite, but the update (lr=", number_text(s.lr),
+                             ") would make parameters or moments non-finite")
+                   : std::string(" not finite"),
+               ": skipped (nonfinite=skip; parameters and moments unchanged), ", s.skipped_steps,
+               " skipped in this run so far");
     tokens += s.tokens;
     if (!s.skipped) {
       last_loss = s.loss;
+      last_applied = s.step;
+      skipped_in_a_row = 0;
       recent.push_back(s.loss);
       if (recent.size() > 20) recent.erase(recent.begin());
+    } else if (++skipped_in_a_row > o.run.max_skipped_steps) {
+      // A run whose updates keep failing is not recovering; nothing of these steps is saved.
+      HP_USER_ERROR(ErrorKind::kUser, "stopping at step ", s.step, ": ", skipped_in_a_row,
+                    skipped_in_a_row == 1 ? " step was" : " steps in a row were",
+                    " skipped as non-finite (nonfinite=skip allows at most max_skipped_steps=",
+                    o.run.max_skipped_steps,
+                    " in a row); the run is not recovering: lower lr (now ", number_text(s.lr),
+                    ") or grad_clip, or resume from an earlier checkpoint");
     }
     // ---- checkpoint cadence and preemption (all ranks agree on the signal) ----
     const bool preempted = preemption_agreed(ctx);
@@ -358,13 +422,29 @@ int run_train(const TrainOptions& o, const RankContext& ctx) {
   avg = recent.empty() ? 0 : avg / recent.size();
   const double floor = trainer.loader().entropy_floor();
   std::string vs_floor;
-  if (!std::isnan(floor) && floor > 0)
+  if (!std::isnan(floor) && floor > 0 && !recent.empty())
     vs_floor = str_cat(" entropy_floor=", fmt_sig(floor, 6),
                        " gap=", fmt_sig(100.0 * (avg / floor - 1.0), 3), "%");
+  // Never a stale loss: when the last step was skipped, the loss shown is labelled with the step
+  // it belongs to; with no step applied in this run there is none to show.
+  std::string final_loss;
+  if (last_applied == 0)
+    final_loss = str_cat("none (no step applied in this run",
+                         skipped_in_a_row > 0 ? str_cat(": ", skipped_in_a_row, " skipped") : "",
+                         ")");
+  else if (last_applied != trainer.steps_done())
+    final_loss = str_cat(fmt_sig(last_loss), " (step ", last_applied, ", the last applied; ",
+                         last_applied + 1 == trainer.steps_done()
+                             ? str_cat("step ", trainer.steps_done())
+                             : str_cat("steps ", last_applied + 1, "..", trainer.steps_done()),
+                         " skipped)");
+  else
+    final_loss = fmt_sig(last_loss);
   log_info("done: steps=", trainer.steps_done(),
            trainer.skipped_steps() > 0 ? str_cat(" skipped=", trainer.skipped_steps()) : "",
-           " final_loss=", fmt_sig(last_loss), " mean_loss_last_", recent.size(), "=", fmt_sig(avg),
-           vs_floor, " tokens=", tokens, " time_s=", fmt_sig(secs, 4));
+           " final_loss=", final_loss, " mean_loss_last_", recent.size(), "=",
+           recent.empty() ? std::string("none") : fmt_sig(avg), vs_floor, " tokens=", tokens,
+           " time_s=", fmt_sig(secs, 4));
   return 0;
 }
 
