@@ -36,6 +36,7 @@ struct RawEnums {
   std::string grad_reduce_dtype = "fp32";
   std::string seed = "1234";  // digits only: a uint64 that "-1" must not wrap into
   std::string nonfinite = "abort";
+  std::string packing = "stream";
   std::string allow_config_change;  // comma list of model keys
 };
 
@@ -85,6 +86,8 @@ void parse_enums(const RawEnums& raw, TrainOptions& o) {
   o.run.nonfinite = parse_enum<NonfinitePolicy>(
       "nonfinite", raw.nonfinite,
       {{"abort", NonfinitePolicy::kAbort}, {"skip", NonfinitePolicy::kSkip}});
+  o.data.packing = parse_enum<Packing>("packing", raw.packing,
+                                       {{"stream", Packing::kStream}, {"whole", Packing::kWhole}});
   {
     const std::string& t = raw.seed;
     bool digits = !t.empty() && t.size() <= 20;
@@ -275,6 +278,12 @@ po::options_description describe_options(TrainOptions& o, RawEnums& raw) {
       "end-of-text token id (-1: vocab_size - 1)")(
       "shuffle", po::value(&d.shuffle)->default_value(d.shuffle),
       "shuffle document order per epoch (file sources)")(
+      "packing", po::value(&raw.packing)->default_value(raw.packing),
+      "stream: documents in order, cut at row boundaries, no padding | whole: documents that "
+      "fit a row stay whole, rows filled by best fit over a look-ahead window (loss-masked "
+      "conversations)")(
+      "packing_window", po::value(&d.packing_window)->default_value(d.packing_window),
+      "whole: documents in the look-ahead window (1..4096)")(
       "synthetic_vocab", po::value(&d.synthetic_vocab)->default_value(d.synthetic_vocab),
       "synthetic: content tokens 0..N-1 (0: every id below eot_token)")(
       "synthetic_zipf", po::value(&d.synthetic_zipf)->default_value(d.synthetic_zipf),
@@ -537,6 +546,8 @@ void validate_train_options(const TrainOptions& o, int world) {
   require(d.rows_per_batch() % world == 0, "batch_tokens",
           str_cat("batch_tokens/seq_len = ", d.rows_per_batch(), " rows must divide evenly over ",
                   world, " ranks"));
+  require(d.packing_window >= 1 && d.packing_window <= kMaxPackingWindow, "packing_window",
+          str_cat("must be in 1..", kMaxPackingWindow, " documents, got ", d.packing_window));
   require(d.eot_token >= -1, "eot_token",
           str_cat("must be -1 (vocab_size - 1) or a token id >= 0, got ", d.eot_token));
   const int64_t eot = d.eot_token < 0 ? o.model.vocab_size - 1 : d.eot_token;

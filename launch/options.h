@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "framework/backend/backend.h"
+#include "framework/data/loader.h"
 #include "framework/model/activation_store.h"
 #include "framework/model/config.h"
 #include "framework/model/expert_exchange.h"
@@ -66,6 +67,8 @@ struct DataOptions {
   int64_t seq_len = 256;             // row length T
   int32_t eot_token = -1;            // -1: vocab_size - 1
   bool shuffle = true;
+  Packing packing = Packing::kStream;  // key `packing`: stream | whole (framework/data/loader.h)
+  int64_t packing_window = 128;        // whole: documents of the look-ahead window
   int64_t synthetic_vocab = 0;  // 0: every id below eot_token
   double synthetic_zipf = 1.0;
   double synthetic_mean_doc_len = 64;

@@ -223,9 +223,9 @@ void DataLoader::pack_stream_row(RowPlan& plan) {
 }
 
 void DataLoader::pack_whole_row(RowPlan& plan) {
-  // Whole documents fill the T input positions; row position T (a target only) is padding, the
-  // target of a document's EOT being ignored anyway. So every packed token is an input once.
-  const int64_t T = config_.seq_len;
+  // Whole documents fill the row's T+1 tokens: a document may end on row position T, where its
+  // EOT is only the last target (an EOT's own prediction is never a target anyway).
+  const int64_t cap = config_.seq_len + 1;
   const auto fill = [&] {
     while (static_cast<int64_t>(window_.size()) < config_.packing_window)
       window_.push_back(take_document());
@@ -234,11 +234,11 @@ void DataLoader::pack_whole_row(RowPlan& plan) {
   // The oldest document first, so none waits more than packing_window rows.
   const int64_t head = window_.front();
   const int64_t left = source_->document_length(head) - doc_offset_;
-  if (left > T) {
+  if (left > cap) {
     // Longer than a row: cut as in stream mode, T inputs and the next token as the last target;
     // the next row goes on from that token.
-    plan.pieces.push_back({head, doc_offset_, static_cast<int32_t>(T + 1)});
-    doc_offset_ += T;
+    plan.pieces.push_back({head, doc_offset_, static_cast<int32_t>(cap)});
+    doc_offset_ += config_.seq_len;
     return;
   }
   plan.pieces.push_back({head, doc_offset_, static_cast<int32_t>(left)});
@@ -248,7 +248,7 @@ void DataLoader::pack_whole_row(RowPlan& plan) {
   // Best fit: the longest window document that fits the room left (the oldest among equals).
   for (;;) {
     fill();
-    const int64_t room = T - used;
+    const int64_t room = cap - used;
     auto best = window_.end();
     int64_t best_len = 0;
     for (auto it = window_.begin(); it != window_.end(); ++it) {
@@ -263,7 +263,7 @@ void DataLoader::pack_whole_row(RowPlan& plan) {
     used += best_len;
     window_.erase(best);
   }
-  plan.pad = static_cast<int32_t>(T + 1 - used);
+  plan.pad = static_cast<int32_t>(cap - used);
 }
 
 PackedRow DataLoader::materialize(const RowPlan& plan) {

@@ -8,13 +8,14 @@
 //   starts with it, so every token of the data is an input exactly once and rows carry no padding
 //   (the stream never ends: the next epoch follows the last document). A piece of a document cut
 //   by a row boundary is its own sequence: positions restart at 0, no attention across the cut.
-// - whole: a document that fits in a row's T input positions is never cut. Each row starts with
-//   the oldest document of a look-ahead window of `packing_window` documents (taken from the
-//   stream in order), then the longest window document that fits the room left is added, again
-//   and again, until none fits; the rest of the row is padding (EOT tokens that are no target,
-//   at least row position T). A document longer than T is cut as in stream mode, a row at a
-//   time. Deterministic: the window depends only on the data, seed, shuffle, T and the window
-//   size. For data whose documents must stay whole (conversations with loss masks).
+// - whole: a document that fits in a row (T+1 tokens: it may end on row position T, its EOT then
+//   only a target) is never cut. Each row starts with the oldest document of a look-ahead window
+//   of `packing_window` documents (taken from the stream in order), then the longest window
+//   document that fits the room left is added, again and again, until none fits; the rest of
+//   the row is padding (EOT tokens that are no target). A longer document is cut as in stream
+//   mode, a row at a time. Deterministic: the window depends only on the data, seed, shuffle, T
+//   and the window size. For data whose documents must stay whole (conversations with loss
+//   masks, evaluation on whole documents).
 //
 // Global order: the loader produces one stream of rows that depends only on the data, seed,
 // shuffle, packing and T, never on the layout. Global batch b holds rows [b·R, (b+1)·R), R =

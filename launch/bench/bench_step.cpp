@@ -90,15 +90,24 @@ BenchStepResult measure_bench_step(const TrainOptions& o, const RankContext& ctx
   if (be.device() == Device::kCUDA)
     r.memory_plan_bytes = plan_memory(o, layout_of(o, ctx.world()), true).total;
   for (int64_t i = 0; i < o.bench.warmup; ++i) trainer.step();
-  std::vector<double> ms, tps, syncs, flops;
+  std::vector<double> ms, tps, pps, syncs, flops, tokens, positions;
+  double sum_tokens = 0, sum_positions = 0;
   for (int64_t i = 0; i < o.bench.steps; ++i) {
     const StepStats s = trainer.step();
     ms.push_back(s.ms);
     tps.push_back(s.tokens_per_s);
+    pps.push_back(s.positions / (s.ms / 1000.0));
     syncs.push_back(static_cast<double>(s.syncs.total()));
     flops.push_back(s.model_flops);
-    r.tokens_per_step = s.tokens;
+    tokens.push_back(static_cast<double>(s.tokens));
+    positions.push_back(static_cast<double>(s.positions));
+    sum_tokens += static_cast<double>(s.tokens);
+    sum_positions += static_cast<double>(s.positions);
   }
+  r.tokens_per_step = static_cast<int64_t>(median(tokens));
+  r.positions_per_step = static_cast<int64_t>(median(positions));
+  r.padding = sum_positions > 0 ? 1.0 - sum_tokens / sum_positions : 0.0;
+  r.positions_per_s = median(pps);
 #if HOTPATH_HAVE_CUDA
   if (be.device() == Device::kCUDA) {
     r.gemm_tuned_buckets = cuda_gemm_tuned_buckets(be);
@@ -175,16 +184,20 @@ std::string bench_step_table(const BenchStepResult& r) {
   char buf[512];
   std::snprintf(buf, sizeof(buf),
                 "bench step: backend=%s attention=%s world=%d reductions=%s tokens/step=%lld "
-                "steps=%lld (warm-up %lld)\n  %s\n",
+                "(document tokens of %lld positions, padding %.2f%%) steps=%lld (warm-up %lld)\n"
+                "  %s\n",
                 r.backend.c_str(), r.attention.c_str(), r.world, r.reduction_stream.c_str(),
-                static_cast<long long>(r.tokens_per_step), static_cast<long long>(r.steps),
+                static_cast<long long>(r.tokens_per_step),
+                static_cast<long long>(r.positions_per_step), 100 * r.padding,
+                static_cast<long long>(r.steps),
                 static_cast<long long>(r.warmup), r.data.c_str());
   out += buf;
-  std::snprintf(buf, sizeof(buf), "%-10s %10s %12s %11s %7s %9s\n", "variant", "ms/step",
-                "tokens/s", "syncs/step", "MFU", "busy");
+  std::snprintf(buf, sizeof(buf), "%-10s %10s %12s %8s %11s %7s %9s\n", "variant", "ms/step",
+                "tokens/s", "padding", "syncs/step", "MFU", "busy");
   out += buf;
-  std::snprintf(buf, sizeof(buf), "%-10s %10.2f %12.1f %11.0f %6.1f%% %8.1f%%\n", "step", r.ms,
-                r.tokens_per_s, r.syncs, 100 * r.mfu, 100 * r.busy_fraction);
+  std::snprintf(buf, sizeof(buf), "%-10s %10.2f %12.1f %7.2f%% %11.0f %6.1f%% %8.1f%%\n", "step",
+                r.ms, r.tokens_per_s, 100 * r.padding, r.syncs, 100 * r.mfu,
+                100 * r.busy_fraction);
   out += buf;
   std::snprintf(buf, sizeof(buf),
                 "idle in a timed step: %.2f ms; profiled steps (host overhead included): %lld, "
@@ -270,9 +283,12 @@ std::string bench_step_json(const BenchStepResult& r) {
   j["world"] = r.world;
   j["reduction_stream"] = r.reduction_stream;
   j["tokens_per_step"] = r.tokens_per_step;
+  j["positions_per_step"] = r.positions_per_step;
+  j["padding"] = r.padding;
   j["steps"] = r.steps;
   j["ms_per_step"] = r.ms;
   j["tokens_per_s"] = r.tokens_per_s;
+  j["positions_per_s"] = r.positions_per_s;
   j["syncs_per_step"] = r.syncs;
   j["mfu"] = r.mfu;
   j["gpu_busy_fraction"] = r.busy_fraction;

@@ -18,8 +18,12 @@ int run_bench(const std::string& scenario, const TrainOptions& o, const RankCont
 struct BenchStepResult {
   std::string backend, attention, data;
   int world = 1;
-  int64_t tokens_per_step = 0, steps = 0, warmup = 0;
-  double ms = 0, tokens_per_s = 0, syncs = 0, mfu = 0;  // medians of the timed steps
+  // Document tokens (padding left out; StepStats) and input positions per step: medians of the
+  // timed steps; padding: the padded fraction of the timed steps' positions.
+  int64_t tokens_per_step = 0, positions_per_step = 0, steps = 0, warmup = 0;
+  double padding = 0;
+  // Medians of the timed steps; tokens_per_s and mfu count document tokens and their FLOPs.
+  double ms = 0, tokens_per_s = 0, positions_per_s = 0, syncs = 0, mfu = 0;
   StepProfile profile;                                  // mean over the profiled steps
   int64_t profiled_steps = 0;
   // Device time with work running over the timed step: the profiled steps' busy time (kernel

@@ -57,6 +57,8 @@ DataConfig make_data_config(const TrainOptions& o, int rank, int world) {
   d.world = world;
   d.seed = o.run.seed;
   d.shuffle = o.data.shuffle;
+  d.packing = o.data.packing;
+  d.packing_window = o.data.packing_window;
   // Default: every id below the EOT is a content token.
   d.synthetic_vocab = o.data.synthetic_vocab > 0 ? o.data.synthetic_vocab : d.eot_token;
   d.synthetic_zipf = o.data.synthetic_zipf;
@@ -66,7 +68,7 @@ DataConfig make_data_config(const TrainOptions& o, int rank, int world) {
 }
 
 double step_model_flops(const ModelConfig& c, const PackedBatch& batch) {
-  double flops = 6.0 * static_cast<double>(count_params(c).active) * batch.num_tokens();
+  double flops = 6.0 * static_cast<double>(count_params(c).active) * batch.num_doc_tokens;
   for (int l = 0; l < c.n_layers; ++l)
     flops += 12.0 * batch.attention_pairs(c.window_for_layer(l)) * c.head_dim * c.n_heads;
   return flops;

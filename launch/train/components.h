@@ -20,8 +20,9 @@ int64_t visible_device_bytes(const TrainOptions& o, int local_rank);
 DataConfig make_data_config(const TrainOptions& o, int rank, int world);
 ModelOptions make_model_options(const TrainOptions& o);
 
-// Training FLOPs of one step on this batch (ARCHITECTURE §8): 6 * N_active * tokens plus the
-// attention score and value products of the packed documents, forward and backward (3x).
+// Training FLOPs of one step on this batch's documents: 6 * N_active * document tokens plus the
+// attention score and value products of the document pieces, forward and backward (3x). The
+// padding's work is not counted (docs/benchmarks.md, "What is counted").
 double step_model_flops(const ModelConfig& c, const PackedBatch& batch);
 // Dense bf16 peak of the H100/H200 that MFU is quoted against.
 constexpr double kPeakBf16Flops = 989e12;

@@ -65,7 +65,7 @@ std::string step_log_line(const StepStats& s, bool moe) {
   return str_cat("step=", s.step, " loss=", fmt_sig(s.loss),
                  moe ? " aux_loss=" + fmt_sig(s.aux_loss) : "", " lr=", fmt_sig(s.lr, 3),
                  " grad_norm=", fmt_sig(s.grad_norm, 3), " tok/s=", fmt_sig(s.tokens_per_s, 5),
-                 " ms=", fmt_sig(s.ms, 4), s.mfu > 0 ? " mfu=" + fmt_sig(100 * s.mfu, 3) + "%" : "",
+                 " pad=", fmt_sig(100 * s.padding, 3), "%", " ms=", fmt_sig(s.ms, 4), s.mfu > 0 ? " mfu=" + fmt_sig(100 * s.mfu, 3) + "%" : "",
                  " syncs=", s.syncs.total(),
                  s.skipped_steps > 0 ? str_cat(" skipped=", s.skipped_steps) : "",
                  s.copies ? copies_log_fields(*s.copies) : "");
@@ -85,6 +85,8 @@ std::string step_json(const StepStats& s, bool moe) {
   if (s.mfu > 0) j["mfu"] = number(s.mfu);
   j["ms"] = number(s.ms);
   j["tokens"] = s.tokens;
+  j["positions"] = s.positions;
+  j["padding"] = number(s.padding);
   j["syncs"] = syncs_json(s.syncs);
   Json opt = Json::object();
   opt["dense"] = s.optimizer_state_bytes_dense;

@@ -1,8 +1,9 @@
 // What a training step reports (StepStats), and where it goes: one line in the log on rank 0,
 // and one JSON object per step in the metrics file (metrics_path, JSON Lines).
 //
-// The JSON object: step, loss, aux_loss (MoE only), lr, grad_norm, tokens_per_s, ms, tokens,
-// syncs {metadata, routing, offload, loss, other}, optimizer_state_bytes {dense, expert} (this
+// The JSON object: step, loss, aux_loss (MoE only), lr, grad_norm, tokens_per_s, mfu (GPU only),
+// ms, tokens, positions, padding, syncs {metadata, routing, offload, loss, other},
+// optimizer_state_bytes {dense, expert} (this
 // rank's fp32 masters and AdamW moments, counted from their allocations: with
 // optimizer_sharding=zero1 its shards), and with offload a `lane` object (the copy arbiter's
 // stats, CopyArbiterStats). A step whose loss or gradient norm is not finite is
@@ -34,10 +35,16 @@ struct StepStats {
   bool skipped = false;
   int64_t skipped_steps = 0;  // skipped steps of the run so far, this one included
   double ms = 0;
-  double tokens_per_s = 0;
-  int64_t tokens = 0;         // global tokens in the step
+  // Throughput counts document tokens: input positions that hold a document's token. Padding
+  // is not work, so it is in `positions` and `padding` only.
+  double tokens_per_s = 0;    // global document tokens per second
+  int64_t tokens = 0;         // global document tokens in the step
+  int64_t positions = 0;      // global input positions in the step, padding included
+  double padding = 0;         // 1 - tokens / positions
   int64_t valid_targets = 0;  // global
-  double model_flops = 0;     // global: 6 * active params * tokens + causal attention FLOPs
+  // Global: 6 * active params * document tokens + the causal attention FLOPs of the document
+  // pieces (components.h, step_model_flops).
+  double model_flops = 0;
   // CUDA: model FLOPs per GPU per second over the bf16 peak (kPeakBf16Flops); 0 on the CPU.
   double mfu = 0;
   SyncCounter syncs;
@@ -48,8 +55,9 @@ struct StepStats {
   std::optional<CopyArbiterStats> copies;
 };
 
-// The step line of the log: "step=3 loss=... lr=... grad_norm=... tok/s=... ms=... syncs=N"
-// (+ aux_loss for MoE, + mfu=P% on a GPU, + the copy arbiter's compact fields with offload).
+// The step line of the log: "step=3 loss=... lr=... grad_norm=... tok/s=... pad=P% ms=...
+// syncs=N" (tok/s: document tokens; + aux_loss for MoE, + mfu=P% on a GPU, + the copy arbiter's
+// compact fields with offload).
 std::string step_log_line(const StepStats& s, bool moe);
 
 // The JSON object of one step, on one line (no newline).

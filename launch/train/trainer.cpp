@@ -156,10 +156,18 @@ StepStats Trainer::step() {
   PackedBatch batch = loader_->next();
   BatchMeta meta = be.upload_batch(batch);
   // The loss is a mean over the global batch: the count of valid targets is summed over ranks
-  // on the host (known from the packed metadata, no device sync).
-  Tensor counts = Tensor::host_from(std::vector<int64_t>{batch.num_valid_targets}, DType::kI64);
+  // on the host (known from the packed metadata, no device sync), and with it the document
+  // tokens and their FLOPs, which the step's throughput and MFU count (integers, exact in f64).
+  Tensor counts = Tensor::host_from(
+      std::vector<double>{static_cast<double>(batch.num_valid_targets),
+                          static_cast<double>(batch.num_doc_tokens),
+                          step_model_flops(o_.model, batch)},
+      DType::kF64);
   if (ctx_.world() > 1) ctx_.groups.world->all_reduce(counts, ReduceOp::kSum);
-  st.valid_targets = counts.data<int64_t>()[0];
+  st.valid_targets = static_cast<int64_t>(counts.data<double>()[0]);
+  st.tokens = static_cast<int64_t>(counts.data<double>()[1]);
+  st.model_flops = counts.data<double>()[2];
+  st.positions = batch.num_tokens() * ctx_.world();
   const double grad_scale =
       st.valid_targets > 0 ? 1.0 / static_cast<double>(st.valid_targets) : 0.0;
 
@@ -256,8 +264,6 @@ StepStats Trainer::step() {
   }
 
   // ---- stats of the step ----
-  st.tokens = batch.num_tokens() * ctx_.world();
-  st.model_flops = step_model_flops(o_.model, batch) * ctx_.world();
   // nonfinite=skip: the step counts as done (its batch is consumed, the LR schedule moves on),
   // but nothing was updated; abort: nothing moves and the run stops.
   if (!st.finite && o_.run.nonfinite == NonfinitePolicy::kSkip) {
@@ -277,6 +283,7 @@ StepStats Trainer::step() {
   if (copy_arbiter_) st.copies = copy_arbiter_->stats();
   st.ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
   st.tokens_per_s = st.tokens / (st.ms / 1000.0);
+  st.padding = st.positions > 0 ? 1.0 - static_cast<double>(st.tokens) / st.positions : 0.0;
   if (be.device() == Device::kCUDA)
     st.mfu = st.model_flops / ctx_.world() / (st.ms / 1000.0) / kPeakBf16Flops;
   return st;

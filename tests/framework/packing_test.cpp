@@ -85,26 +85,28 @@ TEST(Packing, WholeRowsByHand) {
   c.packing_window = 2;
   auto loader = DataLoader::open(c);
   const PackedBatch b = loader->next();
-  // doc0 is longer than a row: two row-sized pieces, then its last 4 tokens start row 2, which
-  // doc1 fills to 7 (doc2 does not fit; 2 padding tokens). Row 3: doc2, then the best fit in the
-  // window {epoch 1's doc0, doc1} for the 3 tokens left is doc1 (1 padding token at row[T]).
+  // doc0 is longer than a row: two row-sized pieces, then its last 4 tokens start row 2, where
+  // the best fit in the window {doc1, doc2} for the 5 tokens left is doc2, whose EOT lands on
+  // row position T (a target only). Row 3: doc1, then the best fit in {epoch 1's doc0, doc1}
+  // for the 6 tokens left is doc1; 3 padding tokens.
   EXPECT_EQ(b.inputs, (std::vector<int32_t>{1,  2,  3,  4,  5,  6,  7,  8,   //
                                             9,  10, 11, 12, 13, 14, 15, 16,  //
-                                            17, 18, 19, kE, 30, 31, kE, kE,  //
-                                            40, 41, 42, 43, kE, 30, 31, kE}));
+                                            17, 18, 19, kE, 40, 41, 42, 43,  //
+                                            30, 31, kE, 30, 31, kE, kE, kE}));
   EXPECT_EQ(b.targets, (std::vector<int32_t>{2,  3,  4,  5,  6,  7,  8,  9,   //
                                              10, 11, 12, 13, 14, 15, 16, 17,  //
-                                             18, 19, kE, I,  31, kE, I,  I,   //
-                                             41, 42, 43, kE, I,  31, kE, I}));
+                                             18, 19, kE, I,  41, 42, 43, kE,  //
+                                             31, kE, I,  31, kE, I,  I,  I}));
   EXPECT_EQ(b.positions, (std::vector<int32_t>{0, 1, 2, 3, 4, 5, 6, 7,  //
                                                0, 1, 2, 3, 4, 5, 6, 7,  //
-                                               0, 1, 2, 3, 0, 1, 2, 0,  //
-                                               0, 1, 2, 3, 4, 0, 1, 2}));
-  EXPECT_EQ(b.cu_seqlens, (std::vector<int32_t>{0, 8, 16, 20, 23, 24, 29, 32}));
-  EXPECT_EQ(b.seq_is_pad, (std::vector<uint8_t>{0, 0, 0, 0, 1, 0, 0}));
-  EXPECT_EQ(b.num_doc_tokens, 31);
-  // The padding piece does no document work: its single position adds no attention pair.
-  EXPECT_DOUBLE_EQ(b.attention_pairs(0), 2 * 36 + 10 + 6 + 15 + 6);
+                                               0, 1, 2, 3, 0, 1, 2, 3,  //
+                                               0, 1, 2, 0, 1, 2, 0, 1}));
+  EXPECT_EQ(b.cu_seqlens, (std::vector<int32_t>{0, 8, 16, 20, 24, 27, 30, 32}));
+  EXPECT_EQ(b.seq_is_pad, (std::vector<uint8_t>{0, 0, 0, 0, 0, 0, 1}));
+  EXPECT_EQ(b.num_doc_tokens, 30);
+  EXPECT_EQ(b.num_valid_targets, 8 + 8 + 7 + 4);
+  // The padding piece does no document work: its two positions add no attention pair.
+  EXPECT_DOUBLE_EQ(b.attention_pairs(0), 2 * 36 + 10 + 10 + 6 + 6);
   const LoaderState s = loader->state();
   EXPECT_EQ(s.packing, Packing::kWhole);
   EXPECT_EQ(s.window, (std::vector<int64_t>{0, 2}));  // epoch 1's doc0 and doc2 wait
@@ -158,36 +160,43 @@ TEST(Packing, StreamCountsEveryTokenTakenFromTheFileOnce) {
   EXPECT_GT(taken, n);
 }
 
-// Whole packing: every document that fits a row arrives whole, each once per epoch and in full,
-// and the batches count exactly the tokens of the documents they hold (counted from the file).
+// Whole packing: every document that fits a row arrives whole, none more often than the epochs
+// allow, and the batches count exactly the input positions of the documents they hold: every
+// token of a held document, less the EOTs that end a row (row position T is a target only).
 TEST(Packing, WholeKeepsDocumentsWholeAndCountsTheirTokens) {
   TempDir dir;
-  const Corpus corpus = random_corpus(200, 2, 8, 5);  // all fit a row of T = 8
+  const Corpus corpus = random_corpus(200, 2, 9, 5);  // all fit a row of T + 1 = 9 tokens
   const std::string path = dir.file("c.h5");
   write_h5_tokens(path, corpus.docs);
   DataConfig c = file_config(path, Packing::kWhole);
   c.packing_window = 6;
   auto loader = DataLoader::open(c);
   std::map<std::vector<int32_t>, int> seen;  // document contents -> times seen
-  int64_t counted = 0, held = 0, positions = 0;
-  for (int b = 0; b < 60; ++b) {  // 1,920 positions: about two epochs of ~1,000 tokens
+  int64_t counted = 0, held = 0, eot_at_row_end = 0, positions = 0;
+  for (int b = 0; b < 60; ++b) {  // 1,920 positions: about two epochs of ~1,100 tokens
     const PackedBatch x = loader->next();
     counted += x.num_doc_tokens;
     positions += x.num_tokens();
     for (int64_t s = 0; s < x.num_seqs(); ++s) {
+      const int32_t begin = x.cu_seqlens[s], end = x.cu_seqlens[s + 1];
       if (x.seq_is_pad[s]) {
-        for (int32_t t = x.cu_seqlens[s]; t < x.cu_seqlens[s + 1]; ++t) ASSERT_EQ(x.inputs[t], kE);
+        for (int32_t t = begin; t < end; ++t) ASSERT_EQ(x.inputs[t], kE);
         continue;
       }
-      const std::vector<int32_t> piece(x.inputs.begin() + x.cu_seqlens[s],
-                                       x.inputs.begin() + x.cu_seqlens[s + 1]);
-      ASSERT_EQ(piece.back(), kE) << "a document ends each piece: none was cut";
-      ++seen[piece];
-      held += static_cast<int64_t>(piece.size());
+      std::vector<int32_t> doc(x.inputs.begin() + begin, x.inputs.begin() + end);
+      if (doc.back() != kE) {
+        // The document runs to the row's end: its EOT is the last input's target.
+        ASSERT_EQ(end % 8, 0) << "only a row's last piece may end without its EOT";
+        ASSERT_EQ(x.targets[end - 1], kE) << "a document was cut";
+        doc.push_back(kE);
+        ++eot_at_row_end;
+      }
+      ++seen[doc];
+      held += static_cast<int64_t>(doc.size());
     }
   }
-  EXPECT_EQ(counted, held);
-  // The documents held are documents of the file, none more often than the epochs allow.
+  EXPECT_EQ(counted, held - eot_at_row_end);
+  EXPECT_GT(eot_at_row_end, 0);
   std::map<std::vector<int32_t>, int> in_file;
   for (const auto& d : corpus.docs) ++in_file[d];
   const int64_t epochs = positions / static_cast<int64_t>(corpus.stream.size()) + 1;

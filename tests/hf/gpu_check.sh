@@ -21,7 +21,7 @@ for m in llama qwen3 gptoss; do
     --device="$DEVICE" --checkpoint_dir="$W/${m}_ft" --log_every=1
   "$HP" export-hf "$W/${m}_ft" --out "$W/${m}_bf16" --dtype bf16
   "$HP" eval --config "$W/$m.ini" --checkpoint "$W/${m}_ft" --data "$FX/$m/tokens.h5" \
-    --seq_len=16 --batch_tokens=64 --batches=1 --shuffle=false --eot_token=95 --device="$DEVICE" \
+    --seq_len=16 --batch_tokens=64 --batches=1 --shuffle=false --packing=whole --eot_token=95 --device="$DEVICE" \
     --dump_logits="$W/$m.dump.safetensors"
   outliers=0
   [ "$m" = gptoss ] && outliers=2  # bf16 can flip a near-tie expert choice of a position

@@ -16,7 +16,9 @@ TEST(StepJson, HasTheDocumentedKeysInOrder) {
   s.aux_loss = 0.25;
   s.lr = 1e-3;
   s.grad_norm = 0.5;
-  s.tokens = 4096;
+  s.tokens = 3072;
+  s.positions = 4096;
+  s.padding = 0.25;
   s.syncs.add(SyncCause::kRouting, 4);
   s.syncs.add(SyncCause::kLoss, 1);
   s.optimizer_state_bytes_dense = 1200;
@@ -26,9 +28,14 @@ TEST(StepJson, HasTheDocumentedKeysInOrder) {
   for (auto it = j.begin(); it != j.end(); ++it) keys.push_back(it.key());
   EXPECT_EQ(keys,
             (std::vector<std::string>{"step", "loss", "aux_loss", "lr", "grad_norm", "tokens_per_s",
-                                      "ms", "tokens", "syncs", "optimizer_state_bytes"}));
+                                      "ms", "tokens", "positions", "padding", "syncs",
+                                      "optimizer_state_bytes"}));
   EXPECT_EQ(j["step"], 7);
   EXPECT_DOUBLE_EQ(j["loss"].get<double>(), 1.5);
+  EXPECT_EQ(j["tokens"], 3072);
+  EXPECT_EQ(j["positions"], 4096);
+  EXPECT_DOUBLE_EQ(j["padding"].get<double>(), 0.25);
+  EXPECT_NE(step_log_line(s, true).find(" pad=25% "), std::string::npos) << step_log_line(s, true);
   EXPECT_EQ(j["syncs"]["routing"], 4);
   EXPECT_EQ(j["syncs"]["loss"], 1);
   EXPECT_EQ(j["syncs"].size(), 5u);
