@@ -11,7 +11,7 @@
 #include "framework/core/error.h"
 #include "launch/hf/safetensors.h"
 #include "launch/tools/tools.h"
-#include "launch/train/checkpoint.h"
+#include "launch/train/run_checkpoint.h"
 #include "launch/train/trainer.h"
 
 namespace hp {

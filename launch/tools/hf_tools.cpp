@@ -20,7 +20,7 @@
 #include "launch/hf/safetensors.h"
 #include "launch/options.h"
 #include "launch/tools/tools.h"
-#include "launch/train/checkpoint.h"
+#include "launch/train/run_checkpoint.h"
 
 namespace po = boost::program_options;
 namespace fs = std::filesystem;

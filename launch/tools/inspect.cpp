@@ -8,7 +8,7 @@
 #include "framework/model/config.h"
 #include "launch/options.h"
 #include "launch/tools/tools.h"
-#include "launch/train/checkpoint.h"
+#include "launch/train/run_checkpoint.h"
 
 namespace hp {
 namespace {

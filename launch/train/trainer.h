@@ -10,10 +10,10 @@
 #include "framework/data/loader.h"
 #include "framework/model/model.h"
 #include "launch/options.h"
-#include "launch/train/checkpoint.h"
 #include "launch/train/components.h"
 #include "launch/train/metrics.h"
 #include "launch/train/rank_context.h"
+#include "launch/train/run_checkpoint.h"
 #include "optim/adamw.h"
 #include "optim/lr_schedule.h"
 #include "parallel/grad_sync.h"
@@ -49,7 +49,7 @@ class Trainer {
   bool last_update_overflowed() const { return update_overflowed_; }
   const TrainOptions& options() const { return o_; }
   const RankContext& context() const { return ctx_; }
-  // What a checkpoint saves and restores (launch/train/checkpoint.h).
+  // What a checkpoint saves and restores (launch/train/run_checkpoint.h).
   RunState run_state();
   void set_position(const RunPosition& p);
 

@@ -14,7 +14,7 @@
 #include "framework/core/error.h"
 #include "launch/options.h"
 #include "launch/tools/tools.h"
-#include "launch/train/checkpoint.h"
+#include "launch/train/run_checkpoint.h"
 #include "launch/train/trainer.h"
 #include "tests/common/launch_fixtures.h"
 

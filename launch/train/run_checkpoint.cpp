@@ -1,4 +1,4 @@
-#include "launch/train/checkpoint.h"
+#include "launch/train/run_checkpoint.h"
 
 #include <hdf5.h>
 #include <sys/stat.h>

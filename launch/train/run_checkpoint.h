@@ -1,5 +1,6 @@
-// Checkpoints of a run: save, load and the resume policy, through framework/checkpoint (one HDF5
-// file per checkpoint, layout in docs/checkpoints.md).
+// The checkpoints of a training run: saving, loading, resuming and init_from, through
+// framework/checkpoint (which knows files, not runs: one HDF5 file per checkpoint, layout in
+// docs/checkpoints.md).
 //
 // What a checkpoint holds: every parameter's fp32 master, AdamW m and v (global shapes), the
 // step, tokens seen, the data loader's position (world-size independent), the seed (the key of
