@@ -169,17 +169,18 @@ int64_t DataLoader::document_at(int64_t k) const {
 int64_t DataLoader::take_document() {
   const int64_t doc = document_at(next_doc_);
   if (++next_doc_ == num_docs_) {
-    // Once per batch at most: a data set smaller than a batch would say it for every pass.
-    if (epoch_logged_batch_ != batches_) {
-      log_info("data: epoch ", epoch_, " done (", num_docs_, " documents, ",
-               source_->num_tokens(), " tokens) during global batch ", batches_,
-               "; starting epoch ", epoch_ + 1);
-    } else if (!small_data_warned_) {
+    // A data set smaller than a batch would say it for every pass: its second pass within one
+    // batch gives one warning instead, and no epoch line after it.
+    if (!small_data_warned_ && epoch_logged_batch_ == batches_) {
       log_warn("data: ", source_->describe(), " holds ", source_->num_tokens(),
                " tokens, fewer than one global batch's ",
                config_.rows_per_batch * config_.seq_len,
                " positions: every batch passes over it more than once (no further epoch lines)");
       small_data_warned_ = true;
+    } else if (!small_data_warned_) {
+      log_info("data: epoch ", epoch_, " done (", num_docs_, " documents, ",
+               source_->num_tokens(), " tokens) during global batch ", batches_,
+               "; starting epoch ", epoch_ + 1);
     }
     epoch_logged_batch_ = batches_;
     start_epoch(epoch_ + 1);

@@ -370,6 +370,29 @@ TEST(Packing, LossMasksSurviveTheStreamCut) {
   EXPECT_GT(cut_targets_dropped, 0);
 }
 
+// Data smaller than a batch passes many epochs a batch: one "epoch done" line and one warning
+// that says so, not a line per pass.
+TEST(Packing, DataSmallerThanABatchSaysSoOnce) {
+  TempDir dir;
+  const std::string path = dir.file("tiny.h5");
+  write_h5_tokens(path, {{5, kE}});  // one document of two tokens
+  for (Packing p : {Packing::kStream, Packing::kWhole}) {
+    SCOPED_TRACE(packing_name(p));
+    auto loader = DataLoader::open(file_config(path, p));
+    testing::internal::CaptureStderr();
+    for (int b = 0; b < 3; ++b) loader->next();  // 96 positions: dozens of passes
+    const std::string err = testing::internal::GetCapturedStderr();
+    size_t lines = 0;
+    for (size_t at = err.find("done ("); at != std::string::npos; at = err.find("done (", at + 1))
+      ++lines;
+    EXPECT_EQ(lines, 1u) << "the first epoch's line only:\n" << err;
+    EXPECT_NE(err.find("fewer than one global batch"), std::string::npos) << err;
+    EXPECT_EQ(err.find("fewer than one global batch"), err.rfind("fewer than one global batch"))
+        << "the warning comes once:\n" << err;
+    EXPECT_GT(loader->state().epoch, 20);
+  }
+}
+
 TEST(Packing, BadWindowAndOldStates) {
   DataConfig c;
   c.vocab_size = 64;

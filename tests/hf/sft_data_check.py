@@ -34,6 +34,8 @@ with open(inp, "w") as f:
     for c in chats:
         f.write(json.dumps(c) + "\n")
 out = os.path.join(work, "sft.h5")
+if os.path.exists(out):  # this test's own output of an earlier run: the tool never replaces it
+    os.remove(out)
 tool = os.path.join(os.path.dirname(__file__), "..", "..", "launch", "tools", "sft_data.py")
 subprocess.run([sys.executable, tool, "--tokenizer", tok_path, "--eot", "<eot>", "--in", inp,
                 "--out", out, "--template", "plain"], check=True)
