@@ -1,12 +1,9 @@
 #include "launch/cpu_threads.h"
 
 #include <omp.h>
-#include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <cstdlib>
-#include <cstring>
 
 #include "framework/core/error.h"
 #include "framework/core/log.h"
@@ -14,17 +11,10 @@
 namespace hp {
 namespace {
 
-constexpr const char* kMarker = "HOTPATH_OMP_DEFAULTS";
-
-// What apply_omp_defaults() found on the second start: the marker's value, "K=V,K=V" of the
-// variables hotpath set (empty when it set none); and errno of a failed re-execution.
+// "K=V,K=V" of the variables apply_omp_defaults() set (empty when it set none).
 std::string& applied() {
   static std::string s;
   return s;
-}
-int& exec_errno() {
-  static int e = 0;
-  return e;
 }
 
 bool chosen(const std::string& var) {
@@ -57,30 +47,19 @@ OmpDefaults choose_omp_defaults(const EnvLookup& env) {
     const char* v = env(var);
     return v == nullptr || *v == '\0';
   };
-  if (unset("OMP_WAIT_POLICY")) d.set.emplace_back("OMP_WAIT_POLICY", "passive");
   if (unset("OMP_NUM_THREADS") && d.local_ranks > 1) d.set.emplace_back("OMP_NUM_THREADS", "1");
   return d;
 }
 
-void apply_omp_defaults(char** argv) {
-  if (const char* m = std::getenv(kMarker)) {
-    applied() = m;
-    ::unsetenv(kMarker);  // programs this one starts choose for themselves
-    return;
-  }
+void apply_omp_defaults() {
   const OmpDefaults d = choose_omp_defaults([](const char* k) { return std::getenv(k); });
-  if (d.set.empty()) return;
-  std::string marker;
+  std::string set;
   for (const auto& [k, v] : d.set) {
     ::setenv(k.c_str(), v.c_str(), 1);
-    marker += (marker.empty() ? "" : ",") + k + "=" + v;
+    if (k == "OMP_NUM_THREADS") omp_set_num_threads(std::atoi(v.c_str()));
+    set += (set.empty() ? "" : ",") + k + "=" + v;
   }
-  ::setenv(kMarker, marker.c_str(), 1);
-  ::execv("/proc/self/exe", argv);
-  // Still here: exec failed. Run with the runtime as loaded; the variables stay set for any
-  // program this one starts.
-  exec_errno() = errno != 0 ? errno : ENOEXEC;
-  ::unsetenv(kMarker);
+  applied() = set;
 }
 
 std::string describe_cpu_threads() {
@@ -90,14 +69,10 @@ std::string describe_cpu_threads() {
   } catch (const UserError&) {
   }
   const char* policy = std::getenv("OMP_WAIT_POLICY");
-  std::string s = str_cat("cpu threads: ", omp_get_max_threads(), " per rank (",
-                          who("OMP_NUM_THREADS", str_cat(" for ", local, " ranks on this node")),
-                          "), idle threads ", policy != nullptr ? policy : "spin, then sleep", " (",
-                          who("OMP_WAIT_POLICY"), ")");
-  if (exec_errno() != 0)
-    s += str_cat("; these could not take effect: re-executing /proc/self/exe failed: ",
-                 std::strerror(exec_errno()));
-  return s;
+  return str_cat("cpu threads: ", omp_get_max_threads(), " per rank (",
+                 who("OMP_NUM_THREADS", str_cat(" for ", local, " ranks on this node")),
+                 "), idle threads ", policy != nullptr ? policy : "spin, then sleep", " (",
+                 who("OMP_WAIT_POLICY"), ")");
 }
 
 }  // namespace hp

@@ -1,15 +1,17 @@
-// OpenMP defaults for the CPU backend's threads, chosen before the OpenMP runtime starts.
+// OpenMP defaults for the CPU backend's threads, set at the start of main().
 //
-// The OpenMP runtimes read OMP_WAIT_POLICY and OMP_NUM_THREADS once, when they are loaded,
-// which is before main(). Their own defaults are poor for training jobs: idle threads spin for a
-// while before they sleep, so a process on a busy machine (or several ranks of a node) slows
-// itself and its neighbours down; and every rank of a node starts one thread per core, so N
-// ranks oversubscribe the cores N-fold. So hotpath, unless the user set them:
-//   OMP_WAIT_POLICY=passive   idle threads sleep at once;
-//   OMP_NUM_THREADS=1         when the launcher says several ranks share this node.
-// A variable the user set is never changed. When a default must be set, the program sets it in
-// its environment and executes itself again (same pid, same arguments), so the runtime starts
-// with it; HOTPATH_OMP_DEFAULTS marks the second start. The start-up log says what was chosen.
+// The OpenMP runtime's own defaults suit a machine of one's own: every process starts one thread
+// per core, so N ranks of one node oversubscribe the cores N-fold. So, unless the user set
+// OMP_NUM_THREADS, hotpath runs one thread per rank when the launcher says several ranks share
+// this node: omp_set_num_threads(1) on the thread that drives the backend (the only one that
+// starts OpenMP regions, BLAS included), and OMP_NUM_THREADS=1 in the environment for anything
+// it starts. A variable the user set is never changed.
+//
+// OMP_WAIT_POLICY is left to the user: the GNU runtime reads it when it is loaded, before main(),
+// and no call changes it afterwards. Unless it is set, idle threads spin a while before they
+// sleep (the runtime's default), which on a busy machine slows a process of several threads; one
+// thread per rank has no idle threads. Set OMP_WAIT_POLICY=passive to make them sleep at once.
+// The start-up log says what applies and who chose it.
 #pragma once
 
 #include <string>
@@ -28,14 +30,13 @@ struct OmpDefaults {
 // What to set, from the environment (tests pass a map): pure.
 OmpDefaults choose_omp_defaults(const EnvLookup& env);
 
-// Called first in main(): sets the defaults and re-executes the program when any is missing.
-// Returns (without re-executing) when nothing needs setting, on the second start, or when the
-// re-execution fails (the runtime's defaults then stay; describe_cpu_threads() says so).
-void apply_omp_defaults(char** argv);
+// Called first in main(): applies choose_omp_defaults() of the process environment to this
+// thread's OpenMP settings and to the environment.
+void apply_omp_defaults();
 
 // One line for the start-up log: threads per rank and wait policy, and who chose them, e.g.
 // "cpu threads: 1 per rank (OMP_NUM_THREADS=1 chosen for 2 ranks on this node), idle threads
-// passive (OMP_WAIT_POLICY=passive chosen)".
+// spin, then sleep (OMP_WAIT_POLICY unset: the OpenMP runtime's default)".
 std::string describe_cpu_threads();
 
 }  // namespace hp

@@ -148,12 +148,11 @@ int run(std::vector<std::string> args, int* argc, char*** argv) {
 
 int main(int argc, char** argv) {
   // Before anything else: SIGUSR1/SIGTERM only set a flag (a training run stops for them before
-  // its first step or at a step boundary, exit status 75). They stay blocked, pending, across
-  // the re-execution below and are delivered when unblocked after it.
+  // its first step or at a step boundary, exit status 75). One that arrives while they are
+  // blocked stays pending and is delivered when they are unblocked.
   hp::install_preemption_handlers();
   hp::maybe_inject_startup_signal();  // tests: HOTPATH_FAULT=sigterm:RANK:0
-  // May execute the program again with OpenMP defaults set (launch/cpu_threads.h).
-  hp::apply_omp_defaults(argv);
+  hp::apply_omp_defaults();           // threads per rank (launch/cpu_threads.h)
   hp::unblock_preemption_signals();
   hp::h5_skip_exit_handler();
   try {

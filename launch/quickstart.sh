@@ -14,5 +14,6 @@ if command -v mpirun >/dev/null 2>&1; then
   export OMP_NUM_THREADS=1
   hp_mpirun -np 2 -x OMP_NUM_THREADS build/cpu/bin/hotpath "${args[@]}" --ep_size=2
 else
+  export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}  # idle threads sleep at once
   build/cpu/bin/hotpath "${args[@]}"
 fi

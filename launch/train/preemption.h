@@ -14,8 +14,7 @@ namespace hp {
 constexpr int kRequeueExitCode = 75;
 
 // Blocks SIGUSR1 and SIGTERM and installs handlers that only set a flag (async-signal-safe).
-// A blocked signal stays pending, also across an exec of this program (launch/cpu_threads.h);
-// unblock_preemption_signals() delivers it to the handler.
+// A blocked signal stays pending; unblock_preemption_signals() delivers it to the handler.
 void install_preemption_handlers();
 void unblock_preemption_signals();
 // For commands that are not training runs: SIGUSR1 and SIGTERM end the process again (default
