@@ -626,28 +626,6 @@ void validate_train_options(const TrainOptions& o, int world) {
           "bench_warmup must be >= 0 and bench_steps >= 1");
 }
 
-const char* device_kind_name(DeviceKind d) {
-  switch (d) {
-    case DeviceKind::kCpu:
-      return "cpu";
-    case DeviceKind::kCuda:
-      return "cuda";
-    default:
-      return "auto";
-  }
-}
-
-std::string resume_spec_text(const ResumeSpec& r) {
-  switch (r.kind) {
-    case ResumeSpec::Kind::kAuto:
-      return "auto";
-    case ResumeSpec::Kind::kPath:
-      return r.path;
-    default:
-      return "none";
-  }
-}
-
 LaneOptions make_lane_options(const TrainOptions& o, const Backend* be) {
   LaneOptions l;
   l.enabled = o.offload.lane_arbiter;

@@ -200,10 +200,6 @@ std::vector<std::string> model_config_differences(const std::string& saved,
 // The value of `key` in a record ("" when absent).
 std::string model_config_value(const std::string& record, const std::string& key);
 
-// The names the keys take, for logs and records.
-const char* device_kind_name(DeviceKind d);
-std::string resume_spec_text(const ResumeSpec& r);
-
 // The lane arbiter's options from lane_arbiter, lane_chunk_mib, lane_inflight, pcie_groups; with
 // a backend, also this rank's host link (its device's PCIe root port, for pcie_groups=auto).
 LaneOptions make_lane_options(const TrainOptions& o, const Backend* be = nullptr);

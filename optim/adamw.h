@@ -13,7 +13,6 @@ struct AdamWConfig {
   double beta2 = 0.95;
   double eps = 1e-8;
   double weight_decay = 0.1;
-  double grad_clip = 1.0;  // global L2 norm; <= 0 disables clipping
 };
 
 // Sums of squared gradients, split by how the parameters are laid out across ranks: dense
@@ -28,7 +27,6 @@ double clip_coefficient(double grad_norm, double clip);
 class AdamW {
  public:
   explicit AdamW(AdamWConfig cfg) : cfg_(cfg) {}
-  const AdamWConfig& config() const { return cfg_; }
   // One update of every parameter at `step` (1-based) with learning rate lr; gradients are
   // multiplied by grad_scale first.
   void step(Backend& be, ParamRegistry& params, int64_t step, double lr, double grad_scale);

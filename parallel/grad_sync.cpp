@@ -49,7 +49,6 @@ void GradSync::reduce_via_host(Param& p, Communicator& comm, Tensor* shard) {
     comm.all_reduce(h, ReduceOp::kSum);
     be_.copy(h, p.grad);
   }
-  bytes_ += static_cast<int64_t>(p.grad.nbytes());
 }
 
 namespace {
@@ -129,7 +128,6 @@ void GradSync::reduce_one(Param& p, Communicator& comm, Tensor* shard) {
   } else {
     comm.all_reduce(p.grad, ReduceOp::kSum);
   }
-  bytes_ += static_cast<int64_t>(p.grad.nbytes());
 }
 
 void GradSync::reduce(const std::vector<Param*>& ps) {

@@ -60,7 +60,6 @@ class GradSync final : public GradReadyHook {
   // Reduces whatever has not been reduced yet this step and resets for the next step. Work
   // issued on the compute stream afterwards sees the reduced gradients.
   void finish();
-  int64_t bytes_reduced() const { return bytes_; }
   Backend::StreamKind stream() const { return stream_; }
 
  private:
@@ -85,7 +84,6 @@ class GradSync final : public GradReadyHook {
   DType wire_ = DType::kF32;
   Tensor wire_send_, wire_recv_;  // bf16 scratch
   Tensor sum_, part_;             // gradient-dtype scratch of the bf16 wire
-  int64_t bytes_ = 0;
   bool in_flight_ = false;  // reductions on stream_ that compute has not been ordered after yet
 };
 

@@ -32,9 +32,8 @@ class CopyArbiter;         // framework/backend/copy_arbiter.h
 enum class CopyDirection;  // framework/backend/copy_arbiter.h
 
 // The device-resident view of a PackedBatch, uploaded once per batch (no sync) and read by every
-// layer. `host` points at the batch it came from, which must outlive this object.
+// layer.
 struct BatchMeta {
-  const PackedBatch* host = nullptr;
   Tensor inputs;      // [N] i32
   Tensor targets;     // [N] i32, -1 ignored
   Tensor positions;   // [N] i32

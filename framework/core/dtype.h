@@ -45,8 +45,6 @@ inline const char* dtype_name(DType t) {
   return "?";
 }
 
-inline bool is_float(DType t) { return t == DType::kF32 || t == DType::kF64 || t == DType::kBF16; }
-
 inline const char* device_name(Device d) { return d == Device::kCPU ? "cpu" : "cuda"; }
 
 // bfloat16 storage with round-to-nearest-even conversion; arithmetic happens in float.

@@ -8,7 +8,7 @@
 
 namespace hp {
 
-enum class LogLevel { kDebug, kInfo, kWarn, kError };
+enum class LogLevel { kInfo, kWarn, kError };
 
 struct LogOptions {
   int rank = 0;
@@ -30,10 +30,6 @@ void log_warn(const Args&... args) {
 template <typename... Args>
 void log_error(const Args&... args) {
   log_line(LogLevel::kError, str_cat(args...));
-}
-template <typename... Args>
-void log_debug(const Args&... args) {
-  log_line(LogLevel::kDebug, str_cat(args...));
 }
 
 }  // namespace hp

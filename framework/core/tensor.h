@@ -94,7 +94,6 @@ class Tensor {
   // A flat view of numel elements starting at element `start`.
   Tensor flat_view(int64_t start, int64_t count) const;
 
-  bool same_shape(const Tensor& o) const { return shape_ == o.shape_; }
   std::string desc() const;
 
  private:

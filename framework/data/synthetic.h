@@ -76,8 +76,6 @@ class SyntheticSource final : public DocumentSource {
   int64_t rank_of(int32_t a, int32_t b, int32_t token) const;
 
   const SyntheticParams& params() const { return params_; }
-  double stop_probability() const { return p_; }
-  double zipf_entropy() const { return h_zipf_; }
 
  private:
   // Generation state inside one document: the next position and the two previous tokens.

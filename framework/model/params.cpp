@@ -28,10 +28,4 @@ const Param* ParamRegistry::find(const std::string& name) const {
   return nullptr;
 }
 
-int64_t ParamRegistry::local_numel() const {
-  int64_t n = 0;
-  for (auto& p : params_) n += p->numel();
-  return n;
-}
-
 }  // namespace hp

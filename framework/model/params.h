@@ -59,7 +59,6 @@ class ParamRegistry {
   const Param* find(const std::string& name) const;
   std::vector<std::unique_ptr<Param>>& all() { return params_; }
   const std::vector<std::unique_ptr<Param>>& all() const { return params_; }
-  int64_t local_numel() const;
 
  private:
   std::vector<std::unique_ptr<Param>> params_;

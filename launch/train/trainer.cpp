@@ -35,7 +35,7 @@ Trainer::Trainer(const TrainOptions& o, const RankContext& ctx)
     : o_(o),
       ctx_(ctx),
       opt_(AdamWConfig{o.optimizer.beta1, o.optimizer.beta2, o.optimizer.adam_eps,
-                       o.optimizer.weight_decay, o.optimizer.grad_clip}) {
+                       o.optimizer.weight_decay}) {
   validate_train_options(o_, ctx_.world());
   HP_CHECK(ctx_.groups.ep_size == o_.parallel.ep_size, "process groups built for ep_size ",
            ctx_.groups.ep_size, " but options say ", o_.parallel.ep_size);

@@ -91,9 +91,7 @@ class NcclCommunicator final : public Communicator {
   ~NcclCommunicator() override;
 
   Device device() const override { return Device::kCUDA; }
-  int cuda_device() const { return device_; }
   CUstream_st* stream() const { return stream_; }
-  ncclComm_t nccl_comm() const { return comm_; }
 
   // Reductions: f32, f64, bf16, i32, i64 (bf16 sums in NCCL's own order: identical on every
   // rank, not the host implementations' rank-order fold). Unlike the other collectives,

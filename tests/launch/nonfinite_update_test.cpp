@@ -124,7 +124,7 @@ TEST(UpdateCheck, CheckOnlyModeFlagsWhatTheUpdateWouldWrite) {
     for (float& x : v) x = normal(rng) * scale;
     return v;
   };
-  const AdamW opt(AdamWConfig{0.9, 0.95, 1e-8, 0.1, 1.0});
+  const AdamW opt(AdamWConfig{0.9, 0.95, 1e-8, 0.1});
   struct Case {
     double lr, grad_scale;
     float weight_scale, grad_size;

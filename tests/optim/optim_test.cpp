@@ -86,7 +86,7 @@ TEST(Overfit, TinyMoeMemorizesOneBatch) {
     }
   PackedBatch batch = PackedBatch::from_tokens(in, tg, pos, 32);
   BatchMeta meta = be->upload_batch(batch);
-  AdamW opt(AdamWConfig{0.9, 0.95, 1e-8, 0.0, 1.0});
+  AdamW opt(AdamWConfig{0.9, 0.95, 1e-8, 0.0});
   double first = 0, last = 0;
   for (int step = 1; step <= 150; ++step) {
     model.zero_grads();

@@ -19,7 +19,6 @@ files, `hotpath inspect` dataset digests and layout, checkpoint directories -- n
   hp_check.py damage SRC DST (--flip FILE | --truncate FILE BYTES | --latest TEXT)
   hp_check.py params --total N --active N [--rel R] -- CMD...
   hp_check.py signal --signal NAME --metrics FILE --after N [--rank R] --exit N -- CMD...
-  hp_check.py spawn --ranks N --style env|slurm --rendezvous PATH -- CMD... ({rank} in CMD)
   hp_check.py fs --at DIR (--size SIZE | --readonly) [--seed SRC]... [--keep DST] [--as-nobody]
                  [--exit N|nonzero] [--forbid REGEX]... -- CMD...
                   (runs CMD with a small tmpfs mounted at DIR -- full at SIZE, or read-only --
@@ -471,29 +470,6 @@ def cmd_signal(a):
     say(f"exit status {rc} as expected")
 
 
-def cmd_spawn(a):
-    for p in a.clean:
-        remove(p)
-    remove(a.rendezvous)
-    procs = []
-    base = {k: v for k, v in os.environ.items()
-            if not k.startswith(("OMPI_", "PMIX_", "SLURM_")) and k not in
-            ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")}
-    for r in range(a.ranks):
-        env = dict(base)
-        if a.style == "env":
-            env.update(RANK=str(r), WORLD_SIZE=str(a.ranks), LOCAL_RANK=str(r))
-        else:
-            env.update(SLURM_PROCID=str(r), SLURM_NTASKS=str(a.ranks), SLURM_LOCALID=str(r),
-                       SLURM_NNODES="1", SLURM_NODEID="0", SLURM_TASKS_PER_NODE=str(a.ranks))
-        cmd = [c.replace("{rank}", str(r)).replace("{rendezvous}", a.rendezvous) for c in a.cmd]
-        procs.append(subprocess.Popen(cmd, env=env, stderr=subprocess.STDOUT))
-    rcs = [p.wait() for p in procs]
-    say(f"{a.ranks} processes ({a.style} variables) exited {rcs}")
-    sys.exit(0 if all(rc == 0 for rc in rcs) else 1)
-
-
-
 # ---- file systems -------------------------------------------------------------------------------
 
 def as_nobody(cmd):
@@ -635,13 +611,6 @@ def main():
     p.add_argument("--timeout", type=float, default=240)
     p.add_argument("--clean", action="append", default=[])
     with_cmd(p)
-    p = sub.add_parser("spawn")
-    p.add_argument("--ranks", type=int, required=True)
-    p.add_argument("--style", choices=["env", "slurm"], required=True)
-    p.add_argument("--rendezvous", required=True)
-    p.add_argument("--clean", action="append", default=[])
-    with_cmd(p)
-
     p = sub.add_parser("fs")
     p.add_argument("--at", required=True)
     p.add_argument("--size")

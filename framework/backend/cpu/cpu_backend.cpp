@@ -366,7 +366,6 @@ class CpuBackend final : public Backend {
                  static_cast<size_t>(batch.cu_seqlens.back()) == n,
              "upload_batch: cu_seqlens must run from 0 to the token count ", n);
     BatchMeta meta;
-    meta.host = &batch;
     // Host memory is this backend's device memory: the host copies are the device tensors.
     meta.inputs = Tensor::host_from(batch.inputs, DType::kI32);
     meta.targets = Tensor::host_from(batch.targets, DType::kI32);

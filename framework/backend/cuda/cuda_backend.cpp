@@ -462,7 +462,6 @@ class CudaBackend final : public Backend {
 
     const std::shared_ptr<Storage>& st = extra->buffer.storage();
     BatchMeta meta;
-    meta.host = &batch;
     meta.inputs = Tensor(st, 0, {n}, DType::kI32);
     meta.targets = Tensor(st, off_targets, {n}, DType::kI32);
     meta.positions = Tensor(st, off_positions, {n}, DType::kI32);
