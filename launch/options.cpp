@@ -24,7 +24,7 @@ namespace {
 // has been read. The initial values are the defaults --help shows.
 struct RawEnums {
   std::string device = "auto";
-  std::string cpu_dtype = "f32";
+  std::string cpu_dtype = "fp32";
   std::string metadata = "cached";
   std::string routing = "bincount";
   std::string offload = "none";
@@ -54,12 +54,23 @@ E parse_enum(const char* key, const std::string& text, const Names<E>& names) {
   HP_USER_ERROR(ErrorKind::kConfig, "config key '", key, "': must be ", list, ", got '", text, "'");
 }
 
+// A dtype key's value: dtypes are spelled fp32, fp64 and bf16 in every key and flag. The
+// spellings f32 and f64 are refused naming the one that replaced them.
+DType parse_dtype(const char* key, const std::string& text, const Names<DType>& names) {
+  const char* now = text == "f32" ? "fp32" : text == "f64" ? "fp64" : nullptr;
+  if (now && std::any_of(names.begin(), names.end(),
+                         [&](const auto& n) { return std::string(n.first) == now; }))
+    HP_USER_ERROR(ErrorKind::kConfig, "config key '", key, "': '", text, "' is spelled '", now,
+                  "' (dtypes are fp32, fp64 and bf16)");
+  return parse_enum<DType>(key, text, names);
+}
+
 void parse_enums(const RawEnums& raw, TrainOptions& o) {
   o.device.kind = parse_enum<DeviceKind>(
       "device", raw.device,
       {{"auto", DeviceKind::kAuto}, {"cpu", DeviceKind::kCpu}, {"cuda", DeviceKind::kCuda}});
   o.device.cpu_dtype =
-      parse_enum<DType>("cpu_dtype", raw.cpu_dtype, {{"f32", DType::kF32}, {"f64", DType::kF64}});
+      parse_dtype("cpu_dtype", raw.cpu_dtype, {{"fp32", DType::kF32}, {"fp64", DType::kF64}});
   o.compute.metadata = parse_enum<MetadataMode>(
       "metadata", raw.metadata,
       {{"cached", MetadataMode::kCached}, {"per-layer", MetadataMode::kPerLayer}});
@@ -75,8 +86,8 @@ void parse_enums(const RawEnums& raw, TrainOptions& o) {
   o.optimizer.sharding = parse_enum<OptimizerSharding>(
       "optimizer_sharding", raw.optimizer_sharding,
       {{"none", OptimizerSharding::kNone}, {"zero1", OptimizerSharding::kZero1}});
-  o.optimizer.grad_reduce_dtype = parse_enum<DType>(
-      "grad_reduce_dtype", raw.grad_reduce_dtype, {{"fp32", DType::kF32}, {"bf16", DType::kBF16}});
+  o.optimizer.grad_reduce_dtype = parse_dtype("grad_reduce_dtype", raw.grad_reduce_dtype,
+                                              {{"fp32", DType::kF32}, {"bf16", DType::kBF16}});
   o.model.activation =
       parse_enum<Activation>("activation", raw.activation,
                              {{"swiglu", Activation::kSwiGLU}, {"gptoss", Activation::kGptOss}});
@@ -161,7 +172,7 @@ po::options_description describe_options(TrainOptions& o, RawEnums& raw) {
       "CUDA: time every plan cuDNN's heuristic offers for each attention forward shape at its "
       "first run, without waiting for them, and keep the fastest (off under deterministic=true)")(
       "cpu_dtype", po::value(&raw.cpu_dtype)->default_value(raw.cpu_dtype),
-      "CPU backend precision: f32 | f64")(
+      "CPU backend precision: fp32 | fp64")(
       "batch_tokens", po::value(&o.data.batch_tokens)->default_value(o.data.batch_tokens),
       "global tokens per step (a multiple of seq_len)")(
       "seq_len", po::value(&o.data.seq_len)->default_value(o.data.seq_len),
@@ -535,7 +546,7 @@ void validate_train_options(const TrainOptions& o, int world) {
       dev.expert_gemm == "serial" || dev.expert_gemm == "streams" || dev.expert_gemm == "grouped",
       "expert_gemm", str_cat("must be serial, streams or grouped, got '", dev.expert_gemm, "'"));
   require(dev.cpu_dtype == DType::kF32 || dev.cpu_dtype == DType::kF64, "cpu_dtype",
-          "must be f32 or f64");
+          "must be fp32 or fp64");
   const DataOptions& d = o.data;
   require(d.seq_len >= 2, "seq_len", str_cat("must be >= 2, got ", d.seq_len));
   // Token positions and document offsets of a batch are int32 (packed metadata, cu_seqlens).

@@ -42,7 +42,7 @@ struct RunOptions {
 // Which backend, and its precision knobs.
 struct DeviceOptions {
   DeviceKind kind = DeviceKind::kAuto;  // key `device`
-  DType cpu_dtype = DType::kF32;        // key `cpu_dtype`: f32 | f64 (reference checks)
+  DType cpu_dtype = DType::kF32;        // key `cpu_dtype`: fp32 | fp64 (reference checks)
   std::string attention = "auto";       // CUDA: auto | cudnn | tiled (cuda_backend.h)
   bool deterministic = false;           // CUDA: bitwise-reproducible attention backward
   std::string expert_gemm = "streams";  // CUDA: serial | streams | grouped (cuda_backend.h)

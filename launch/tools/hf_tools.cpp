@@ -269,7 +269,7 @@ int export_hf_main(const std::vector<std::string>& args) {
   opts.add_options()("help,h", "print this help")(
       "checkpoint", po::value(&ckpt), "hotpath checkpoint file, or directory (its newest)")(
       "out", po::value(&out), "the directory to create; must not exist")(
-      "dtype", po::value(&dtype)->default_value(dtype), "tensor dtype: bf16 | f32")(
+      "dtype", po::value(&dtype)->default_value(dtype), "tensor dtype: bf16 | fp32")(
       "shard_mib", po::value(&shard_mib)->default_value(shard_mib),
       "largest shard size in MiB, 1 to 1048576 (a tensor larger than that gets a shard of its "
       "own)")("config", po::value(&config),
@@ -286,16 +286,20 @@ int export_hf_main(const std::vector<std::string>& args) {
   po::variables_map vm;
   parse(args, opts, pos, "export-hf", vm);
   if (vm.count("help")) {
-    std::cout << "usage: hotpath export-hf CKPT --out DIR [--dtype bf16|f32] [--shard_mib N] "
+    std::cout << "usage: hotpath export-hf CKPT --out DIR [--dtype bf16|fp32] [--shard_mib N] "
                  "[--force]\n"
               << opts;
     return 0;
   }
   if (ckpt.empty() || out.empty())
     HP_USER_ERROR(ErrorKind::kUser, "hotpath export-hf: CKPT and --out DIR are required");
-  if (dtype != "bf16" && dtype != "f32")
-    HP_USER_ERROR(ErrorKind::kUser, "hotpath export-hf: --dtype must be bf16 or f32, got '", dtype,
-                  "'");
+  if (dtype == "f32")
+    HP_USER_ERROR(
+        ErrorKind::kUser,
+        "hotpath export-hf: --dtype f32 is spelled fp32 (dtypes are fp32, fp64 and bf16)");
+  if (dtype != "bf16" && dtype != "fp32")
+    HP_USER_ERROR(ErrorKind::kUser, "hotpath export-hf: --dtype must be bf16 or fp32, got '",
+                  dtype, "'");
   if (shard_mib < 1 || shard_mib > kMaxShardMib)
     HP_USER_ERROR(ErrorKind::kUser, "hotpath export-hf: --shard_mib must be in [1, ", kMaxShardMib,
                   "] (MiB), got ", shard_mib);

@@ -399,7 +399,7 @@ def case_export_keeps_foreign_tmp():
     out = os.path.join(d, "hf")
     os.makedirs(out + ".tmp")
     write(os.path.join(out + ".tmp", "notes.txt"), PRECIOUS)
-    run(["export-hf", imported(), "--out", out, "--dtype", "f32"], 0, r"exported")
+    run(["export-hf", imported(), "--out", out, "--dtype", "fp32"], 0, r"exported")
     same_bytes(os.path.join(out + ".tmp", "notes.txt"), PRECIOUS)
     listing(d, ["hf", "hf.tmp"])
     listing(out, ["config.json", "model-00001-of-00001.safetensors",
@@ -442,7 +442,7 @@ def case_export_unwritable():
 
 def case_export_disk_full():
     d = work("export_disk_full")
-    run(["export-hf", imported(), "--out", os.path.join(d, "hf"), "--dtype", "f32"], 1,
+    run(["export-hf", imported(), "--out", os.path.join(d, "hf"), "--dtype", "fp32"], 1,
         r"writing --out .*hf failed.*partial export was removed", shell_prefix=no_space(64))
     listing(d, [])
 
@@ -458,6 +458,16 @@ def case_export_shard_mib_overflow():
     d = work("export_shard_mib_overflow")
     run(["export-hf", imported(), "--out", os.path.join(d, "hf"), "--shard_mib",
          str(2**50)], 2, r"--shard_mib must be in \[1, 1048576\]")
+    listing(d, [])
+
+
+def case_export_dtype_spelling():
+    # Dtypes are spelled fp32 and bf16; the old f32 is refused naming fp32, before any output.
+    d = work("export_dtype_spelling")
+    run(["export-hf", imported(), "--out", os.path.join(d, "hf"), "--dtype", "f32"], 2,
+        r"--dtype f32 is spelled fp32")
+    run(["export-hf", imported(), "--out", os.path.join(d, "hf"), "--dtype", "fp16"], 2,
+        r"--dtype must be bf16 or fp32, got 'fp16'")
     listing(d, [])
 
 
