@@ -103,10 +103,12 @@ HP_HD inline double cos_2pi(double u) {
 
 }  // namespace rng_detail
 
-// Philox-4x32-10: four 32-bit words for counter `ctr` under a 64-bit key.
-HP_HD inline void philox4x32(uint64_t key, uint64_t ctr, uint32_t out[4]) {
-  uint32_t c0 = static_cast<uint32_t>(ctr), c1 = static_cast<uint32_t>(ctr >> 32), c2 = 0, c3 = 0;
-  uint32_t k0 = static_cast<uint32_t>(key), k1 = static_cast<uint32_t>(key >> 32);
+// The Philox-4x32-10 block function of Salmon et al. (SC 2011, the Random123 library): the
+// 128-bit counter ctr[0..3] under the 64-bit key key[0..1], ten rounds. Tested against the
+// published known-answer vectors (tests/framework/rng_test.cpp).
+HP_HD inline void philox4x32_10(const uint32_t ctr[4], const uint32_t key[2], uint32_t out[4]) {
+  uint32_t c0 = ctr[0], c1 = ctr[1], c2 = ctr[2], c3 = ctr[3];
+  uint32_t k0 = key[0], k1 = key[1];
   for (int r = 0; r < 10; ++r) {
     const uint64_t p0 = static_cast<uint64_t>(0xD2511F53u) * c0;
     const uint64_t p1 = static_cast<uint64_t>(0xCD9E8D57u) * c2;
@@ -123,6 +125,14 @@ HP_HD inline void philox4x32(uint64_t key, uint64_t ctr, uint32_t out[4]) {
   out[1] = c1;
   out[2] = c2;
   out[3] = c3;
+}
+
+// Four 32-bit words for the 64-bit counter `ctr` under a 64-bit key: Philox-4x32-10 of the
+// counter {low word of ctr, high word of ctr, 0, 0} under the key {low word, high word}.
+HP_HD inline void philox4x32(uint64_t key, uint64_t ctr, uint32_t out[4]) {
+  const uint32_t c[4] = {static_cast<uint32_t>(ctr), static_cast<uint32_t>(ctr >> 32), 0, 0};
+  const uint32_t k[2] = {static_cast<uint32_t>(key), static_cast<uint32_t>(key >> 32)};
+  philox4x32_10(c, k, out);
 }
 
 // Standard normal number `i` of stream `key` (Box-Muller on the two 53-bit uniforms of one
