@@ -181,23 +181,33 @@ TEST(LaneArbiterUnit, JainFairness) {
 
 TEST(LaneArbiterUnit, LocalGrantsAtOnceAndCounts) {
   LocalCopyArbiter a(1 << 20);
+  const auto start = std::chrono::steady_clock::now();
   a.begin_step();
+  EXPECT_EQ(a.stats().active_s, 0.0);
   CopyTicket r = a.request(CopyDirection::kReload, 1000);
   CopyTicket o = a.request(CopyDirection::kOffload, 1 << 20);
   EXPECT_TRUE(a.granted(r));
   EXPECT_TRUE(a.granted(o));
   EXPECT_LT(r.grant_seq, o.grant_seq);
+  std::this_thread::sleep_for(std::chrono::milliseconds(5));  // the copies take a while
   a.release(o);
   a.release(r);
+  const double elapsed =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   CopyArbiterStats s = a.stats();
   EXPECT_EQ(s.bytes[0], 1000);
   EXPECT_EQ(s.bytes[1], 1 << 20);
   EXPECT_EQ(s.chunks[0] + s.chunks[1], 2);
   EXPECT_EQ(s.max_wait_s[0], 0.0);
-  EXPECT_GE(s.active_s, 0.0);
+  // Active time runs from the first request to the last release: at least the time the copies
+  // were held, at most the time the whole step took.
+  EXPECT_GE(s.active_s, 0.005);
+  EXPECT_LE(s.active_s, elapsed);
+  EXPECT_NEAR(s.achieved_gbps(), (1000.0 + (1 << 20)) / s.active_s / 1e9, 1e-12);
   EXPECT_THROW(a.request(CopyDirection::kReload, (1 << 20) + 1), Error);
   a.begin_step();
   EXPECT_EQ(a.stats().chunks[0], 0);
+  EXPECT_EQ(a.stats().active_s, 0.0);
 }
 
 // ---- one rank per process -----------------------------------------------------------------------
