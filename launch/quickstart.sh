@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# Quick start on a fresh Debian 12 machine: installs what is missing, builds the CPU preset and
-# trains the tiny GPT-OSS-style demo (tiny-moe) on the synthetic source, whose entropy floor is
-# known: the log's last line compares the loss with it. With mpirun present the demo runs on two
+# Quick start on a fresh Debian 12 machine: installs what is missing, builds the hotpath program
+# of the CPU preset (only it: tests/run.sh builds the tests) and trains the tiny GPT-OSS-style
+# demo (tiny-moe) on the synthetic source, whose entropy floor is known: the log's last line
+# compares the loss with it. With mpirun present the demo runs on two
 # ranks, one expert-parallel pair (ep_size=2), one thread each.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/setup.sh"
 hp_install_deps
-hp_build cpu
+hp_build cpu hotpath
 cd "$HP_ROOT"
 mkdir -p build/runs
 args=(train --config examples/configs/tiny-moe.ini --metrics_path build/runs/tiny-moe.jsonl "$@")

@@ -86,14 +86,18 @@ PY
   rm -rf "$dest" && mv "$dest.tmp" "$dest"
 }
 
-# hp_build PRESET: configure (once) and build with every core.
+# hp_build PRESET [TARGET...]: configure (once) and build with every core: the named targets,
+# or all of them (tests included) when none is named.
 hp_build() {
   local preset=$1
+  shift
+  local targets=()
+  [ $# -gt 0 ] && targets=(--target "$@")
   cd "$HP_ROOT"
   [ "$preset" = cuda ] && hp_fetch_cudnn_frontend
-  hp_log "configuring and building preset '$preset'"
+  hp_log "configuring and building preset '$preset'${1:+ (targets: $*)}"
   cmake --preset "$preset" >/dev/null
-  cmake --build --preset "$preset" -j "$(nproc)"
+  cmake --build --preset "$preset" -j "$(nproc)" ${targets[@]+"${targets[@]}"}
 }
 
 # Open MPI refuses root unless told; ranks may outnumber cores on small machines.
