@@ -1,7 +1,12 @@
 // Typed run configuration: one struct per concern, filled from an INI file plus command-line
-// overrides (Boost.Program_options; the same `key = value` names in both) and validated once,
-// before any work, with messages that name the key. Enumerated keys are parsed into enums when
-// they are read, so no code past this file compares option strings.
+// overrides (Boost.Program_options; the same `key = value` names in both) and checked by
+// validate_train_options with messages that name the key. Most enumerated keys are parsed into
+// enums when they are read. A few stay strings that code past this file reads and compares:
+// attention and expert_gemm (checked here, turned into the CUDA backend's enums in
+// framework/backend/cuda/cuda_backend.cpp), device_memory_gib (parsed and checked by
+// planned_device_bytes, launch/train/memory_plan.cpp), and the specs that their users parse:
+// data, synthetic_doc_len (framework/data), pcie_groups (parallel/lane_arbiter.cpp) and
+// bootstrap (parallel/launch_env.cpp).
 #pragma once
 
 #include <cstdint>

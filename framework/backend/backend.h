@@ -2,8 +2,13 @@
 //
 // Two implementations: cpu/ (the fp32/fp64 reference, the oracle) and cuda/ (bf16 activations,
 // fp32 accumulation). Every op runs on the backend's current compute stream, in issue order;
-// streams are ordered by events only. Ops never synchronize with the host except the ones named
-// read_* / synchronize / rebuild_metadata, and each of those counts one sync by cause in syncs().
+// streams are ordered by events only. The host waits for the device in five calls only, each
+// counting one sync of its SyncCause (metadata, routing, offload, loss, other) in syncs():
+// read_to_host, synchronize, event_synchronize, rebuild_metadata (reads max_seqlen back) and
+// profile_end (waits for the profiled work). Which of them a training step makes:
+// docs/design.md, "The sync budget of one training step". Under a copy arbiter the driving
+// thread may also wait for a copy-stream event to be issued (set_copy_arbiter); that waits for
+// no device work and counts none.
 //
 // Conventions for every op below:
 //  - Tensors are contiguous, row-major, on this backend's device (ids/indices int32).

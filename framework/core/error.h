@@ -1,8 +1,13 @@
 // Typed errors and the CHECK macros used everywhere in hotpath.
 //
-// Every failure becomes an exception whose message names the failed statement, file:line, the
-// library's own error string and the rank that raised it. Library code never calls exit(); the
-// top level (launch/) catches, logs, aborts communicators and exits non-zero.
+// Every failure becomes an exception. An internal or library failure (HP_CHECK, HP_FAIL,
+// throw_error) is an Error whose message names its kind, the rank that raised it and file:line,
+// then the failed condition (HP_CHECK) or the caller's text with the library's own error string
+// where the caller passes it. A user's mistake (HP_USER_ERROR: a flag, a config key, a data
+// file) is a UserError whose message is the caller's text alone: what is wrong and what is valid,
+// with no file:line or rank (the log line that prints it carries the rank). Library code never
+// calls exit(); the top level (launch/main.cpp) catches, logs, aborts communicators and exits 2
+// for a UserError, 1 for any other failure.
 #pragma once
 
 #include <sstream>
