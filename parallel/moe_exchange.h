@@ -1,4 +1,5 @@
-// The multi-rank ExpertExchange (ARCHITECTURE §1, rule 3) over an expert-parallel group.
+// The multi-rank ExpertExchange over an expert-parallel group (docs/architecture.md, "Rule 3:
+// one routing sync per MoE layer").
 //
 // plan(): the rank's expert histogram is read once to the host (the single routing sync of the
 // layer; per-expert reads in the baseline mode) and all-gathered over the ep group, giving every

@@ -165,9 +165,10 @@ class Backend {
   // The device's PCI bus id ("0000:1b:00.0"), which locates its host link; "" for a backend
   // without one (cpu).
   virtual std::string pci_bus_id() const { return ""; }
-  // Host-link arbitration (ARCHITECTURE rule 2). With an arbiter set, every copy on the copy
-  // stream is cut into chunks of at most arbiter->chunk_bytes(); each chunk is issued only with
-  // a grant of its direction and released once it has completed. Grants are waited for by a
+  // Host-link arbitration (docs/architecture.md, "Rule 2: the host link is shared fairly").
+  // With an arbiter set, every copy on the copy stream is cut into chunks of at most
+  // arbiter->chunk_bytes(); each chunk is issued only with a grant of its direction and
+  // released once it has completed. Grants are waited for by a
   // thread of the backend that issues the copy stream's work in order (cpu: the copy worker),
   // never by the thread that drives the backend, which blocks only where it waits for a
   // copy-stream event that has not been issued yet (the event then waits for the grants of the

@@ -1,5 +1,6 @@
 // CopyArbiter: who may move the next chunk of host<->device bytes over a host link that several
-// ranks share (ARCHITECTURE rule 2: one rank's offload must not starve another rank's reload).
+// ranks share (one rank's offload must not starve another rank's reload: docs/architecture.md,
+// "Rule 2: the host link is shared fairly").
 //
 // A rank cuts each copy into chunks of at most chunk_bytes() and issues a chunk only while it
 // holds a grant for it:

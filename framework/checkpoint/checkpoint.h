@@ -1,5 +1,5 @@
-// Checkpoint files and directories (ARCHITECTURE §7; the layout a user reads with h5py is in
-// docs/checkpoints.md).
+// Checkpoint files and directories (docs/architecture.md, "Checkpoints"; the layout a user reads
+// with h5py is in docs/checkpoints.md).
 //
 // One HDF5 file per checkpoint. Every tensor is stored in its global, unsharded shape (experts
 // stacked on the leading axis), chunked along the leading axis, with a CRC-32C of every chunk

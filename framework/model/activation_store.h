@@ -1,5 +1,5 @@
 // The activation store: where each checkpointed block's input lives between forward and backward
-// (ARCHITECTURE rule 2).
+// (docs/architecture.md, "Rule 2: the host link is shared fairly").
 //
 // Modes (config key `offload`):
 //  - none:   block inputs stay on the device (recompute only).

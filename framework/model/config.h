@@ -1,6 +1,6 @@
 // ModelConfig: one typed description for the whole model family — GPT-OSS 20b/120b (MoE, sinks,
 // sliding window on even layers, biases, clamped SwiGLU), Llama-3.2 and Qwen3 (dense SwiGLU,
-// Qwen3's per-head q/k RMSNorm). The math is ARCHITECTURE §6.
+// Qwen3's per-head q/k RMSNorm). The math is docs/architecture.md, "The model".
 #pragma once
 
 #include <cstdint>

@@ -1,6 +1,7 @@
 // ExpertExchange: moves routed tokens to the ranks that own their experts and back
-// (ARCHITECTURE §1, rule 3). framework/ declares it; parallel/ implements the multi-rank version;
-// LocalExpertExchange (below) serves one rank owning every expert.
+// (docs/architecture.md, "Rule 3: one routing sync per MoE layer"). framework/ declares it;
+// parallel/ implements the multi-rank version; LocalExpertExchange (below) serves one rank
+// owning every expert.
 //
 // Protocol for one MoE layer forward, all on the backend's compute stream:
 //   1. plan(): takes the device histogram of this rank's assignments per global expert and

@@ -1,4 +1,5 @@
-// The decoder-only model of ARCHITECTURE §6 with explicit forward and backward per layer.
+// The decoder-only model of docs/architecture.md, "The model", with explicit forward and
+// backward per layer.
 //
 // A Model owns its parameters (ParamRegistry) and computes through a Backend; it holds no
 // global state. A micro-batch is three calls, in this order:

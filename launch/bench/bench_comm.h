@@ -1,4 +1,5 @@
-// `hotpath bench routing` and `hotpath bench alltoall` (ARCHITECTURE §1 rule 3, §8).
+// `hotpath bench routing` and `hotpath bench alltoall` (docs/architecture.md, "Rule 3: one
+// routing sync per MoE layer" and "Measuring").
 //
 // routing: on rank 0 alone, one MoE layer's routing for 16,384 tokens x top-4 (d_model 2880,
 // E = 32 and 128): router GEMM + top-k, histogram, exclusive scan, stable sort by expert, the

@@ -1,4 +1,5 @@
-// Activation-offload benchmark (`hotpath bench offload`, ARCHITECTURE rule 2).
+// Activation-offload benchmark (`hotpath bench offload`, docs/architecture.md, "Rule 2: the host
+// link is shared fairly").
 #pragma once
 
 #include "launch/options.h"

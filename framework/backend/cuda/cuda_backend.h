@@ -1,7 +1,8 @@
 // The CUDA backend: bf16 activations and working weights, f32 master weights, optimizer state,
-// accumulation and loss (ARCHITECTURE §3). The backend owns three non-blocking streams (compute,
-// copy, comm); ops are issued on the one set_stream chose (compute by default) and events order
-// them. Memory comes from the process-wide caching allocator of the device.
+// accumulation and loss (docs/architecture.md, "Backends and precision"). The backend owns three
+// non-blocking streams (compute, copy, comm); ops are issued on the one set_stream chose (compute
+// by default) and events order them. Memory comes from the process-wide caching allocator of the
+// device.
 #pragma once
 
 #include <memory>
