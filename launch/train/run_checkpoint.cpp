@@ -256,163 +256,320 @@ void check_saved_config(const TrainOptions& o, const CheckpointReader& r) {
 }  // namespace
 
 // ---- save ---------------------------------------------------------------------------------------
+//
+// A save runs in three steps, so that an asynchronous save can take (a) and (c) as they are and
+// run (b) in the background:
+//   (a) plan_save: what the file holds and which rows of each tensor this rank writes, with the
+//       run's state datasets and attributes taken at the step boundary;
+//   (b) write_planned: the tensors through the host staging buffers, then the state datasets and
+//       the attributes; collective under MPI, gathered to rank 0 otherwise;
+//   (c) the commit around it: the temporary file (a stale one removed, created, closed with
+//       flush + fsync, removed again after a failed write), then the rename, `latest` and
+//       keep_last.
 
-SaveStats save_checkpoint(const RunState& run, const std::string& dir, int64_t keep_last) {
-  const auto t0 = Clock::now();
+namespace {
+
+// One tensor dataset of a save and this rank's part in writing it.
+struct SaveTensor {
+  std::string name;  // "/params/<p>", "/optim/<p>/m" or "/optim/<p>/v"
+  Tensor local;      // the rows this rank holds: a master or a moment, device or host memory
+  Shape global_shape;
+  int64_t chunk_rows = 0;
+  // The global rows this rank writes (parallel: its share, possibly none; serial: every row on
+  // rank 0, none elsewhere) and, parallel, the byte offset of the first of them in `local`.
+  RowRange rows;
+  size_t local_offset = 0;
+  // Serial only: `local` is first gathered over shard_group into shard_shape (sharded optimizer
+  // state), then the expert blocks over expert_group into global_shape. Null: no gather.
+  Communicator* shard_group = nullptr;
+  Shape shard_shape;
+  Communicator* expert_group = nullptr;
+};
+
+// A dataset of the run state (1-D, rank 0's values): i64, or f64 for the LR schedule.
+struct SaveValues {
+  std::string name;
+  std::vector<int64_t> i64;
+  std::vector<double> f64;
+  bool is_f64 = false;
+};
+
+// An attribute of the root group: text or an integer.
+struct SaveAttr {
+  std::string name;
+  std::string text;
+  int64_t number = 0;
+  bool is_text = true;
+};
+
+// (a) Everything one rank needs to write its part of the checkpoint of one step.
+struct SavePlan {
+  int64_t step = 0;
+  int rank = 0;
+  std::string dir, tmp_path, final_path;
+  bool parallel = false;  // every rank writes its own rows (parallel HDF5 over MPI-IO)
+  bool writes = false;    // this rank writes into the file (parallel: every rank; serial: rank 0)
+  bool root = false;      // this rank supplies the state datasets (rank 0)
+  DType dtype = DType::kF32;  // of every tensor dataset: the masters' and moments'
+  std::vector<SaveTensor> tensors;
+  std::vector<SaveValues> state;
+  std::vector<SaveAttr> attrs;  // in the order they are set
+};
+
+// (a) The row plan: for every master and moment, which rows of the global tensor this rank
+// writes. Parallel: a rank holding a shard (optimizer_sharding=zero1) writes it; an expert
+// block is split by chunks over its dp group; a dense tensor is split by chunks over the world.
+// Serial: the shards and expert blocks are gathered and rank 0 writes every row. Also the state
+// datasets (rank 0 writes them) and the attributes, as of run.position.
+SavePlan plan_save(const RunState& run, const std::string& dir, const std::vector<Item>& items,
+                   bool parallel) {
   const RankContext& ctx = run.ctx;
   const TrainOptions& o = run.options;
-  Backend& be = run.backend;
-  const int rank = ctx.rank();
-  const int64_t step = run.position.step;
-  make_checkpoint_dir(dir);
-  const std::string tmp = checkpoint_tmp_path(dir, step);
-  const std::string final_path = checkpoint_path(dir, step);
+  SavePlan plan;
+  plan.step = run.position.step;
+  plan.rank = ctx.rank();
+  plan.dir = dir;
+  plan.tmp_path = checkpoint_tmp_path(dir, plan.step);
+  plan.final_path = checkpoint_path(dir, plan.step);
+  plan.parallel = parallel;
+  plan.writes = parallel || plan.rank == 0;
+  plan.root = plan.rank == 0;
+  plan.dtype = run.backend.master_dtype();
+  const DType md = plan.dtype;
 
-  // Tensors go to the file one at a time through two host staging buffers: the device->host
-  // copy of tensor i+1 is issued before tensor i is written.
-  std::vector<Item> items = checkpoint_items(run.model.params(), false);
-  require_finite(run, items, step);
-  Staging staging(be, items);
+  for (const Item& it : items) {
+    const Param& p = *it.param;
+    SaveTensor t;
+    t.name = it.name;
+    t.local = it.local;
+    t.global_shape = p.global_shape;
+    t.chunk_rows = chunk_rows_of(p, md);
+    if (parallel) {
+      if (p.sharded()) {
+        t.rows = held_rows(p);
+      } else if (is_expert(p)) {
+        t.rows = split_rows_by_chunk(p.shape[0], 1, ctx.groups.dp_size, ctx.groups.dp_rank);
+        t.rows.begin += p.expert_begin;
+      } else {
+        t.rows = split_rows_by_chunk(p.global_shape[0], t.chunk_rows, ctx.world(), plan.rank);
+      }
+      t.local_offset = static_cast<size_t>(t.rows.begin - held_rows(p).begin) * row_bytes(p, md);
+    } else {
+      t.rows = RowRange{0, plan.writes ? p.global_shape[0] : 0};
+      if (p.sharded()) {
+        t.shard_group = &shard_group(ctx, p);
+        t.shard_shape = p.shape;
+      }
+      if (is_expert(p) && ctx.groups.ep_size > 1) t.expert_group = ctx.groups.ep.get();
+    }
+    plan.tensors.push_back(std::move(t));
+  }
+
+  const int64_t step = plan.step;
+  const LrSchedule& sched = run.schedule;
+  const auto i64 = [](const char* name, std::vector<int64_t> v) {
+    SaveValues s;
+    s.name = name;
+    s.i64 = std::move(v);
+    return s;
+  };
+  plan.state.push_back(i64("/state/step", {step}));
+  plan.state.push_back(i64("/state/tokens_seen", {run.position.tokens_seen}));
+  plan.state.push_back(i64("/state/loader", run.loader.state().to_vector()));
+  plan.state.push_back(i64("/state/seed", {static_cast<int64_t>(o.run.seed)}));
+  SaveValues lr;
+  lr.name = "/state/lr_schedule";
+  lr.is_f64 = true;
+  lr.f64 = {static_cast<double>(step),
+            step > 0 ? sched.at(step) : 0.0,
+            sched.lr,
+            sched.min_lr,
+            static_cast<double>(sched.warmup_steps),
+            static_cast<double>(sched.total_steps)};
+  plan.state.push_back(std::move(lr));
+
+  const auto text = [&](const char* name, std::string value) {
+    SaveAttr a;
+    a.name = name;
+    a.text = std::move(value);
+    plan.attrs.push_back(std::move(a));
+  };
+  const auto number = [&](const char* name, int64_t value) {
+    SaveAttr a;
+    a.name = name;
+    a.number = value;
+    a.is_text = false;
+    plan.attrs.push_back(std::move(a));
+  };
+  text("format", kCheckpointFormat);
+  number("format_version", kCheckpointVersion);
+  text("hotpath_version", HOTPATH_VERSION);
+  text("hdf5_version", hdf5_version());
+  text("config", o.config_text);
+  text("command_line", o.command_line);
+  number("step", step);
+  number("world", ctx.world());
+  number("dp", ctx.groups.dp_size);
+  number("ep", ctx.groups.ep_size);
+  text("master_dtype", std::string(dtype_name(md)));
+  number("skipped_steps", run.position.skipped_steps);
+  const std::string record = model_config_record(o.model);
+  text("model_config", record);
+  number("config_fingerprint", static_cast<int64_t>(hash64(record)));
+  // Every dataset of the file, so that a reader can tell a complete checkpoint.
+  std::string manifest;
+  for (const SaveTensor& t : plan.tensors) manifest += t.name + "\n";
+  for (const SaveValues& s : plan.state) manifest += s.name + "\n";
+  text("datasets", manifest);
+  return plan;
+}
+
+// (b) The write: the planned tensors, then the state datasets and the attributes, into `w`
+// (null on the ranks that write nothing; serially they still take part in the gathers). Every
+// rank calls it with the same plan shape. Tensors go to the file one at a time through two host
+// staging buffers: the device->host copy of tensor i+1 is issued before tensor i is written.
+void write_planned(const SavePlan& plan, Staging& staging, CheckpointWriter* w) {
+  const std::vector<SaveTensor>& tensors = plan.tensors;
   const auto stage = [&](size_t i) {
-    const Tensor& src = items[i].local;
+    const Tensor& src = tensors[i].local;
     if (src.device() == Device::kCPU) return src;
     Tensor h = staging.acquire(i, src);
     staging.copy(i, src, h);
     return h;
   };
-
-  // An MPI world writes in parallel; otherwise rank 0 writes alone what the ep groups gather.
-  const std::unique_ptr<CheckpointGroup> group = make_checkpoint_group(*ctx.groups.world);
-  const bool parallel = group != nullptr;
-  const bool writes = parallel || rank == 0;
-  // A .tmp left by an earlier failed or killed save of this step is never loaded: replace it.
-  if (rank == 0) std::remove(tmp.c_str());
-  if (parallel) ctx.groups.world->barrier();
-  std::unique_ptr<CheckpointWriter> w;
-  // The tensors, the run state and the attributes, then close (flush + fsync).
-  const auto write_file = [&] {
-    const DType md = be.master_dtype();
-    Tensor next = items.empty() ? Tensor() : stage(0);
-    for (size_t i = 0; i < items.size(); ++i) {
-      const Param& p = *items[i].param;
-      const int64_t chunk = chunk_rows_of(p, md);
-      const Tensor host = next;
-      // Slot (i + 1) % 2 held tensor i - 1, whose write has returned.
-      if (i + 1 < items.size()) next = stage(i + 1);
-      staging.wait(i);  // tensor i has landed on the host
-      if (parallel) {
-        // Writers: dense chunks split over the world; each expert block over its dp group.
-        RowRange rows;
-        if (p.sharded()) {
-          rows = held_rows(p);  // the rank holding a shard writes it
-        } else if (is_expert(p)) {
-          rows = split_rows_by_chunk(p.shape[0], 1, ctx.groups.dp_size, ctx.groups.dp_rank);
-          rows.begin += p.expert_begin;
-        } else {
-          rows = split_rows_by_chunk(p.global_shape[0], chunk, ctx.world(), rank);
-        }
-        const char* data = host.data<char>() +
-                           static_cast<size_t>(rows.begin - held_rows(p).begin) * row_bytes(p, md);
-        w->write_rows(items[i].name, p.global_shape, md, chunk, rows, data);
-      } else {
-        Tensor full = host;
-        if (p.sharded()) {
-          full = Tensor::host(p.shape, md);
-          shard_group(ctx, p).all_gather(host, full);
-        }
-        if (is_expert(p) && ctx.groups.ep_size > 1) {
-          Tensor block = full;
-          full = Tensor::host(p.global_shape, md);
-          ctx.groups.ep->all_gather(block, full);
-        }
-        if (writes)
-          w->write_rows(items[i].name, p.global_shape, md, chunk, RowRange{0, p.global_shape[0]},
-                        full.raw());
+  Tensor next = tensors.empty() ? Tensor() : stage(0);
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const SaveTensor& t = tensors[i];
+    const Tensor host = next;
+    // Slot (i + 1) % 2 held tensor i - 1, whose write has returned.
+    if (i + 1 < tensors.size()) next = stage(i + 1);
+    staging.wait(i);  // tensor i has landed on the host
+    if (plan.parallel) {
+      w->write_rows(t.name, t.global_shape, plan.dtype, t.chunk_rows, t.rows,
+                    host.data<char>() + t.local_offset);
+    } else {
+      Tensor full = host;
+      if (t.shard_group != nullptr) {
+        full = Tensor::host(t.shard_shape, plan.dtype);
+        t.shard_group->all_gather(host, full);
       }
-      if (i == items.size() / 2) maybe_inject_save_fault("data", rank, step);
+      if (t.expert_group != nullptr) {
+        Tensor block = full;
+        full = Tensor::host(t.global_shape, plan.dtype);
+        t.expert_group->all_gather(block, full);
+      }
+      if (w != nullptr)
+        w->write_rows(t.name, t.global_shape, plan.dtype, t.chunk_rows, t.rows, full.raw());
     }
-    staging.finish();
-
-    if (writes) {
-      const bool root = rank == 0;
-      const LrSchedule& sched = run.schedule;
-      w->write_i64("/state/step", {step}, root);
-      w->write_i64("/state/tokens_seen", {run.position.tokens_seen}, root);
-      w->write_i64("/state/loader", run.loader.state().to_vector(), root);
-      w->write_i64("/state/seed", {static_cast<int64_t>(o.run.seed)}, root);
-      const std::vector<double> lr{static_cast<double>(step),
-                                   step > 0 ? sched.at(step) : 0.0,
-                                   sched.lr,
-                                   sched.min_lr,
-                                   static_cast<double>(sched.warmup_steps),
-                                   static_cast<double>(sched.total_steps)};
-      w->write_rows("/state/lr_schedule", {static_cast<int64_t>(lr.size())}, DType::kF64,
-                    static_cast<int64_t>(lr.size()),
-                    RowRange{0, root ? static_cast<int64_t>(lr.size()) : 0}, lr.data());
-      w->set_attr("format", std::string(kCheckpointFormat));
-      w->set_attr("format_version", kCheckpointVersion);
-      w->set_attr("hotpath_version", std::string(HOTPATH_VERSION));
-      w->set_attr("hdf5_version", hdf5_version());
-      w->set_attr("config", o.config_text);
-      w->set_attr("command_line", o.command_line);
-      w->set_attr("step", step);
-      w->set_attr("world", static_cast<int64_t>(ctx.world()));
-      w->set_attr("dp", static_cast<int64_t>(ctx.groups.dp_size));
-      w->set_attr("ep", static_cast<int64_t>(ctx.groups.ep_size));
-      w->set_attr("master_dtype", std::string(dtype_name(md)));
-      w->set_attr("skipped_steps", run.position.skipped_steps);
-      const std::string record = model_config_record(o.model);
-      w->set_attr("model_config", record);
-      w->set_attr("config_fingerprint", static_cast<int64_t>(hash64(record)));
-      // Every dataset of the file, so that a reader can tell a complete checkpoint.
-      std::string manifest;
-      for (const Item& it : items) manifest += it.name + "\n";
-      for (const char* n : {"/state/step", "/state/tokens_seen", "/state/loader", "/state/seed",
-                            "/state/lr_schedule"})
-        manifest += std::string(n) + "\n";
-      w->set_attr("datasets", manifest);
-      w->close();
-      if (!w->independent_fallbacks().empty())
-        log_warn("checkpoint ", tmp, ": ", w->independent_fallbacks().size(),
-                 " dataset writes fell back from collective to independent I/O, e.g. ",
-                 w->independent_fallbacks().front());
-    }
-  };
-  try {
-    if (writes) w = std::make_unique<CheckpointWriter>(tmp, group.get());
-    maybe_inject_save_fault("begin", rank, step);
-    write_file();
-  } catch (const std::exception& e) {
-    // A failed save (disk full, I/O error): the partial file goes, the committed checkpoints
-    // and `latest` are untouched.
-    if (w) w->abandon();
-    w.reset();
-    if (rank == 0) std::remove(tmp.c_str());
-    HP_FAIL(
-        ErrorKind::kIo, "checkpoint of step ", step, " not saved: ", e.what(),
-        " (the partial file was removed; the committed checkpoints and 'latest' are unchanged)");
+    if (i == tensors.size() / 2) maybe_inject_save_fault("data", plan.rank, plan.step);
   }
-  maybe_inject_save_fault("close", rank, step);
+  staging.finish();
+  if (w == nullptr) return;
 
-  // Every writer has closed and fsynced its part: commit.
+  for (const SaveValues& s : plan.state) {
+    if (s.is_f64) {
+      const auto n = static_cast<int64_t>(s.f64.size());
+      w->write_rows(s.name, {n}, DType::kF64, n, RowRange{0, plan.root ? n : 0}, s.f64.data());
+    } else {
+      w->write_i64(s.name, s.i64, plan.root);
+    }
+  }
+  for (const SaveAttr& a : plan.attrs) {
+    if (a.is_text)
+      w->set_attr(a.name, a.text);
+    else
+      w->set_attr(a.name, a.number);
+  }
+}
+
+// (c) The commit, in the order save_checkpoint calls it.
+
+// A .tmp left by an earlier failed or killed save of this step is never loaded: rank 0 removes
+// it before it is created anew. Collective under MPI.
+void remove_stale_tmp(const SavePlan& plan, const RankContext& ctx) {
+  if (plan.rank == 0) std::remove(plan.tmp_path.c_str());
+  if (plan.parallel) ctx.groups.world->barrier();
+}
+
+// Creates step_<N>.h5.tmp on the ranks that write (collectively over `group` under MPI); null
+// on the others.
+std::unique_ptr<CheckpointWriter> create_tmp(const SavePlan& plan, const CheckpointGroup* group) {
+  if (!plan.writes) return nullptr;
+  return std::make_unique<CheckpointWriter>(plan.tmp_path, group);
+}
+
+// Flushes, closes and fsyncs the temporary file on the ranks that write it.
+void close_tmp(const SavePlan& plan, CheckpointWriter* w) {
+  if (w == nullptr) return;
+  w->close();
+  if (!w->independent_fallbacks().empty())
+    log_warn("checkpoint ", plan.tmp_path, ": ", w->independent_fallbacks().size(),
+             " dataset writes fell back from collective to independent I/O, e.g. ",
+             w->independent_fallbacks().front());
+}
+
+// A failed save (disk full, I/O error): the partial file goes, the committed checkpoints and
+// `latest` are untouched. Throws Error(kIo) naming the step and `e`.
+[[noreturn]] void discard_tmp(const SavePlan& plan, std::unique_ptr<CheckpointWriter>& w,
+                              const std::exception& e) {
+  if (w) w->abandon();
+  w.reset();
+  if (plan.rank == 0) std::remove(plan.tmp_path.c_str());
+  HP_FAIL(ErrorKind::kIo, "checkpoint of step ", plan.step, " not saved: ", e.what(),
+          " (the partial file was removed; the committed checkpoints and 'latest' are unchanged)");
+}
+
+// After every writer has closed and fsynced its part: barrier; rank 0 renames the .tmp to
+// step_<N>.h5 (fsyncing the directory), points `latest` at it and applies keep_last; barrier.
+// Collective. The stats' size is rank 0's; the time is the caller's to fill in.
+SaveStats commit_tmp(const SavePlan& plan, const RankContext& ctx, int64_t keep_last) {
   if (ctx.world() > 1) ctx.groups.world->barrier();
   SaveStats stats;
-  stats.path = final_path;
-  if (rank == 0) {
-    commit_checkpoint(dir, step);
-    maybe_inject_save_fault("rename", rank, step);
-    update_latest(dir, step);
-    stats.bytes = file_size(final_path);
-    for (const std::string& name : apply_retention(dir, keep_last, step))
+  stats.path = plan.final_path;
+  if (plan.rank == 0) {
+    commit_checkpoint(plan.dir, plan.step);
+    maybe_inject_save_fault("rename", plan.rank, plan.step);
+    update_latest(plan.dir, plan.step);
+    stats.bytes = file_size(plan.final_path);
+    for (const std::string& name : apply_retention(plan.dir, keep_last, plan.step))
       log_info("checkpoint: removed ", name, " (keep_last=", keep_last, ")");
   }
   if (ctx.world() > 1) ctx.groups.world->barrier();
+  return stats;
+}
+
+}  // namespace
+
+SaveStats save_checkpoint(const RunState& run, const std::string& dir, int64_t keep_last) {
+  const auto t0 = Clock::now();
+  const RankContext& ctx = run.ctx;
+  make_checkpoint_dir(dir);
+  const std::vector<Item> items = checkpoint_items(run.model.params(), false);
+  require_finite(run, items, run.position.step);
+  Staging staging(run.backend, items);
+  // An MPI world writes in parallel; otherwise rank 0 writes alone what the groups gather.
+  const std::unique_ptr<CheckpointGroup> group = make_checkpoint_group(*ctx.groups.world);
+  const SavePlan plan = plan_save(run, dir, items, group != nullptr);
+
+  remove_stale_tmp(plan, ctx);
+  std::unique_ptr<CheckpointWriter> w;
+  try {
+    w = create_tmp(plan, group.get());
+    maybe_inject_save_fault("begin", plan.rank, plan.step);
+    write_planned(plan, staging, w.get());
+    close_tmp(plan, w.get());
+  } catch (const std::exception& e) {
+    discard_tmp(plan, w, e);
+  }
+  maybe_inject_save_fault("close", plan.rank, plan.step);
+  SaveStats stats = commit_tmp(plan, ctx, keep_last);
+
   stats.seconds = seconds_since(t0);
-  if (rank == 0)
-    log_info("checkpoint: saved ", final_path, " (", mib(stats.bytes), ") in ",
+  if (plan.rank == 0)
+    log_info("checkpoint: saved ", plan.final_path, " (", mib(stats.bytes), ") in ",
              fmt_double(stats.seconds, 3), " s, ",
              fmt_double(stats.bytes / (1 << 20) / std::max(stats.seconds, 1e-9), 4), " MiB/s (",
-             parallel ? "parallel HDF5 over MPI-IO" : "serial HDF5 from rank 0", ")");
+             plan.parallel ? "parallel HDF5 over MPI-IO" : "serial HDF5 from rank 0", ")");
   return stats;
 }
 

@@ -19,6 +19,9 @@
 // alone. On CUDA the tensors are copied to host memory first (one synchronization); on load the
 // bf16 working copies are regenerated from the fp32 masters.
 //
+// A save runs in three steps (run_checkpoint.cpp): the plan of the rows each rank writes and of
+// the state datasets and attributes, the write, and the commit below.
+//
 // Reading: every rank opens the file on its own and reads the rows it holds; the ranks then
 // agree (all-reduce MAX of a failure flag) so that they all load the same checkpoint or all
 // fail.
