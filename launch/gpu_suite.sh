@@ -163,8 +163,8 @@ fi
 # Each tool first runs its canary (a kernel with one defect of the tool's kind,
 # tests/gpu/sanitizer_canary.cu) under the same options, which must be reported: a tool that
 # does not see hotpath's kernels would otherwise pass everything.
-# The OpenMP variables are set so hotpath does not execute itself again (launch/cpu_threads.h)
-# under the tool.
+# The OpenMP variables give each process a fixed thread count and idle threads that sleep, so the
+# shards and the tool share the host's cores (launch/cpu_threads.h).
 # run_shards NAME SHARDS COMMAND...: COMMAND (a GoogleTest program) as SHARDS processes at once,
 # one log each, joined into NAME.log; one summary row with the counts summed.
 run_shards() {

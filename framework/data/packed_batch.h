@@ -1,5 +1,5 @@
 // PackedBatch: one rank's share of a global batch, packed into rows of T tokens, with the
-// sequence metadata every layer needs (ARCHITECTURE §1, rule 1).
+// sequence metadata every layer needs (docs/architecture.md, "Rule 1: metadata once per batch").
 //
 // Built once per batch on the host from the loader's document boundaries; the backend uploads it
 // once (Backend::upload_batch) and every layer of forward and backward reads that one BatchMeta.
