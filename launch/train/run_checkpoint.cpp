@@ -187,24 +187,29 @@ class Staging {
   Slot slots_[2];
 };
 
-// A checkpoint with non-finite values is never written: one sum of squares per tensor (inf and
-// NaN survive it), one read, and every rank agrees before anything is created.
-void require_finite(const RunState& run, const std::vector<Item>& items, int64_t step) {
+// The name of this rank's first item holding a NaN or an infinity ("" when all are finite): one
+// sum of squares per tensor (inf and NaN survive it) and one read.
+std::string first_nonfinite(const RunState& run, const std::vector<Item>& items) {
   Backend& be = run.backend;
   const auto n = static_cast<int64_t>(items.size());
-  std::string bad;
-  if (n > 0) {
-    Tensor acc = be.zeros({n}, be.master_dtype());
-    for (int64_t i = 0; i < n; ++i) {
-      Tensor slot = acc.slice(i, i + 1);
-      be.sum_squares(items[static_cast<size_t>(i)].local, slot);
-    }
-    Tensor host = Tensor::host({n}, be.master_dtype());
-    be.read_to_host(acc, host, SyncCause::kOther);
-    const std::vector<double> sums = to_double_vector(host);
-    for (int64_t i = 0; i < n && bad.empty(); ++i)
-      if (!std::isfinite(sums[static_cast<size_t>(i)])) bad = items[static_cast<size_t>(i)].name;
+  if (n == 0) return "";
+  Tensor acc = be.zeros({n}, be.master_dtype());
+  for (int64_t i = 0; i < n; ++i) {
+    Tensor slot = acc.slice(i, i + 1);
+    be.sum_squares(items[static_cast<size_t>(i)].local, slot);
   }
+  Tensor host = Tensor::host({n}, be.master_dtype());
+  be.read_to_host(acc, host, SyncCause::kOther);
+  const std::vector<double> sums = to_double_vector(host);
+  for (int64_t i = 0; i < n; ++i)
+    if (!std::isfinite(sums[static_cast<size_t>(i)])) return items[static_cast<size_t>(i)].name;
+  return "";
+}
+
+// A checkpoint with non-finite values is never written: every rank agrees before anything is
+// created.
+void require_finite(const RunState& run, const std::vector<Item>& items, int64_t step) {
+  const std::string bad = first_nonfinite(run, items);
   if (!any_rank(run.ctx, !bad.empty())) return;
   HP_USER_ERROR(ErrorKind::kData, "checkpoint of step ", step, " not saved: ",
                 bad.empty() ? "another rank holds non-finite values (see its message)"
@@ -707,22 +712,7 @@ void load_hf_params(const RunState& run, const std::string& dir) {
 // such (the first step would otherwise report a diverged run). One sum of squares per parameter;
 // every rank agrees.
 void refuse_nonfinite_params(const RunState& run, const std::string& path) {
-  std::vector<Item> items = checkpoint_items(run.model.params(), true);
-  Backend& be = run.backend;
-  const auto n = static_cast<int64_t>(items.size());
-  std::string bad;
-  if (n > 0) {
-    Tensor acc = be.zeros({n}, be.master_dtype());
-    for (int64_t i = 0; i < n; ++i) {
-      Tensor slot = acc.slice(i, i + 1);
-      be.sum_squares(items[static_cast<size_t>(i)].local, slot);
-    }
-    Tensor host = Tensor::host({n}, be.master_dtype());
-    be.read_to_host(acc, host, SyncCause::kOther);
-    const std::vector<double> sums = to_double_vector(host);
-    for (int64_t i = 0; i < n && bad.empty(); ++i)
-      if (!std::isfinite(sums[static_cast<size_t>(i)])) bad = items[static_cast<size_t>(i)].name;
-  }
+  const std::string bad = first_nonfinite(run, checkpoint_items(run.model.params(), true));
   if (!any_rank(run.ctx, !bad.empty())) return;
   HP_USER_ERROR(ErrorKind::kData, "init_from: checkpoint ", path, " ",
                 bad.empty() ? std::string("holds non-finite weights (see the other rank's message)")
