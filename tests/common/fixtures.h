@@ -1,7 +1,7 @@
 // What the CPU tests (tests/framework, tests/parallel) and the CUDA tests (tests/gpu, through
 // gpu_fixtures.h) share, defined once: a scratch directory, the GPT-OSS-like MoE variant of a model
-// shape, synthetic packed batches over a model's vocabulary, and bitwise records of losses and
-// gradients with their comparison.
+// shape, synthetic packed batches over a model's vocabulary and their comparison, and bitwise
+// records of losses and gradients with their comparison.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -72,6 +72,22 @@ inline PackedBatch synthetic_batch(const ModelConfig& c, uint64_t seed, int64_t 
   d.synthetic_vocab = c.vocab_size - 1;
   d.synthetic_mean_doc_len = mean_doc_len;
   return DataLoader::open(d)->next();
+}
+
+// Every field of two packed batches is equal (tokens, targets, positions, sequences, padding and
+// the counts).
+inline void expect_same_batch(const PackedBatch& a, const PackedBatch& b, const std::string& what) {
+  SCOPED_TRACE(what);
+  EXPECT_EQ(a.rows, b.rows);
+  EXPECT_EQ(a.seq_len, b.seq_len);
+  EXPECT_EQ(a.inputs, b.inputs);
+  EXPECT_EQ(a.targets, b.targets);
+  EXPECT_EQ(a.positions, b.positions);
+  EXPECT_EQ(a.cu_seqlens, b.cu_seqlens);
+  EXPECT_EQ(a.seq_is_pad, b.seq_is_pad);
+  EXPECT_EQ(a.max_seqlen, b.max_seqlen);
+  EXPECT_EQ(a.num_valid_targets, b.num_valid_targets);
+  EXPECT_EQ(a.num_doc_tokens, b.num_doc_tokens);
 }
 
 // The raw 32-bit words of host tensors (f32 losses and gradients), appended in order.

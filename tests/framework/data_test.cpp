@@ -24,6 +24,7 @@
 namespace hp {
 namespace {
 
+using test::expect_same_batch;
 using test::TempDir;
 
 constexpr int32_t kE = 63;  // EOT of the small-vocab tests (vocab 64)
@@ -46,18 +47,6 @@ std::vector<int32_t> flatten(const std::vector<std::vector<int32_t>>& docs) {
   return out;
 }
 
-void expect_same_batch(const PackedBatch& a, const PackedBatch& b, const std::string& what) {
-  SCOPED_TRACE(what);
-  EXPECT_EQ(a.rows, b.rows);
-  EXPECT_EQ(a.seq_len, b.seq_len);
-  EXPECT_EQ(a.inputs, b.inputs);
-  EXPECT_EQ(a.targets, b.targets);
-  EXPECT_EQ(a.positions, b.positions);
-  EXPECT_EQ(a.cu_seqlens, b.cu_seqlens);
-  EXPECT_EQ(a.max_seqlen, b.max_seqlen);
-  EXPECT_EQ(a.num_valid_targets, b.num_valid_targets);
-}
-
 // The batch of all ranks' rows, in rank order (what one rank would hold with world size 1).
 PackedBatch concat(const std::vector<PackedBatch>& parts) {
   PackedBatch out;
@@ -71,6 +60,8 @@ PackedBatch concat(const std::vector<PackedBatch>& parts) {
     out.positions.insert(out.positions.end(), p.positions.begin(), p.positions.end());
     for (size_t s = 1; s < p.cu_seqlens.size(); ++s)
       out.cu_seqlens.push_back(base + p.cu_seqlens[s]);
+    out.seq_is_pad.insert(out.seq_is_pad.end(), p.seq_is_pad.begin(), p.seq_is_pad.end());
+    out.num_doc_tokens += p.num_doc_tokens;
     out.max_seqlen = std::max(out.max_seqlen, p.max_seqlen);
     out.num_valid_targets += p.num_valid_targets;
   }
@@ -145,7 +136,13 @@ TEST(PackedBatch, FromTokensMatchesFromRows) {
   std::vector<PackedRow> rows = {{{5, 6, kE, 7, 8, 9, kE, kE, kE}, {3, 4}, 2, {}},
                                  {{1, 2, 3, 4, 5, 6, 7, 8, 9}, {9}, 0, {}}};
   const PackedBatch a = PackedBatch::from_rows(rows, 8);
-  const PackedBatch b = PackedBatch::from_tokens(a.inputs, a.targets, a.positions, 8);
+  PackedBatch b = PackedBatch::from_tokens(a.inputs, a.targets, a.positions, 8);
+  // Flat arrays carry no padding: from_tokens counts every position as a document token.
+  EXPECT_EQ(a.num_doc_tokens, 15);
+  EXPECT_EQ(b.num_doc_tokens, 16);
+  EXPECT_EQ(b.seq_is_pad, (std::vector<uint8_t>{0, 0, 0, 0}));
+  b.num_doc_tokens = a.num_doc_tokens;
+  b.seq_is_pad = a.seq_is_pad;
   expect_same_batch(a, b, "from_tokens(from_rows)");
 
   // A row must start a sequence; positions count up by one inside a sequence.

@@ -22,6 +22,7 @@
 namespace hp {
 namespace {
 
+using test::expect_same_batch;
 using test::TempDir;
 
 constexpr int32_t kE = 63;  // EOT (vocab 64)
@@ -237,17 +238,6 @@ TEST(Packing, PaddingOfEachModeOnUniformDocuments) {
   }
 }
 
-void expect_same(const PackedBatch& a, const PackedBatch& b, const std::string& what) {
-  SCOPED_TRACE(what);
-  EXPECT_EQ(a.inputs, b.inputs);
-  EXPECT_EQ(a.targets, b.targets);
-  EXPECT_EQ(a.positions, b.positions);
-  EXPECT_EQ(a.cu_seqlens, b.cu_seqlens);
-  EXPECT_EQ(a.seq_is_pad, b.seq_is_pad);
-  EXPECT_EQ(a.num_doc_tokens, b.num_doc_tokens);
-  EXPECT_EQ(a.num_valid_targets, b.num_valid_targets);
-}
-
 // Mid-epoch resume under both packings, shuffle on and off: the saved state (window included)
 // gives the very batches the loader would have produced; so does seek(); and another world size
 // restores the same position. A state of one packing is refused by the other.
@@ -273,8 +263,8 @@ TEST(Packing, ResumeIsExactUnderBothPackingsWithAndWithoutShuffle) {
         auto b = DataLoader::open(c);
         b->restore(LoaderState::from_vector(saved));
         EXPECT_TRUE(b->state() == s);
-        expect_same(x, b->next(), "restored, batch " + std::to_string(k));
-        expect_same(y, b->next(), "restored, batch " + std::to_string(k + 1));
+        expect_same_batch(x, b->next(), "restored, batch " + std::to_string(k));
+        expect_same_batch(y, b->next(), "restored, batch " + std::to_string(k + 1));
         auto d = DataLoader::open(c);
         d->seek(k);
         EXPECT_TRUE(d->state() == s) << "seek " << k;
