@@ -20,6 +20,20 @@
 
 namespace hp::fuzz {
 
+// Writes data[0:size] to `path` (created or truncated); aborts on any failure, which is then a
+// finding of the harness rather than of the reader.
+inline void write_file(const std::string& path, const uint8_t* data, size_t size) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd < 0) std::abort();
+  size_t done = 0;
+  while (done < size) {
+    const ssize_t n = ::write(fd, data + done, size - done);
+    if (n <= 0) std::abort();
+    done += static_cast<size_t>(n);
+  }
+  ::close(fd);
+}
+
 // The input as a file the readers open by path, like any file: one per process, rewritten for
 // every input, in /dev/shm where it exists (no disk I/O per input), and removed afterwards.
 // (Not a memfd behind /proc/self/fd: HDF5 resolves the link and cannot open the target.)
@@ -28,15 +42,7 @@ class ScratchFile {
   ScratchFile(const uint8_t* data, size_t size) {
     const char* dir = ::access("/dev/shm", W_OK) == 0 ? "/dev/shm" : "/tmp";
     path_ = std::string(dir) + "/hotpath-fuzz-" + std::to_string(::getpid());
-    const int fd = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-    if (fd < 0) std::abort();
-    size_t done = 0;
-    while (done < size) {
-      const ssize_t n = ::write(fd, data + done, size - done);
-      if (n <= 0) std::abort();
-      done += static_cast<size_t>(n);
-    }
-    ::close(fd);
+    write_file(path_, data, size);
   }
   ~ScratchFile() { ::unlink(path_.c_str()); }
   ScratchFile(const ScratchFile&) = delete;

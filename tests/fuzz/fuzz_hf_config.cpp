@@ -35,25 +35,13 @@ class ScratchDir {
   std::string path_;
 };
 
-void write_file(const std::string& path, const uint8_t* data, size_t size) {
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-  if (fd < 0) std::abort();
-  size_t done = 0;
-  while (done < size) {
-    const ssize_t n = ::write(fd, data + done, size - done);
-    if (n <= 0) std::abort();
-    done += static_cast<size_t>(n);
-  }
-  ::close(fd);
-}
-
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   hp::fuzz::quiet_logs();
   static const ScratchDir scratch;
   const std::string& dir = scratch.path();
-  write_file(dir + "/config.json", data, size);
+  hp::fuzz::write_file(dir + "/config.json", data, size);
   hp::fuzz::expect_clean([&] {
     const hp::HfImport imp = hp::read_hf_config(dir);
     const std::string ini = hp::model_config_ini(imp.model);
@@ -68,7 +56,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       hp::fuzz::note(e.what());
       return;
     }
-    write_file(dir + "/config.json", reinterpret_cast<const uint8_t*>(json.data()), json.size());
+    hp::fuzz::write_file(dir + "/config.json", reinterpret_cast<const uint8_t*>(json.data()),
+                         json.size());
     const hp::HfImport again = hp::read_hf_config(dir);
     const hp::ModelConfig& a = imp.model;
     const hp::ModelConfig& b = again.model;
