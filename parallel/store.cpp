@@ -54,7 +54,9 @@ bool send_bytes(int fd, const void* data, uint64_t n) {
 
 bool recv_bytes(int fd, Store::Bytes* out) {
   uint64_t n = 0;
-  if (!io_all(fd, &n, sizeof(n), false) || n > (uint64_t{1} << 40)) return false;
+  // A frame is a key or a value: anything much larger than the largest value is no client of
+  // this protocol, and the connection is dropped.
+  if (!io_all(fd, &n, sizeof(n), false) || n > Store::kMaxValueBytes + 4096) return false;
   out->resize(n);
   return n == 0 || io_all(fd, out->data(), n, false);
 }
@@ -99,6 +101,14 @@ Store::Bytes as_bytes(const std::string& s) { return Store::Bytes(s.begin(), s.e
 void PollBackoff::sleep() {
   std::this_thread::sleep_for(std::chrono::milliseconds(ms_));
   ms_ = std::min(ms_ * 2, 16);
+}
+
+void Store::check_value_size(const std::string& key, size_t bytes) const {
+  if (bytes <= kMaxValueBytes) return;
+  HP_FAIL(ErrorKind::kInternal, "rank ", rank_, ": store ", where_, ": value of key '", key, "' is ",
+          bytes, " bytes, over the store's bound of ", kMaxValueBytes,
+          " bytes: the store carries control messages, never tensors (tensors move over NCCL or "
+          "MPI)");
 }
 
 void Store::wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) {
@@ -167,6 +177,7 @@ std::string FileStore::path_of(const std::string& key) const {
 }
 
 void FileStore::set(const std::string& key, const Bytes& value) {
+  check_value_size(key, value.size());
   const std::string path = path_of(key);
   // Unique among the ranks of every host: a random tag drawn once per process, and a counter.
   static const uint64_t tag = std::random_device{}() * 0x9E3779B97F4A7C15ull ^ ::getpid();
@@ -445,6 +456,7 @@ TcpStore::Bytes TcpStore::call(uint8_t op, const std::vector<const Bytes*>& args
 }
 
 void TcpStore::set(const std::string& key, const Bytes& value) {
+  check_value_size(key, value.size());
   if (server_) {
     std::lock_guard<std::mutex> lk(server_->mu);
     server_->kv[key] = value;
@@ -514,6 +526,7 @@ std::shared_ptr<HashStore> HashStore::handle(int rank) const {
 }
 
 void HashStore::set(const std::string& key, const Bytes& value) {
+  check_value_size(key, value.size());
   std::lock_guard<std::mutex> lk(table_->mu);
   table_->kv[key] = value;
 }

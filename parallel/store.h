@@ -1,11 +1,14 @@
 // Store: a small key-value table that the ranks of one job share, for rendezvous and rare control
-// messages (the NCCL unique id, "everyone has joined", the reason a rank aborted). It is the
-// meeting point of launches without MPI, as c10d separates its stores from its process groups;
-// bulk tensor traffic belongs on NCCL (GPUs) or MPI (the CPU backend).
+// messages (the NCCL unique id, "everyone has joined", the reason a rank aborted, a step's few
+// host scalars). It is the meeting point of launches without MPI, as c10d separates its stores
+// from its process groups. It carries no tensors: a value holds at most kMaxValueBytes (64 KiB)
+// and set() refuses a larger one; tensors move over NCCL (GPUs) or MPI (the CPU backend).
 //
 // Semantics, every implementation:
 //  - set() replaces any earlier value of the key (the last writer wins); a reader sees one whole
-//    value, never a mix of two. Values are opaque bytes, empty allowed.
+//    value, never a mix of two. Values are opaque bytes, empty allowed, at most kMaxValueBytes:
+//    a larger value is refused (Error kind kInternal naming the key, the size and the bound)
+//    before anything is stored, and a TcpStore server drops a client that sends a larger frame.
 //  - try_get() and check() answer at once; get() and wait() poll until the keys exist, bounded by
 //    their timeout, and then throw hp::Error (kind kComm) naming this store's rank and every key
 //    still missing: "rank 1: store (file:/shared/rdv.d/...) timed out after 5 s waiting for key
@@ -49,6 +52,9 @@ class Store {
 
   // Set by a TcpStore server when a client vanishes; see above.
   static constexpr const char* kLostKey = "store/lost";
+  // The largest value set() accepts: room for control messages (ids, flags, a step's scalars,
+  // host names), far below any tensor of a model.
+  static constexpr size_t kMaxValueBytes = size_t{64} * 1024;
 
   virtual ~Store() = default;
   Store(const Store&) = delete;
@@ -77,6 +83,8 @@ class Store {
 
  protected:
   Store(int rank, std::string where) : rank_(rank), where_(std::move(where)) {}
+  // Throws Error(kInternal) naming the key, `bytes` and kMaxValueBytes when the value is larger.
+  void check_value_size(const std::string& key, size_t bytes) const;
 
  private:
   int rank_;

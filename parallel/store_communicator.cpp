@@ -16,6 +16,8 @@ struct Header {
   uint64_t bytes;
 };
 constexpr uint32_t kMagic = 0x43535048;  // "HPSC"
+static_assert(StoreCommunicator::kMaxPayloadBytes + sizeof(Header) <= Store::kMaxValueBytes,
+              "a full payload and its header fit one store value");
 // How long abort() keeps a TcpStore server up for peers to read the reason: peers that poll see
 // it within milliseconds; one that is busy elsewhere fails on its own timeout instead.
 constexpr std::chrono::milliseconds kAbortLinger{10000};
@@ -27,9 +29,7 @@ StoreCommunicator::StoreCommunicator(std::shared_ptr<Store> store, std::string p
                                      std::vector<int> world_ranks, CommOptions options)
     : HostCommunicator(std::move(name), rank, size, std::move(world_ranks), options),
       store_(std::move(store)),
-      prefix_(std::move(prefix)),
-      sent_(static_cast<size_t>(size)),
-      received_(static_cast<size_t>(size)) {}
+      prefix_(std::move(prefix)) {}
 
 std::shared_ptr<StoreCommunicator> StoreCommunicator::single(const CommOptions& options) {
   return std::shared_ptr<StoreCommunicator>(
@@ -92,6 +92,7 @@ std::string StoreCommunicator::key(uint64_t seq, const std::string& rest) const 
 }
 
 void StoreCommunicator::put(const Op& op, const std::string& k, const char* data, size_t bytes) {
+  if (bytes > kMaxPayloadBytes) refuse(op, bytes, "over the bound");
   Store::Bytes v(sizeof(Header) + bytes);
   const Header h{kMagic, static_cast<uint16_t>(op.kind), 0, bytes};
   std::memcpy(v.data(), &h, sizeof(h));
@@ -173,39 +174,27 @@ void StoreCommunicator::heard_from_all() {
   shared_now_.clear();
 }
 
-void StoreCommunicator::do_all_to_all(const Op& op, const char* send,
+void StoreCommunicator::refuse(const Op& op, size_t bytes, const char* what) const {
+  HP_FAIL(ErrorKind::kInternal, "rank ", world_rank(), ": ", op_name(op.kind), " on '", name(),
+          "' of ", bytes, " bytes: ", what,
+          "; the store communicator carries control messages only (at most ", kMaxPayloadBytes,
+          " bytes per rank, no all-to-all, no point-to-point): tensors move over the device "
+          "groups (NCCL) or MPI");
+}
+
+void StoreCommunicator::do_all_to_all(const Op& op, const char*,
                                       const std::vector<size_t>& send_bytes,
-                                      const std::vector<size_t>& send_displs, char* recv,
-                                      const std::vector<size_t>& recv_bytes,
-                                      const std::vector<size_t>& recv_displs) {
-  const uint64_t s = seq_++;
-  const int me = rank();
-  // Every pair gets a value, empty ones included: hearing from every peer is what lets
-  // heard_from_all() clean up.
-  std::vector<std::string> keys;
-  std::vector<int> peers;
-  for (int p = 0; p < size(); ++p) {
-    const size_t q = static_cast<size_t>(p);
-    if (p == me) {
-      if (send_bytes[q]) std::memcpy(recv + recv_displs[q], send + send_displs[q], send_bytes[q]);
-      continue;
-    }
-    put(op, key(s, str_cat(me, "-", p)), send + send_displs[q], send_bytes[q]);
-    keys.push_back(key(s, str_cat(p, "-", me)));
-    peers.push_back(p);
-  }
-  await(op, keys, peers);
-  for (size_t i = 0; i < keys.size(); ++i) {
-    const size_t q = static_cast<size_t>(peers[i]);
-    take(op, keys[i], peers[i], recv + recv_displs[q], recv_bytes[q]);
-    store_->erase(keys[i]);
-  }
-  heard_from_all();
+                                      const std::vector<size_t>&, char*, const std::vector<size_t>&,
+                                      const std::vector<size_t>&) {
+  size_t total = 0;
+  for (size_t b : send_bytes) total += b;
+  refuse(op, total, "a personalised exchange (all-to-all) of tensor rows");
 }
 
 void StoreCommunicator::do_all_gather(const Op& op, const char* send, size_t bytes, char* recv,
                                       const std::vector<size_t>& recv_bytes,
                                       const std::vector<size_t>& recv_displs) {
+  if (bytes > kMaxPayloadBytes) refuse(op, bytes, "over the bound");
   const uint64_t s = seq_++;
   const int me = rank();
   if (bytes) std::memcpy(recv + recv_displs[static_cast<size_t>(me)], send, bytes);
@@ -229,6 +218,7 @@ void StoreCommunicator::do_all_gather(const Op& op, const char* send, size_t byt
 }
 
 void StoreCommunicator::do_broadcast(const Op& op, char* data, size_t bytes, int root) {
+  if (bytes > kMaxPayloadBytes) refuse(op, bytes, "over the bound");
   const uint64_t s = seq_++;
   if (size() == 1) return;
   const std::string k = key(s, std::to_string(root));
@@ -260,27 +250,9 @@ void StoreCommunicator::do_barrier(const Op& op) {
 }
 
 void StoreCommunicator::do_p2p(const Op& op, const std::vector<P2p>& ops) {
-  // Sends never wait (the store keeps the message), so every send is written before any receive
-  // waits and no order of the operations can deadlock.
-  const int me = rank();
-  std::vector<std::string> keys;
-  std::vector<int> peers;
-  std::vector<const P2p*> recvs;
-  for (const P2p& t : ops) {
-    const size_t q = static_cast<size_t>(t.peer);
-    if (t.is_send) {
-      put(op, str_cat(prefix_, "/p", me, "-", t.peer, "/", sent_[q]++), t.data, t.bytes);
-    } else {
-      keys.push_back(str_cat(prefix_, "/p", t.peer, "-", me, "/", received_[q]++));
-      peers.push_back(t.peer);
-      recvs.push_back(&t);
-    }
-  }
-  await(op, keys, peers);
-  for (size_t i = 0; i < keys.size(); ++i) {
-    take(op, keys[i], peers[i], recvs[i]->data, recvs[i]->bytes);
-    store_->erase(keys[i]);
-  }
+  size_t total = 0;
+  for (const P2p& t : ops) total += t.bytes;
+  refuse(op, total, "a point-to-point transfer");
 }
 
 std::shared_ptr<Communicator> StoreCommunicator::do_split(const Op&, int color,

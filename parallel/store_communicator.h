@@ -1,21 +1,24 @@
 // StoreCommunicator: the host Communicator of launches without MPI, built on a Store.
 //
-// It carries control messages: the rendezvous, the NCCL unique ids of the NCCL groups that mirror
-// it, the few host scalars of a step (valid-target counts, loss sums), split() into the process
-// groups. It is not a data path: every message is a store value, so its cost is a few round trips
-// to the store per rank per call. GPU training without MPI moves its tensors over NCCL; the CPU
-// backend needs MPI for several ranks (see check_launch_for_backend in launch_env.h). Tests run
-// ranks as threads over one store.
+// It carries control messages only: the rendezvous, the NCCL unique ids of the NCCL groups that
+// mirror it, a step's few host scalars (valid-target counts, loss sums, flags), split() into the
+// process groups, the agreements of a checkpoint save or load. It is not a data path: every
+// message is one store value, at most kMaxPayloadBytes per rank (a little under
+// Store::kMaxValueBytes, 64 KiB), and there is no all-to-all and no point-to-point transfer.
+// A call over the bound, and every all_to_all_v, reduce_scatter, send and recv (and an all_reduce
+// large enough to need an all-to-all), throws Error(kind kInternal) naming the operation, the
+// communicator and the bytes, before any message is written; the communicator stays usable.
+// GPU training without MPI moves its tensors over NCCL groups that mirror the host groups, the
+// checkpoint gathers included (launch/train/run_checkpoint.h); the CPU backend needs MPI for
+// several ranks (see choose_bootstrap in launch_env.h). Tests run ranks as threads over one store.
 //
 // Messages: collective call number s of a communicator with key prefix P writes P/s/<from> (one
-// value for everyone: all_gather, broadcast, barrier) or P/s/<from>-<to> (all_to_all); send/recv
-// use P/p<from>-<to>/<n>, n counting the messages of that pair. Every value starts with a header
+// value for everyone: all_gather, broadcast, barrier). Every value starts with a header
 // (operation, payload bytes), so a rank in a different call, or with a different size, gets an
 // error naming the peer instead of wrong data. split() needs no message beyond the colour
 // exchange: the members derive the child's prefix (P/s.c<colour>) from the call number.
 //
-// Cleanup: a reader erases what only it reads (all_to_all and send/recv values). A value that
-// several ranks read is erased by its writer once it has heard from every rank in a later call,
+// Cleanup: a value that several ranks read is erased by its writer once it has heard from every rank in a later call,
 // because a rank that has written call s has finished reading every earlier call; so the store
 // holds a bounded number of values per communicator, whatever the number of calls.
 //
@@ -62,6 +65,8 @@ class StoreCommunicator final : public HostCommunicator {
 
   // The job's abort key.
   static constexpr const char* kAbortKey = "abort";
+  // The largest payload of one rank in one call (the store value less the message header).
+  static constexpr size_t kMaxPayloadBytes = Store::kMaxValueBytes - 16;
 
  protected:
   void do_all_to_all(const Op& op, const char* send, const std::vector<size_t>& send_bytes,
@@ -81,6 +86,8 @@ class StoreCommunicator final : public HostCommunicator {
   StoreCommunicator(std::shared_ptr<Store> store, std::string prefix, std::string name, int rank,
                     int size, std::vector<int> world_ranks, CommOptions options);
 
+  // Throws Error(kInternal): op of `bytes` is not carried by the store (`what` says why).
+  [[noreturn]] void refuse(const Op& op, size_t bytes, const char* what) const;
   // Writes `bytes` of `data` under `key`, framed with op's header.
   void put(const Op& op, const std::string& key, const char* data, size_t bytes);
   // Waits (bounded by op's deadline, watching the abort and lost keys) until keys[i], written by
@@ -95,8 +102,6 @@ class StoreCommunicator final : public HostCommunicator {
   std::shared_ptr<Store> store_;
   std::string prefix_;
   uint64_t seq_ = 0;                 // collective calls so far
-  std::vector<uint64_t> sent_;       // messages sent to each peer
-  std::vector<uint64_t> received_;   // messages received from each peer
   std::vector<std::string> shared_;  // values others read, kept until heard_from_all()
   std::vector<std::string> shared_now_;
 };

@@ -67,9 +67,14 @@ int64_t chunk_rows_of(const Param& p, DType dtype) {
   return rows;
 }
 
-// The host communicator a sharded parameter's state is split over.
-Communicator& shard_group(const RankContext& ctx, const Param& p) {
-  return is_expert(p) ? *ctx.groups.dp : *ctx.groups.world;
+// The groups that move the run's tensors (see RunState::tensor_groups).
+const ProcessGroups& tensor_groups(const RunState& run) {
+  return run.tensor_groups != nullptr ? *run.tensor_groups : run.ctx.groups;
+}
+
+// The tensor group a sharded parameter's state is split over.
+Communicator& shard_group(const ProcessGroups& g, const Param& p) {
+  return is_expert(p) ? *g.dp : *g.world;
 }
 
 size_t row_bytes(const Param& p, DType dtype) {
@@ -146,10 +151,9 @@ std::string fmt_double(double v, int prec) {
 // checkpoint). With the CPU backend tensors already are host memory and nothing is staged.
 class Staging {
  public:
-  Staging(Backend& be, const std::vector<Item>& items) : be_(be) {
-    size_t bytes = 0;
-    for (const Item& it : items)
-      if (it.local.device() != Device::kCPU) bytes = std::max(bytes, it.local.nbytes());
+  Staging(Backend& be, const std::vector<Item>& items) : Staging(be, largest_on_device(items)) {}
+  // Two buffers of `bytes` each (none when 0).
+  Staging(Backend& be, size_t bytes) : be_(be) {
     if (bytes == 0) return;
     for (auto& slot : slots_) {
       slot.storage = be.pinned_host_storage(bytes);
@@ -176,6 +180,12 @@ class Staging {
   void finish() {
     wait(0);
     wait(1);
+  }
+  static size_t largest_on_device(const std::vector<Item>& items) {
+    size_t bytes = 0;
+    for (const Item& it : items)
+      if (it.local.device() != Device::kCPU) bytes = std::max(bytes, it.local.nbytes());
+    return bytes;
   }
 
  private:
@@ -284,8 +294,9 @@ struct SaveTensor {
   // rank 0, none elsewhere) and, parallel, the byte offset of the first of them in `local`.
   RowRange rows;
   size_t local_offset = 0;
-  // Serial only: `local` is first gathered over shard_group into shard_shape (sharded optimizer
-  // state), then the expert blocks over expert_group into global_shape. Null: no gather.
+  // Serial only: `local` is first gathered over shard_group (a tensor group) into shard_shape
+  // (sharded optimizer state), then the expert blocks over expert_group into global_shape.
+  // Null: no gather.
   Communicator* shard_group = nullptr;
   Shape shard_shape;
   Communicator* expert_group = nullptr;
@@ -361,11 +372,12 @@ SavePlan plan_save(const RunState& run, const std::string& dir, const std::vecto
       t.local_offset = static_cast<size_t>(t.rows.begin - held_rows(p).begin) * row_bytes(p, md);
     } else {
       t.rows = RowRange{0, plan.writes ? p.global_shape[0] : 0};
+      const ProcessGroups& g = tensor_groups(run);
       if (p.sharded()) {
-        t.shard_group = &shard_group(ctx, p);
+        t.shard_group = &shard_group(g, p);
         t.shard_shape = p.shape;
       }
-      if (is_expert(p) && ctx.groups.ep_size > 1) t.expert_group = ctx.groups.ep.get();
+      if (is_expert(p) && g.ep_size > 1) t.expert_group = g.ep.get();
     }
     plan.tensors.push_back(std::move(t));
   }
@@ -432,12 +444,32 @@ SavePlan plan_save(const RunState& run, const std::string& dir, const std::vecto
 // (b) The write: the planned tensors, then the state datasets and the attributes, into `w`
 // (null on the ranks that write nothing; serially they still take part in the gathers). Every
 // rank calls it with the same plan shape. Tensors go to the file one at a time through two host
-// staging buffers: the device->host copy of tensor i+1 is issued before tensor i is written.
-void write_planned(const SavePlan& plan, Staging& staging, CheckpointWriter* w) {
+// staging buffers: tensor i+1 is gathered (serially) and its device->host copy issued before
+// tensor i is written.
+void write_planned(const SavePlan& plan, Backend& be, Staging& staging, CheckpointWriter* w) {
   const std::vector<SaveTensor>& tensors = plan.tensors;
+  // Serially, the whole tensor: the shards gathered over the tensor groups, where the tensor
+  // lives (device tensors over NCCL, in the compute stream's order, which the staging copy
+  // follows); only the rank that writes needs it on the host.
+  const auto gathered = [&](const SaveTensor& t) {
+    Tensor full = t.local;
+    if (t.shard_group != nullptr) {
+      Tensor shards = full.device() == Device::kCPU ? Tensor::host(t.shard_shape, plan.dtype)
+                                                    : be.empty(t.shard_shape, plan.dtype);
+      t.shard_group->all_gather(full, shards);
+      full = shards;
+    }
+    if (t.expert_group != nullptr) {
+      Tensor blocks = full.device() == Device::kCPU ? Tensor::host(t.global_shape, plan.dtype)
+                                                    : be.empty(t.global_shape, plan.dtype);
+      t.expert_group->all_gather(full, blocks);
+      full = blocks;
+    }
+    return full;
+  };
   const auto stage = [&](size_t i) {
-    const Tensor& src = tensors[i].local;
-    if (src.device() == Device::kCPU) return src;
+    const Tensor src = plan.parallel ? tensors[i].local : gathered(tensors[i]);
+    if (src.device() == Device::kCPU || w == nullptr) return src;
     Tensor h = staging.acquire(i, src);
     staging.copy(i, src, h);
     return h;
@@ -452,19 +484,8 @@ void write_planned(const SavePlan& plan, Staging& staging, CheckpointWriter* w) 
     if (plan.parallel) {
       w->write_rows(t.name, t.global_shape, plan.dtype, t.chunk_rows, t.rows,
                     host.data<char>() + t.local_offset);
-    } else {
-      Tensor full = host;
-      if (t.shard_group != nullptr) {
-        full = Tensor::host(t.shard_shape, plan.dtype);
-        t.shard_group->all_gather(host, full);
-      }
-      if (t.expert_group != nullptr) {
-        Tensor block = full;
-        full = Tensor::host(t.global_shape, plan.dtype);
-        t.expert_group->all_gather(block, full);
-      }
-      if (w != nullptr)
-        w->write_rows(t.name, t.global_shape, plan.dtype, t.chunk_rows, t.rows, full.raw());
+    } else if (w != nullptr) {
+      w->write_rows(t.name, t.global_shape, plan.dtype, t.chunk_rows, t.rows, host.raw());
     }
     if (i == tensors.size() / 2) maybe_inject_save_fault("data", plan.rank, plan.step);
   }
@@ -551,17 +572,25 @@ SaveStats save_checkpoint(const RunState& run, const std::string& dir, int64_t k
   make_checkpoint_dir(dir);
   const std::vector<Item> items = checkpoint_items(run.model.params(), false);
   require_finite(run, items, run.position.step);
-  Staging staging(run.backend, items);
-  // An MPI world writes in parallel; otherwise rank 0 writes alone what the groups gather.
+  // An MPI world writes in parallel; otherwise rank 0 writes alone what the tensor groups gather.
   const std::unique_ptr<CheckpointGroup> group = make_checkpoint_group(*ctx.groups.world);
   const SavePlan plan = plan_save(run, dir, items, group != nullptr);
+  // Staging holds what this rank copies from the device: its own rows in parallel, the whole
+  // gathered tensor on the serial writer.
+  size_t staged = Staging::largest_on_device(items);
+  if (!plan.parallel && plan.writes)
+    for (const SaveTensor& t : plan.tensors)
+      if (t.local.device() != Device::kCPU)
+        staged = std::max(staged, static_cast<size_t>(shape_numel(t.global_shape)) *
+                                      dtype_size(plan.dtype));
+  Staging staging(run.backend, staged);
 
   remove_stale_tmp(plan, ctx);
   std::unique_ptr<CheckpointWriter> w;
   try {
     w = create_tmp(plan, group.get());
     maybe_inject_save_fault("begin", plan.rank, plan.step);
-    write_planned(plan, staging, w.get());
+    write_planned(plan, run.backend, staging, w.get());
     close_tmp(plan, w.get());
   } catch (const std::exception& e) {
     discard_tmp(plan, w, e);

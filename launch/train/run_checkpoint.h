@@ -14,10 +14,13 @@
 // Writing: with an MPI world, every rank writes its own rows with collective parallel HDF5
 // (dense tensors: their chunks split among the world ranks; expert tensors: each expert block
 // written by one rank of the dp group that holds it; with optimizer_sharding=zero1 every rank
-// writes the rows of its shard of masters and moments). Without MPI (store launches, one process
-// without mpirun), the shards are gathered over their groups and rank 0 writes the file
-// alone. On CUDA the tensors are copied to host memory first (one synchronization); on load the
-// bf16 working copies are regenerated from the fp32 masters.
+// writes the rows of its shard of masters and moments). Without MPI (launches that meet through
+// the store, one process without mpirun), the shards and expert blocks are gathered over the
+// run's tensor groups (RunState::tensor_groups: NCCL on CUDA, on the device and in the compute
+// stream's order; never the store, which carries only the control messages of the save) and
+// rank 0 writes the file alone. On CUDA the tensors (gathered ones: the whole tensor) are copied
+// to host memory through two staging buffers; on load the bf16 working copies are regenerated
+// from the fp32 masters.
 //
 // A save runs in three steps (run_checkpoint.cpp): the plan of the rows each rank writes and of
 // the state datasets and attributes, the write, and the commit below.
@@ -71,6 +74,10 @@ struct RunState {
   // Called after a load has refreshed the working copies from the masters this rank holds
   // (with sharded optimizer state, only its rows: this gathers the rest). May be empty.
   std::function<void()> params_loaded;
+  // The groups that move the run's tensors, with ctx.groups' ranks and layout: the NCCL groups
+  // of a CUDA run of several ranks, the host groups otherwise. A save without MPI gathers its
+  // shards over them. Null: ctx.groups.
+  const ProcessGroups* tensor_groups = nullptr;
 };
 
 struct SaveStats {

@@ -73,6 +73,7 @@ Trainer::Trainer(const TrainOptions& o, const RankContext& ctx)
 #endif
   if (!grad_groups.world) grad_groups = tensor_groups;
   grad_groups_ = grad_groups;
+  tensor_groups_ = tensor_groups;
   std::shared_ptr<ExpertExchange> exchange;
   if (ctx_.world() > 1)
     exchange = std::make_shared<CommExpertExchange>(tensor_groups.ep, tensor_groups.world);
@@ -109,6 +110,7 @@ RunState Trainer::run_state() {
   RunState r{o_, ctx_, *be_, *model_, *loader_, sched_, RunPosition{step_, tokens_seen_, skipped_},
              {}};
   if (zero1_) r.params_loaded = [this] { zero1_->gather_params(); };
+  r.tensor_groups = &tensor_groups_;
   return r;
 }
 

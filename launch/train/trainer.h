@@ -73,6 +73,9 @@ class Trainer {
   std::unique_ptr<GradSync> grad_sync_;
   OptimizerStateBytes state_bytes_;
   ProcessGroups grad_groups_;  // the communicators of the gradient reductions
+  // The communicators of the run's tensors (NCCL on CUDA; ctx_.groups on the CPU): the expert
+  // exchange and a checkpoint's gathers.
+  ProcessGroups tensor_groups_;
   AdamW opt_;
   LrSchedule sched_;
   int64_t step_ = 0;

@@ -1,5 +1,5 @@
-// GradSync on the cpu backend, ranks as threads over TCP loopback: dense gradients are summed
-// over the world and expert gradients over dp, layer by layer as the hook reports them and the
+// GradSync on the cpu backend, ranks as threads with an in-process data path (thread_comm.h):
+// dense gradients are summed over the world and expert gradients over dp, layer by layer as the hook reports them and the
 // rest in finish(), step after step, without a host sync. Asking for the comm stream changes
 // nothing on the cpu (its events are complete when recorded) and gives the same bits.
 // The NCCL path (comm stream, events) is covered by tests/gpu/nccl_test.cpp.
@@ -25,7 +25,7 @@
 #include "parallel/process_groups.h"
 #include "parallel/store_communicator.h"
 #include "parallel/zero1.h"
-#include "tests/parallel/tcp_threads.h"
+#include "tests/parallel/thread_comm.h"
 
 namespace hp {
 namespace {
@@ -91,7 +91,7 @@ std::vector<std::vector<float>> reduce_steps(const CommPtr& world, int ep_size,
 
 TEST(GradSync, DenseOverWorldExpertsOverDpOnEitherStream) {
   const int world_size = 4, ep_size = 2, steps = 2;
-  test::run_tcp_threads(world_size, [&](const CommPtr& world) {
+  test::run_thread_ranks(world_size, [&](const CommPtr& world) {
     const int rank = world->rank();
     const GroupLayout layout = GroupLayout::make(world_size, ep_size);
     const auto on_compute = reduce_steps(world, ep_size, Backend::StreamKind::kCompute, steps);
@@ -116,7 +116,7 @@ TEST(GradSync, DenseOverWorldExpertsOverDpOnEitherStream) {
 }
 
 TEST(GradSync, SingleRankGroupsReduceNothing) {
-  test::run_tcp_threads(2, [&](const CommPtr& world) {
+  test::run_thread_ranks(2, [&](const CommPtr& world) {
     // ep_size 2 over 2 ranks: dp groups have one rank, so expert gradients stay as they are.
     const auto got = reduce_steps(world, 2, Backend::StreamKind::kComm, 1);
     for (size_t k = 0; k < kSpecs.size(); ++k) {
@@ -178,7 +178,7 @@ std::vector<float> values(const Tensor& t) {
 
 TEST(GradSync, Zero1ShardsHoldTheAllReducedRowsBitwise) {
   const int world_size = 4, ep_size = 2;
-  test::run_tcp_threads(world_size, [&](const CommPtr& world) {
+  test::run_thread_ranks(world_size, [&](const CommPtr& world) {
     Ranked plain, sharded;
     make_params(plain, world, ep_size, 1);
     make_params(sharded, world, ep_size, 1);
@@ -226,7 +226,7 @@ TEST(GradSync, Zero1ShardsHoldTheAllReducedRowsBitwise) {
 
 TEST(GradSync, Bf16WireSumsRoundedAddendsInRankOrder) {
   const int world_size = 4, ep_size = 2;
-  test::run_tcp_threads(world_size, [&](const CommPtr& world) {
+  test::run_thread_ranks(world_size, [&](const CommPtr& world) {
     const GroupLayout layout = GroupLayout::make(world_size, ep_size);
     for (bool shard : {false, true}) {
       Ranked r;
@@ -271,7 +271,7 @@ TEST(GradSync, Zero1LeavesIndivisibleTensorsReplicated) {
   // once in the norm partials and updated whole on every rank.
   const std::vector<Spec> specs = {{"layers.0.odd", ParamGroup::kDense, 6},
                                    {"layers.0.even", ParamGroup::kDense, 12}};
-  test::run_tcp_threads(4, [&](const CommPtr& world) {
+  test::run_thread_ranks(4, [&](const CommPtr& world) {
     Ranked plain, sharded;
     make_params(plain, world, 1, 3, specs);
     make_params(sharded, world, 1, 3, specs);

@@ -5,8 +5,11 @@
 //    is registered with CTest once per rank count on its HP_MPI_TEST line, run under
 //    ${MPIEXEC_EXECUTABLE} (label mpi: `ctest -L mpi`, or `ctest -R MultiRank.Broadcast`);
 //    started alone, it skips.
-//  - TcpThreads.*: ranks as threads of this process, their communicators over a TcpStore on
-//    loopback (tcp_threads.h), so the single-process run covers the multi-rank paths too.
+//  - ThreadRanks.*: ranks as threads of this process, their communicators moving bytes through an
+//    in-process mailbox (thread_comm.h), so the single-process run covers the multi-rank paths of
+//    HostCommunicator too.
+//  - TcpThreads.*: ranks as threads over a TcpStore on loopback (tcp_threads.h): the control
+//    messages the store communicator carries, and its refusal of anything tensor-sized.
 // FaultInjection.* run only when HP_TEST_FAULT names a fault (timeout, throw, exit); they end the
 // process like the top level of the program would (log, abort the communicator, exit non-zero).
 // CTest sets HP_TEST_FAULT for each and checks the output (or the failing exit status) and, with
@@ -30,11 +33,13 @@
 #include "parallel/store_communicator.h"
 #include "tests/common/mpi_case.h"
 #include "tests/parallel/tcp_threads.h"
+#include "tests/parallel/thread_comm.h"
 
 namespace hp {
 namespace {
 
 using test::run_tcp_threads;
+using test::run_thread_ranks;
 
 using CommPtr = std::shared_ptr<Communicator>;
 using namespace std::chrono_literals;
@@ -602,36 +607,120 @@ HP_MPI_TEST(FaultInjection, Exit, 4) {
   exit_like_top_level(*world, "barrier returned although rank 1 died");
 }
 
-// ---- ranks as threads over TCP ----------------------------------------------------------------
+// ---- ranks as threads, in-process data path ----------------------------------------------------
 
-TEST(TcpThreads, AllReduce) {
-  for (int n : {2, 3}) run_tcp_threads(n, [](const CommPtr& c) { check_all_reduce(*c); });
+TEST(ThreadRanks, AllReduce) {
+  for (int n : {2, 3}) run_thread_ranks(n, [](const CommPtr& c) { check_all_reduce(*c); });
 }
-TEST(TcpThreads, AllReduceBitwiseEqualAcrossRanks) {
-  run_tcp_threads(4, [](const CommPtr& c) { check_bitwise_equal_across_ranks(*c); });
+TEST(ThreadRanks, AllReduceBitwiseEqualAcrossRanks) {
+  run_thread_ranks(4, [](const CommPtr& c) { check_bitwise_equal_across_ranks(*c); });
 }
-TEST(TcpThreads, BroadcastAllGatherReduceScatter) {
-  run_tcp_threads(3, [](const CommPtr& c) {
+TEST(ThreadRanks, BroadcastAllGatherReduceScatter) {
+  run_thread_ranks(3, [](const CommPtr& c) {
     check_broadcast(*c);
     check_all_gather(*c);
     check_reduce_scatter(*c);
   });
 }
-TEST(TcpThreads, AllToAllV) {
-  for (int n : {2, 4}) run_tcp_threads(n, [](const CommPtr& c) { check_all_to_all_v(*c); });
+TEST(ThreadRanks, AllToAllV) {
+  for (int n : {2, 4}) run_thread_ranks(n, [](const CommPtr& c) { check_all_to_all_v(*c); });
 }
-TEST(TcpThreads, SendRecvBarrierBlob) {
-  run_tcp_threads(3, [](const CommPtr& c) {
+TEST(ThreadRanks, SendRecvBarrierBlob) {
+  run_thread_ranks(3, [](const CommPtr& c) {
     check_send_recv(*c);
     check_barrier(*c);
     check_share_blob(*c);
   });
 }
-TEST(TcpThreads, SplitAndGroups) {
-  run_tcp_threads(4, [](const CommPtr& c) {
+TEST(ThreadRanks, SplitAndGroups) {
+  run_thread_ranks(4, [](const CommPtr& c) {
     check_split(*c);
     check_groups(c);
   });
+}
+
+// ---- ranks as threads over TCP: control messages only -----------------------------------------
+
+// What the store communicator of a launch without MPI carries: the rendezvous, small sums, blobs,
+// barriers, splits into the process groups. Values near the bound still pass.
+TEST(TcpThreads, ControlMessages) {
+  run_tcp_threads(3, [](const CommPtr& c) {
+    for (DType dt : {DType::kF32, DType::kF64, DType::kI32, DType::kI64}) {
+      for (int64_t n : {0, 1, 5, 1000}) {
+        Tensor t = make_data(dt, n, 40 + static_cast<uint64_t>(n), c->rank());
+        c->all_reduce(t, ReduceOp::kSum);
+        EXPECT_TRUE(same_bits(t, expected_reduction(dt, n, 40 + static_cast<uint64_t>(n),
+                                                    c->size(), ReduceOp::kSum)))
+            << where(*c) << ": all_reduce of " << n << " " << dtype_name(dt);
+      }
+    }
+    const int64_t near = static_cast<int64_t>(StoreCommunicator::kMaxPayloadBytes / 8);
+    Tensor big = make_data(DType::kF64, near, 41, 0);
+    c->broadcast(big, 0);
+    EXPECT_TRUE(same_bits(big, make_data(DType::kF64, near, 41, 0))) << where(*c);
+    check_barrier(*c);
+    check_share_blob(*c);
+    check_split(*c);
+    check_groups(c);
+  });
+}
+
+// Anything tensor-sized is refused before a message is written, naming the operation and the
+// bytes, on every rank alike; the communicator stays usable for control messages.
+TEST(TcpThreads, RefusesTensorPayloads) {
+  run_tcp_threads(2, [](const CommPtr& c) {
+    const auto refused = [&](const std::function<void()>& call, const std::string& op,
+                             const std::string& bytes) {
+      try {
+        call();
+        ADD_FAILURE() << where(*c) << ": " << op << " of " << bytes << " bytes was carried";
+      } catch (const Error& e) {
+        const std::string what = e.what();
+        EXPECT_NE(what.find(op + " on 'world'"), std::string::npos) << what;
+        EXPECT_NE(what.find(bytes + " bytes"), std::string::npos) << what;
+        EXPECT_NE(what.find("control messages only"), std::string::npos) << what;
+      }
+    };
+    // 256 KiB of f32, a small layer's gradient: over the bound per rank.
+    Tensor grad = make_data(DType::kF32, 65536, 50, c->rank());
+    refused([&] { c->all_reduce(grad, ReduceOp::kSum); }, "all_reduce", "262144");
+    Tensor shard = make_data(DType::kF32, 20000, 51, c->rank());
+    Tensor full = Tensor::host({40000}, DType::kF32);
+    refused([&] { c->all_gather(shard, full); }, "all_gather", "80000");
+    refused([&] { c->broadcast(shard, 0); }, "broadcast", "80000");
+    Tensor half = Tensor::host({10000}, DType::kF32);
+    refused([&] { c->reduce_scatter(shard, half, ReduceOp::kSum); }, "reduce_scatter", "80000");
+    // No all-to-all and no point-to-point, whatever the size.
+    Tensor rows = make_data(DType::kF32, 4, 52, c->rank());
+    Tensor got = Tensor::host({4}, DType::kF32);
+    refused([&] { c->all_to_all_v(rows, {2, 2}, got, {2, 2}); }, "all_to_all_v", "16");
+    refused([&] { c->send(rows, 1 - c->rank()); }, "send/recv", "16");
+    // Still in step: a control message after the refusals.
+    Tensor one = Tensor::host_from(std::vector<int64_t>{c->rank() + 1}, DType::kI64);
+    c->all_reduce(one, ReduceOp::kSum);
+    EXPECT_EQ(one.data<int64_t>()[0], 3);
+  });
+}
+
+// The store itself refuses a tensor-sized value, naming the key and the size.
+TEST(TcpThreads, StoreRefusesALargeValue) {
+  auto server = TcpStore::serve(0, 5s);
+  auto client = TcpStore::connect("127.0.0.1", server->port(), 1, 5s);
+  for (Store* s : {static_cast<Store*>(server.get()), static_cast<Store*>(client.get())}) {
+    try {
+      s->set("grads/0", Store::Bytes(Store::kMaxValueBytes + 1));
+      ADD_FAILURE() << "a value of " << Store::kMaxValueBytes + 1 << " bytes was stored";
+    } catch (const Error& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find("'grads/0'"), std::string::npos) << what;
+      EXPECT_NE(what.find(str_cat(Store::kMaxValueBytes + 1, " bytes")), std::string::npos) << what;
+    }
+    EXPECT_FALSE(s->check({"grads/0"})[0]);
+    s->set("ok", Store::Bytes(Store::kMaxValueBytes));  // the bound itself is allowed
+  }
+  Store::Bytes v;
+  EXPECT_TRUE(client->try_get("ok", &v));
+  EXPECT_EQ(v.size(), Store::kMaxValueBytes);
 }
 
 }  // namespace

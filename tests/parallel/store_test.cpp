@@ -101,12 +101,31 @@ TEST_P(StoreKinds, SecondSetReplacesTheValue) {
 
 TEST_P(StoreKinds, OddKeysAndLargeValues) {
   Pair p = make_pair_of(GetParam());
-  Bytes big(3 << 20);
+  Bytes big(Store::kMaxValueBytes);  // the largest value a store holds
   for (size_t i = 0; i < big.size(); ++i) big[i] = static_cast<uint8_t>(i * 7 + 1);
   const std::string key = ".a key/with:odd%chars";
   p.a->set(key, big);
   EXPECT_EQ(p.b->get(key, 1s), big);
   EXPECT_FALSE(p.b->check({".a key/with:odd%chars2"})[0]);
+}
+
+// A tensor-sized value (one byte over the bound, and a 1 MiB gradient) is refused before anything
+// is stored, naming the key and the size; the key keeps its earlier value.
+TEST_P(StoreKinds, RefusesATensorSizedValue) {
+  Pair p = make_pair_of(GetParam());
+  p.a->set("grad", bytes("small"));
+  for (size_t n : {Store::kMaxValueBytes + 1, size_t{1} << 20}) {
+    try {
+      p.a->set("grad", Bytes(n, 3));
+      ADD_FAILURE() << "a value of " << n << " bytes was stored";
+    } catch (const Error& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find("'grad'"), std::string::npos) << what;
+      EXPECT_NE(what.find(str_cat(n, " bytes")), std::string::npos) << what;
+      EXPECT_NE(what.find(str_cat(Store::kMaxValueBytes)), std::string::npos) << what;
+    }
+  }
+  EXPECT_EQ(text(p.b->get("grad", 1s)), "small");
 }
 
 TEST_P(StoreKinds, GetWaitsForAnotherThread) {
