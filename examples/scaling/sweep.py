@@ -23,11 +23,13 @@ library only, except matplotlib for the plots.
 """
 
 import argparse
+import array
 import configparser
 import csv
 import errno
 import hashlib
 import io
+import itertools
 import json
 import math
 import os
@@ -47,20 +49,39 @@ PHASES = ["forward", "loss", "backward", "grad_sync", "optimizer", "other"]
 FAMILIES = ["attention", "dense_gemm", "expert_gemm", "routing", "norms_elementwise", "embedding",
             "cross_entropy", "optimizer", "copies", "comm", "other"]
 LAUNCHERS = ["local", "mpirun", "srun", "sbatch"]
-AXES = ["config", "gpus", "layout", "n_experts", "top_k", "tokens_per_gpu", "global_tokens"]
-SWEEP_KEYS = set(AXES) | {"name", "launcher", "args", "bench_steps", "bench_warmup", "timeout_s",
-                          "gpus_per_node", "mpirun_args", "srun_args", "sbatch_args", "env",
-                          "title"}
+AXES = ["config", "gpus", "layout", "n_experts", "top_k", "d_model", "n_layers", "expert_ffn_dim",
+        "tokens_per_gpu", "global_tokens", "budget_tokens", "budget_flops"]
+# The keys of a loss sweep (mode = loss) only, and of a throughput sweep only.
+LOSS_KEYS = {"budget_tokens", "budget_flops", "data", "eval_data", "synth_data", "eval_docs",
+             "eval_batches", "eval_every"}
+THROUGHPUT_KEYS = {"bench_steps", "bench_warmup"}
+SWEEP_KEYS = set(AXES) | LOSS_KEYS | THROUGHPUT_KEYS | {
+    "name", "launcher", "args", "timeout_s", "gpus_per_node", "mpirun_args", "srun_args",
+    "sbatch_args", "env", "title", "mode"}
+MODES = ["throughput", "loss"]
+# Model axes: 0 or absent is the config's value; set, the flag is the axis's, not args'.
+MODEL_AXES = ["d_model", "n_layers", "expert_ffn_dim"]
 
-COLUMNS = (["key", "series", "status", "error", "model", "launcher", "layout", "dp", "ep", "gpus",
-            "nodes", "n_experts", "top_k", "scaling", "tokens_per_gpu", "global_tokens", "args",
-            "ms_per_step", "tok_s", "padding", "tok_s_per_gpu", "mfu", "gpu_busy", "idle_share"]
-           + [f"phase_{p}_share" for p in PHASES] + [f"family_{f}_share" for f in FAMILIES]
-           + ["mem_per_rank_max_mib", "mem_per_rank_min_mib", "mem_kind", "syncs_per_step",
-              "backend", "wall_s", "finished_at"])
-# The columns of CSVs written before `args` and `padding` were recorded: still read (report,
-# plot) and appended to in their own layout, so a sweep resumes across the change.
-LEGACY_COLUMNS = [c for c in COLUMNS if c not in ("args", "padding")]
+# The point's mode and model axes, and what a loss point measures (empty in a throughput row).
+LOSS_COLUMNS = ["mode", "d_model", "n_layers", "expert_ffn_dim", "budget_kind", "budget", "steps",
+                "tokens", "flops", "params_total", "params_active", "eval_loss", "eval_tokens",
+                "train_loss"]
+THROUGHPUT_COLUMNS = (
+    ["key", "series", "status", "error", "model", "launcher", "layout", "dp", "ep", "gpus",
+     "nodes", "n_experts", "top_k", "scaling", "tokens_per_gpu", "global_tokens", "args",
+     "ms_per_step", "tok_s", "padding", "tok_s_per_gpu", "mfu", "gpu_busy", "idle_share"]
+    + [f"phase_{p}_share" for p in PHASES] + [f"family_{f}_share" for f in FAMILIES]
+    + ["mem_per_rank_max_mib", "mem_per_rank_min_mib", "mem_kind", "syncs_per_step", "backend",
+       "wall_s", "finished_at"])
+COLUMNS = THROUGHPUT_COLUMNS[:THROUGHPUT_COLUMNS.index("args") + 1] + LOSS_COLUMNS \
+    + THROUGHPUT_COLUMNS[THROUGHPUT_COLUMNS.index("args") + 1:]
+# The columns of CSVs written before the loss columns (THROUGHPUT_COLUMNS), and before `args` and
+# `padding` (LEGACY_COLUMNS): still read (report, plot) and appended to by a throughput sweep in
+# their own layout, so a sweep resumes across the change.
+LEGACY_COLUMNS = [c for c in THROUGHPUT_COLUMNS if c not in ("args", "padding")]
+LAYOUTS = [COLUMNS, THROUGHPUT_COLUMNS, LEGACY_COLUMNS]
+# What a key column reads as in a row of an older layout: the config's model, a throughput point.
+KEY_DEFAULTS = {"mode": "throughput", "d_model": "0", "n_layers": "0", "expert_ffn_dim": "0"}
 # Where a stopped point's hotpath gets to end after the forwarded signal, before SIGKILL.
 STOP_GRACE_S = 30
 
@@ -75,9 +96,11 @@ def log(*parts):
 
 # ---- the sweep file ---------------------------------------------------------------------------
 
-# A number of the sweep file: digits, optionally followed by k or K (x 1024): 4096, 4k, 16K.
-INT_RE = re.compile(r"([0-9]+)([kK]?)")
-NUMBER_RULE = "digits, optionally with the suffix k = x1024 (e.g. 4096 or 4k)"
+# A number of the sweep file: digits, optionally followed by k or K (x 1024) or M (x 1048576):
+# 4096, 4k, 16K, 2M. A FLOP budget may also be written as digits with a decimal exponent (3e12).
+INT_RE = re.compile(r"([0-9]+)([kKM]?)")
+NUMBER_RULE = "digits, optionally with the suffix k = x1024 or M = x1048576 (e.g. 4096, 4k, 2M)"
+FLOPS_RE = re.compile(r"([0-9]+)(?:\.([0-9]+))?[eE]([0-9]+)")
 
 
 def split_list(text):
@@ -89,9 +112,24 @@ def parse_int(v, at, key, minimum=1):
     m = INT_RE.fullmatch(v)
     if not m:
         raise SweepError(f"{at} key '{key}': '{v}' is not an integer ({NUMBER_RULE})")
-    n = int(m.group(1)) * (1024 if m.group(2) else 1)
+    n = int(m.group(1)) * {"": 1, "k": 1024, "K": 1024, "M": 1048576}[m.group(2)]
     if n < minimum:
         raise SweepError(f"{at} key '{key}': {v} is below {minimum}")
+    return n
+
+
+def parse_flops(v, at, key):
+    """A FLOP budget: a number of the sweep file, or digits with a decimal exponent (3e12,
+    1.5e13) that make a whole number."""
+    m = FLOPS_RE.fullmatch(v)
+    if not m:
+        return parse_int(v, at, key)
+    digits, frac, exp = m.group(1), m.group(2) or "", int(m.group(3))
+    if len(frac) > exp:
+        raise SweepError(f"{at} key '{key}': '{v}' is not a whole number of FLOPs")
+    n = int(digits + frac) * 10 ** (exp - len(frac))
+    if n < 1:
+        raise SweepError(f"{at} key '{key}': {v} is below 1")
     return n
 
 
@@ -189,6 +227,20 @@ def read_sweep(path):
         "title": base.get("title", ""),
         "path": os.path.abspath(path),
     }
+    mode = base.get("mode", "throughput").strip()
+    if mode not in MODES:
+        raise SweepError(f"{loc('sweep', 'mode')} key 'mode': '{mode}' is not one of "
+                         + ", ".join(MODES))
+    settings["mode"] = mode
+    other = "throughput" if mode == "loss" else "loss"
+    for sec in cp.sections():
+        for k in cp[sec]:
+            if k == "mode" and sec != "sweep":
+                raise SweepError(f"{loc(sec, k)} key 'mode': set it in [sweep] (one mode per "
+                                 "sweep file)")
+            if k in (THROUGHPUT_KEYS if mode == "loss" else LOSS_KEYS):
+                raise SweepError(f"{loc(sec, k)} key '{k}' belongs to mode = {other} sweeps; "
+                                 f"this one is mode = {mode}")
     points = {}
     for sec in series_secs:
         s = dict(base)
@@ -238,9 +290,19 @@ def read_sweep(path):
                                  0)
         timeout_s = parse_int(s.get("timeout_s", "600"), at("timeout_s"), "timeout_s", 0)
         args = split_args(s.get("args", ""), at("args"), "args")
+        model_axes = {k: parse_ints(s.get(k, "0"), at(k), k, 0) for k in MODEL_AXES}
+        runner_flags = "n_experts|top_k|ep_size|batch_tokens|bench_json|config"
+        if mode == "loss":
+            runner_flags += "|steps|data|eval_data|eval_every|eval_batches|metrics_path|dry-run"
         for a in args:
-            if re.match(r"--(n_experts|top_k|ep_size|batch_tokens|bench_json|config)=", a):
-                raise SweepError(f"{at('args')} key 'args': '{a}' is set by the sweep's axes")
+            if re.match(rf"--({runner_flags})(=|$)", a):
+                raise SweepError(f"{at('args')} key 'args': '{a}' is set by the sweep's axes"
+                                 + (" and loss keys" if mode == "loss" else ""))
+            for k in MODEL_AXES:
+                if a.startswith(f"--{k}=") and any(model_axes[k]):
+                    raise SweepError(f"{at('args')} key 'args': '{a}' and the axis '{k}' "
+                                     f"({at(k)}) both set {k}: keep one")
+        loss = loss_settings(s, at, where) if mode == "loss" else None
         launch_flags = {k: split_args(s.get(k, ""), at(k), k)
                         for k in ("mpirun_args", "srun_args", "sbatch_args")}
         env = {}
@@ -261,7 +323,9 @@ def read_sweep(path):
                         for k in topks:
                             if ne and k > ne:
                                 raise SweepError(f"{where} top_k {k} exceeds {ne} experts")
-                            for t in toks:
+                            for t, dm, nl, ff, budget in itertools.product(
+                                    toks, *(model_axes[a] for a in MODEL_AXES),
+                                    loss["budgets"] if loss else [None]):
                                 tpg = t if scaling == "weak" else t // gpus
                                 glob = t * gpus if scaling == "weak" else t
                                 if launcher == "local" and gpus > 1:
@@ -275,13 +339,25 @@ def read_sweep(path):
                                     "nodes": max(1, math.ceil(gpus / gpn)), "gpus_per_node": gpn,
                                     "n_experts": ne, "top_k": k, "scaling": scaling,
                                     "tokens_per_gpu": tpg, "global_tokens": glob, "args": args,
-                                    "bench_steps": bench_steps, "bench_warmup": bench_warmup,
+                                    "d_model": dm, "n_layers": nl, "expert_ffn_dim": ff,
+                                    "mode": mode, "bench_steps": bench_steps,
+                                    "bench_warmup": bench_warmup,
                                     "timeout_s": timeout_s,
                                     "mpirun_args": launch_flags["mpirun_args"],
                                     "srun_args": launch_flags["srun_args"],
                                     "sbatch_args": launch_flags["sbatch_args"],
                                     "env": env,
                                 }
+                                if loss:
+                                    p.update({k: v for k, v in loss.items() if k != "budgets"})
+                                    p["budget"] = budget
+                                    if loss["budget_kind"] == "tokens" and budget < glob:
+                                        raise SweepError(
+                                            f"{at('budget_tokens')} key 'budget_tokens': {budget} "
+                                            f"is less than one step's {glob} tokens "
+                                            "(batch_tokens)")
+                                    if loss["budget_kind"] == "tokens":
+                                        p["steps"] = budget // glob
                                 p["key"] = point_key(p)
                                 if p["key"] in points:
                                     old = points[p["key"]]
@@ -292,11 +368,78 @@ def read_sweep(path):
     return settings, list(points.values())
 
 
+def loss_settings(s, at, where):
+    """The keys of a loss series: its budgets, its data and its evaluation."""
+    if ("budget_tokens" in s) == ("budget_flops" in s):
+        raise SweepError(f"{where} a loss sweep needs one of 'budget_tokens' (tokens each point "
+                         "trains on) and 'budget_flops' (model FLOPs each point spends)"
+                         + (", not both" if "budget_tokens" in s else ""))
+    if "budget_tokens" in s:
+        kind, budgets = "tokens", parse_ints(s["budget_tokens"], at("budget_tokens"),
+                                             "budget_tokens")
+    else:
+        values = split_list(s["budget_flops"])
+        if not values:
+            raise SweepError(f"{at('budget_flops')} key 'budget_flops' is empty (give a number or "
+                             "a list of numbers, e.g. 1e12, 4e12)")
+        kind, budgets = "flops", [parse_flops(v, at("budget_flops"), "budget_flops")
+                                  for v in values]
+    synth = s.get("synth_data")
+    if synth is not None and ("data" in s or "eval_data" in s):
+        raise SweepError(f"{where} 'synth_data' ({at('synth_data')}) writes the data itself; it "
+                         "excludes 'data' and 'eval_data'")
+    if synth is None and not (s.get("data", "").strip() and s.get("eval_data", "").strip()):
+        raise SweepError(f"{where} a loss sweep needs 'data' and 'eval_data' (hotpath data specs: "
+                         "training and held-out token files), or 'synth_data' (flags of hotpath "
+                         "data synth, which the runner splits into both)")
+    out = {"budget_kind": kind, "budgets": budgets,
+           "eval_batches": parse_int(s.get("eval_batches", "8"), at("eval_batches"),
+                                     "eval_batches"),
+           "eval_every": parse_int(s.get("eval_every", "0"), at("eval_every"), "eval_every", 0)}
+    if synth is not None:
+        flags = split_args(synth, at("synth_data"), "synth_data")
+        for f in flags:
+            if not re.match(r"--[a-z_]+=\S", f):
+                raise SweepError(f"{at('synth_data')} key 'synth_data': '{f}' is not --key=value "
+                                 "(flags of hotpath data synth)")
+            if f.startswith("--out="):
+                raise SweepError(f"{at('synth_data')} key 'synth_data': '{f}': the runner names "
+                                 "the files")
+        out["synth"] = flags
+        out["eval_docs"] = parse_int(s.get("eval_docs", "256"), at("eval_docs"), "eval_docs")
+    else:
+        out["data"], out["eval_data"] = s["data"].strip(), s["eval_data"].strip()
+    return out
+
+
+def data_id(p):
+    """What a loss point's data and evaluation are, as one text (its hash is in the key)."""
+    if "synth" in p:
+        d = "synth " + " ".join(p["synth"]) + f" eval_docs={p['eval_docs']}"
+    else:
+        d = f"data={p['data']} eval_data={p['eval_data']}"
+    return d + f" eval_batches={p['eval_batches']} eval_every={p['eval_every']}"
+
+
+def short_int(n):
+    """A whole number in few characters: 6000000000000000 as 6e15, 262144 as 262144."""
+    m, e = n, 0
+    while m and m % 10 == 0:
+        m, e = m // 10, e + 1
+    return f"{m}e{e}" if e >= 3 else str(n)
+
+
 def point_key(p):
     """A point's identity in the CSV: everything that changes what is measured (not the launcher,
     so `submit`, which runs the points through srun, resumes a sweep `run` started)."""
     parts = [p["model"], f"g{p['gpus']}", p["layout"], f"dp{p['dp']}",
              f"ep{p['ep']}", f"e{p['n_experts']}", f"k{p['top_k']}", f"t{p['global_tokens']}"]
+    for axis, tag in (("d_model", "d"), ("n_layers", "L"), ("expert_ffn_dim", "f")):
+        if p.get(axis):
+            parts.append(f"{tag}{p[axis]}")
+    if p.get("mode") == "loss":
+        parts.append(("bt" if p["budget_kind"] == "tokens" else "bf") + short_int(p["budget"]))
+        parts.append("D" + hashlib.sha1(data_id(p).encode()).hexdigest()[:8])
     if p["args"]:
         parts.append("a" + hashlib.sha1(" ".join(p["args"]).encode()).hexdigest()[:8])
     return "_".join(str(x) for x in parts)
@@ -304,14 +447,27 @@ def point_key(p):
 
 # ---- running one point ------------------------------------------------------------------------
 
-def hotpath_args(p, hotpath, json_path):
-    a = [hotpath, "bench", "step", "--config", p["config"], f"--batch_tokens={p['global_tokens']}",
-         f"--ep_size={p['ep']}", f"--bench_steps={p['bench_steps']}",
-         f"--bench_warmup={p['bench_warmup']}", f"--bench_json={json_path}"]
-    if p["n_experts"]:
-        a.append(f"--n_experts={p['n_experts']}")
-    if p["top_k"]:
-        a.append(f"--top_k={p['top_k']}")
+def model_flags(p):
+    """The flags that set a point's model and batch (the axes), before its args."""
+    a = [f"--batch_tokens={p['global_tokens']}", f"--ep_size={p['ep']}"]
+    for k in ["n_experts", "top_k"] + MODEL_AXES:
+        if p.get(k):
+            a.append(f"--{k}={p[k]}")
+    return a
+
+
+def hotpath_args(p, hotpath, out_path):
+    """The hotpath command of a point: `bench step` writing out_path (its --bench_json), or for
+    a loss point `train` for p["steps"] steps writing out_path (its --metrics_path JSONL)."""
+    if p.get("mode") == "loss":
+        a = [hotpath, "train", "--config", p["config"]] + model_flags(p) + [
+            f"--steps={p.get('steps', '<from budget_flops>')}", f"--data={p['train_spec']}",
+            f"--eval_data={p['eval_spec']}", f"--eval_batches={p['eval_batches']}",
+            f"--eval_every={p['eval_every']}", f"--metrics_path={out_path}"]
+        return a + p["args"]
+    a = [hotpath, "bench", "step", "--config", p["config"]] + model_flags(p) + [
+        f"--bench_steps={p['bench_steps']}", f"--bench_warmup={p['bench_warmup']}",
+        f"--bench_json={out_path}"]
     return a + p["args"]
 
 
@@ -408,12 +564,24 @@ def wait_point(proc, timeout_s):
 def run_point(p, hotpath, out_dir):
     pdir = os.path.join(out_dir, "points")
     os.makedirs(pdir, exist_ok=True)
-    json_path = os.path.join(pdir, p["key"] + ".json")
+    loss = p.get("mode") == "loss"
+    json_path = os.path.join(pdir, p["key"] + (".jsonl" if loss else ".json"))
     log_path = os.path.join(pdir, p["key"] + ".log")
     job_script = os.path.join(pdir, p["key"] + ".sbatch")
     for f in (json_path, json_path + ".tmp"):
         if os.path.exists(f):
             os.remove(f)
+    if os.path.exists(log_path):
+        os.remove(log_path)
+    t0 = time.time()
+    params = None
+    if loss:
+        # The parameter counts are hotpath's own (train --dry-run); a FLOP budget needs them to
+        # set the steps before the run.
+        params, err = dry_run_params(p, hotpath, log_path)
+        if err:
+            return {"status": "failed", "error": err}, time.time() - t0
+        p = dict(p, steps=loss_steps(p, params["params_active"]))
     cmd, script = launch_command(p, hotpath, json_path, job_script)
     if script:
         write_atomic(job_script, script)
@@ -423,9 +591,8 @@ def run_point(p, hotpath, out_dir):
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // p["gpus"])))
     with open(os.path.join(out_dir, "launches.log"), "a") as f:
         f.write(p["key"] + "\n")
-    t0 = time.time()
     rc, text = None, ""
-    with open(log_path, "w") as lf:
+    with open(log_path, "a") as lf:
         lf.write("$ " + " ".join(shlex.quote(c) for c in cmd) + "\n")
         lf.flush()
         try:
@@ -445,12 +612,113 @@ def run_point(p, hotpath, out_dir):
         return {"status": "failed", "error": f"timed out after {p['timeout_s']} s (timeout_s)"}, wall
     if rc != 0:
         return {"status": "failed", "error": short_error(text, rc)}, wall
+    if loss:
+        return row_from_metrics(json_path, p, params, text), wall
     try:
         with open(json_path) as jf:
             j = json.load(jf)
     except (OSError, ValueError) as e:
         return {"status": "failed", "error": f"exit 0 but no valid {json_path}: {e}"}, wall
     return row_from_json(j), wall
+
+
+PARAMS_RE = re.compile(r"params: total=([0-9]+) active=([0-9]+)")
+
+
+def dry_run_params(p, hotpath, log_path):
+    """({params_total, params_active}, None) from `hotpath train --dry-run` with the point's
+    model flags, or (None, the error)."""
+    cmd = ([hotpath, "train", "--dry-run", "--config", p["config"]] + model_flags(p)
+           + [f"--plan_world={p['gpus']}"] + p["args"])
+    env = dict(os.environ)
+    env.update(p["env"])
+    with open(log_path, "a") as lf:
+        lf.write("$ " + " ".join(shlex.quote(c) for c in cmd) + "\n")
+        lf.flush()
+        try:
+            proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                    text=True, env=env, start_new_session=True)
+        except OSError as e:
+            return None, f"cannot start {cmd[0]}: {e}"
+        out, _ = proc.communicate()
+        lf.write(out)
+    if proc.returncode != 0:
+        return None, "dry run: " + short_error(out, proc.returncode)
+    m = PARAMS_RE.search(out)
+    if not m:
+        return None, "dry run: no 'params: total=N active=N' line in its output"
+    return {"params_total": int(m.group(1)), "params_active": int(m.group(2))}, None
+
+
+def loss_steps(p, params_active):
+    """A loss point's steps: its token budget over the tokens of a step (batch_tokens); or its
+    FLOP budget over 6 x active parameters x batch_tokens, rounded (attention FLOPs are not in
+    this estimate: the FLOPs spent, hotpath's count, exceed it by their share)."""
+    if p["budget_kind"] == "tokens":
+        return max(1, p["budget"] // p["global_tokens"])
+    return max(1, round(p["budget"] / (6.0 * params_active * p["global_tokens"])))
+
+
+def median(values):
+    v = sorted(values)
+    if not v:
+        return float("nan")
+    n = len(v)
+    return v[n // 2] if n % 2 else (v[n // 2 - 1] + v[n // 2]) / 2
+
+
+def is_number(v):
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def row_from_metrics(jsonl_path, p, params, log_text):
+    """The CSV numbers of one loss point: its steps' JSONL records (hotpath train
+    --metrics_path) and the parameter counts of its dry run."""
+    def failed(msg):
+        return {"status": "failed", "error": f"exit 0 but {msg}"}
+
+    recs = []
+    try:
+        with open(jsonl_path) as f:
+            for n, line in enumerate(f, 1):
+                if line.strip():
+                    try:
+                        recs.append(json.loads(line))
+                    except ValueError as e:
+                        return failed(f"{jsonl_path}:{n}: not JSON: {e}")
+    except OSError as e:
+        return failed(f"no metrics file {jsonl_path}: {e.strerror}")
+    if not recs:
+        return failed(f"{jsonl_path} holds no step records")
+    last = recs[-1]
+    if last.get("step") != p["steps"] or len(recs) != p["steps"]:
+        return failed(f"{jsonl_path} has {len(recs)} records ending at step {last.get('step')}, "
+                      f"expected steps 1..{p['steps']}")
+    if not is_number(last.get("eval_loss")):
+        return failed(f"the last record of {jsonl_path} has no eval_loss (a hotpath without "
+                      "held-out evaluation, eval_data?)")
+    if not all(is_number(r.get("flops")) for r in recs):
+        return failed(f"records of {jsonl_path} have no 'flops' (model FLOPs of the step)")
+    tokens = sum(r.get("tokens", 0) for r in recs)
+    positions = sum(r.get("positions", 0) for r in recs)
+    # Throughput of the steady steps: not the first (warm-up), not those that also evaluated.
+    steady = [r for r in recs[1:] if "eval_loss" not in r] or recs
+    tok_s = median([r.get("tokens_per_s", float("nan")) for r in steady])
+    m = re.search(r"backend=(\S+)", log_text)
+    return {
+        "status": "ok", "error": "", "steps": p["steps"], "tokens": tokens,
+        "flops": float(sum(r["flops"] for r in recs)),
+        "params_total": params["params_total"], "params_active": params["params_active"],
+        "eval_loss": float(last["eval_loss"]), "eval_tokens": last.get("eval_tokens", ""),
+        "train_loss": float(last["loss"]) if is_number(last.get("loss")) else float("nan"),
+        "ms_per_step": median([r.get("ms", float("nan")) for r in steady]),
+        "tok_s": tok_s, "tok_s_per_gpu": tok_s / p["gpus"],
+        "padding": 1.0 - tokens / positions if positions else 0.0,
+        "mfu": median([r.get("mfu", 0.0) for r in steady]),
+        "syncs_per_step": median([sum(r["syncs"].values()) for r in steady
+                                  if isinstance(r.get("syncs"), dict)]),
+        "backend": m.group(1) if m else "",
+    }
 
 
 def row_from_json(j):
@@ -494,8 +762,8 @@ def fmt(v):
 
 
 def csv_header(csv_path):
-    """The columns of an existing results CSV (COLUMNS or LEGACY_COLUMNS), or None when it is
-    absent or empty."""
+    """The columns of an existing results CSV (one of LAYOUTS), or None when it is absent or
+    empty."""
     if not os.path.exists(csv_path) or os.path.getsize(csv_path) == 0:
         return None
     with open(csv_path, newline="", errors="replace") as f:
@@ -503,10 +771,9 @@ def csv_header(csv_path):
     header = first.rstrip("\r\n").split(",")
     if not first.endswith("\n"):
         return None  # a torn header: read_csv(repair=True) empties the file
-    if header == COLUMNS:
-        return COLUMNS
-    if header == LEGACY_COLUMNS:
-        return LEGACY_COLUMNS
+    for layout in LAYOUTS:
+        if header == layout:
+            return layout
     missing = [c for c in COLUMNS if c not in header]
     raise SweepError(f"{csv_path}: not a results CSV of this runner (columns differ"
                      + (f"; missing {', '.join(missing[:5])}" if missing else "") + ")")
@@ -514,7 +781,7 @@ def csv_header(csv_path):
 
 def append_row(csv_path, row):
     """One whole line per write with O_APPEND, then fsync: a kill leaves whole rows behind, or a
-    torn last line that read_csv(repair=True) drops. A CSV of LEGACY_COLUMNS keeps its layout."""
+    torn last line that read_csv(repair=True) drops. A CSV of an older layout keeps it."""
     columns = csv_header(csv_path)
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
@@ -572,7 +839,7 @@ def read_csv(csv_path, repair=False):
         lineno = data.count(b"\n", 0, e.start) + 1
         raise SweepError(f"{csv_path}:{lineno}: not UTF-8 text: the file is damaged")
     header = text.split("\n", 1)[0].split(",")
-    if header not in (COLUMNS, LEGACY_COLUMNS):
+    if header not in LAYOUTS:
         missing = [c for c in COLUMNS if c not in header]
         raise SweepError(f"{csv_path}: not a results CSV of this runner (columns differ"
                          + (f"; missing {', '.join(missing[:5])}" if missing else "") + ")")
@@ -588,7 +855,8 @@ def read_csv(csv_path, repair=False):
                              "again)")
         r = dict(zip(header, fields))
         for c in COLUMNS:
-            r.setdefault(c, "")
+            if not r.get(c):
+                r[c] = KEY_DEFAULTS.get(c, "")
         out[r["key"]] = r
     return out
 
@@ -641,6 +909,82 @@ def make_out_dir(path, flag="--out"):
         raise SweepError(f"{flag} {path}: the directory is not writable")
 
 
+def set_data_paths(points, out_dir):
+    """Each loss point's training and held-out data specs: its data and eval_data, or the two
+    files its synth_data makes in DIR/data/<hash of the flags>/."""
+    for p in points:
+        if p.get("mode") != "loss":
+            continue
+        if "synth" in p:
+            h = hashlib.sha1((" ".join(p["synth"]) + f" eval_docs={p['eval_docs']}")
+                             .encode()).hexdigest()[:8]
+            d = os.path.join(out_dir, "data", h)
+            p["train_spec"] = os.path.join(d, "train.bin")
+            p["eval_spec"] = os.path.join(d, "eval.bin")
+        else:
+            p["train_spec"], p["eval_spec"] = p["data"], p["eval_data"]
+
+
+BIN_HEADER_INTS = 256
+BIN_MAGIC, BIN_VERSION = 20240520, 1
+
+
+def write_bin(path, tokens):
+    """An llm.c token shard (256 int32 header: magic, version, count; uint16 tokens), written
+    under a temporary name and renamed."""
+    header = array.array("i", [0] * BIN_HEADER_INTS)
+    header[0], header[1], header[2] = BIN_MAGIC, BIN_VERSION, len(tokens)
+    if sys.byteorder != "little":
+        header.byteswap()
+        tokens = array.array("H", tokens)
+        tokens.byteswap()
+    write_atomic(path, header.tobytes() + tokens.tobytes(), mode="wb")
+
+
+def make_data(points, hotpath):
+    """For each distinct synth_data: `hotpath data synth` writes its --docs documents plus
+    eval_docs more (one source, one seed), and the runner splits them by document: the first
+    --docs into train.bin, the rest into eval.bin (held out: no training document among them)."""
+    done = set()
+    for p in points:
+        d = os.path.dirname(p["train_spec"])
+        if d in done or (os.path.isfile(p["train_spec"]) and os.path.isfile(p["eval_spec"])):
+            continue
+        done.add(d)
+        os.makedirs(d, exist_ok=True)
+        flags = [f for f in p["synth"] if not f.startswith("--docs=")]
+        docs_flag = [f for f in p["synth"] if f.startswith("--docs=")]
+        train_docs = int(docs_flag[-1].split("=", 1)[1]) if docs_flag else 1000
+        total = train_docs + p["eval_docs"]
+        all_path = os.path.join(d, "all.bin")
+        cmd = [hotpath, "data", "synth", f"--out={all_path}", f"--docs={total}"] + flags
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        if r.returncode != 0:
+            raise SweepError("synth_data: " + " ".join(shlex.quote(c) for c in cmd) + ": "
+                             + short_error(r.stdout + r.stderr, r.returncode))
+        with open(all_path, "rb") as f:
+            raw = f.read()
+        os.remove(all_path)
+        header = array.array("i", raw[:4 * BIN_HEADER_INTS])
+        tokens = array.array("H", raw[4 * BIN_HEADER_INTS:])
+        if sys.byteorder != "little":
+            header.byteswap()
+            tokens.byteswap()
+        if header[0] != BIN_MAGIC or header[2] != len(tokens) or not tokens:
+            raise SweepError(f"synth_data: {all_path} is not a whole token shard")
+        eot = tokens[-1]  # every document ends with the end-of-text token
+        n_docs = tokens.count(eot)
+        if n_docs != total:
+            raise SweepError(f"synth_data: {all_path} holds {n_docs} documents, expected {total}")
+        cut = 0
+        for _ in range(train_docs):
+            cut = tokens.index(eot, cut) + 1
+        write_bin(p["eval_spec"], tokens[cut:])
+        write_bin(p["train_spec"], tokens[:cut])
+        log(f"data: {p['train_spec']} ({train_docs} documents, {cut} tokens) and "
+            f"{p['eval_spec']} ({p['eval_docs']} held-out documents, {len(tokens) - cut} tokens)")
+
+
 def cmd_run(a):
     settings, points = read_sweep(a.sweep)
     hotpath = find_hotpath(a.hotpath)
@@ -655,9 +999,14 @@ def cmd_run(a):
     make_out_dir(a.out)
     csv_path = os.path.join(a.out, "results.csv")
     done = read_csv(csv_path, repair=True)
-    if csv_header(csv_path) == LEGACY_COLUMNS:
-        log(f"{csv_path} has the columns of an earlier runner (no args, padding): new rows keep "
-            "its layout; a new --out directory gets every column")
+    layout = csv_header(csv_path)
+    if layout not in (None, COLUMNS) and settings["mode"] == "loss":
+        raise SweepError(f"{csv_path} has the columns of an earlier runner (no loss columns): a "
+                         "loss sweep needs a new --out directory")
+    if layout is not None and layout != COLUMNS:
+        log(f"{csv_path} has the columns of an earlier runner (no "
+            + ("args, padding, " if layout == LEGACY_COLUMNS else "") + "loss columns): new rows "
+            "keep its layout; a new --out directory gets every column")
     todo = []
     for p in points:
         r = done.get(p["key"])
@@ -667,6 +1016,8 @@ def cmd_run(a):
     skipped = len(points) - len(todo)
     log(f"{settings['name']}: {len(points)} points, {skipped} already in {csv_path}, "
         f"{len(todo)} to run (hotpath: {hotpath})")
+    set_data_paths(points, a.out)
+    make_data([p for p in todo if "synth" in p], hotpath)
     write_atomic(os.path.join(a.out, "sweep.json"),
                  json.dumps({"name": settings["name"], "title": settings["title"],
                              "sweep_file": os.path.relpath(settings["path"], ROOT),
@@ -685,7 +1036,10 @@ def cmd_run(a):
                            "signal, not recorded)", csv_path)
         row = {k: p[k] for k in ("key", "series", "model", "launcher", "layout", "dp", "ep",
                                  "gpus", "nodes", "n_experts", "top_k", "scaling",
-                                 "tokens_per_gpu", "global_tokens")}
+                                 "tokens_per_gpu", "global_tokens", "mode", "d_model",
+                                 "n_layers", "expert_ffn_dim")}
+        if p["mode"] == "loss":
+            row["budget_kind"], row["budget"] = p["budget_kind"], p["budget"]
         row["args"] = " ".join(shlex.quote(x) for x in p["args"])
         row.update(res)
         row["wall_s"] = round(wall, 3)
@@ -707,6 +1061,9 @@ def cmd_run(a):
     ok = sum(1 for k, r in read_csv(csv_path).items() if r["status"] == "ok" and k in keys)
     log(f"{settings['name']}: {ok}/{len(points)} points ok, {failed} failed in this run; "
         f"CSV {csv_path}")
+    if settings["mode"] == "loss":
+        rows = [r for k, r in read_csv(csv_path).items() if k in keys]
+        print("\n".join(loss_table(rows)))
     return 0 if failed == 0 else 1
 
 
@@ -722,8 +1079,10 @@ def stopped(where, csv_path):
 def cmd_list(a):
     _, points = read_sweep(a.sweep)
     hotpath = a.hotpath or "hotpath"
+    set_data_paths(points, "OUT")
     for p in points:
-        cmd, _ = launch_command(p, hotpath, f"points/{p['key']}.json", f"points/{p['key']}.sbatch")
+        ext = ".jsonl" if p["mode"] == "loss" else ".json"
+        cmd, _ = launch_command(p, hotpath, f"points/{p['key']}{ext}", f"points/{p['key']}.sbatch")
         print(p["key"], "::", " ".join(shlex.quote(c) for c in cmd))
     print(f"{len(points)} points", file=sys.stderr)
     return 0
@@ -758,14 +1117,17 @@ def cmd_submit(a):
 # global tokens under weak scaling and tokens per GPU under strong; along tokens per GPU, global
 # tokens), so no two points of a line differ in anything but the axis.
 KEY_COLS = ["scaling", "model", "layout", "gpus", "n_experts", "top_k", "tokens_per_gpu",
-            "global_tokens", "args"]
+            "global_tokens", "args", "mode", "d_model", "n_layers", "expert_ffn_dim",
+            "budget_kind", "budget"]
 KEY_NAMES = {"scaling": "scaling", "model": "model", "layout": "layout", "gpus": "GPUs",
              "n_experts": "experts", "top_k": "top-k", "tokens_per_gpu": "tokens/GPU",
-             "global_tokens": "global tokens", "args": "args"}
+             "global_tokens": "global tokens", "args": "args", "mode": "mode",
+             "d_model": "d_model", "n_layers": "layers", "expert_ffn_dim": "expert FFN",
+             "budget_kind": "budget in", "budget": "budget"}
 AXIS_PLOTS = [("gpus", "scaling.png", "GPUs (ranks)"), ("n_experts", "experts.png", "experts"),
               ("top_k", "topk.png", "top-k"), ("tokens_per_gpu", "tokens.png", "tokens per GPU")]
 PLOT_FILES = ["scaling.png", "breakdown.png", "memory.png", "experts.png", "topk.png",
-              "tokens.png", "plots.json"]
+              "tokens.png", "loss.png", "plots.json"]
 TOK_S_GPU = "document tokens/s per GPU"
 
 
@@ -817,7 +1179,16 @@ def natural(values):
 
 
 def key_value(c, v):
-    return ("none" if v == "" else v) if c == "args" else str(v)
+    if c == "args":
+        return "none" if v == "" else v
+    if c in MODEL_AXES and str(v) in ("", "0"):
+        return "config's"
+    return str(v)
+
+
+def is_default(c, v):
+    """A key value every point of an older sweep has: said nowhere unless it tells lines apart."""
+    return str(v) in ("", KEY_DEFAULTS.get(c, ""))
 
 
 def plot_lines(rows):
@@ -843,16 +1214,54 @@ def plot_lines(rows):
     return out
 
 
+def budget_text(kind, budget):
+    """A budget for people: 262144 tokens as 256K tokens, 3e12 FLOPs as 3e+12 FLOPs."""
+    b = int(budget)
+    if kind == "tokens":
+        for n, suffix in ((1048576, "M"), (1024, "K")):
+            if b >= n and b % n == 0:
+                return f"{b // n}{suffix} tokens"
+        return f"{b} tokens"
+    return f"{b:.3g} FLOPs"
+
+
+def loss_spec(rows):
+    """The loss plot's series: the ok loss points grouped by every key column but the budget
+    (the compute axis), each series sorted by the FLOPs spent; "varying"/"fixed" as in
+    plot_lines; "best": the point of least held-out loss of each budget, {(kind, budget): row}.
+    None when no loss point has a finite held-out loss."""
+    lrows = [r for r in rows if r["mode"] == "loss" and math.isfinite(num(r, "eval_loss"))
+             and math.isfinite(num(r, "flops"))]
+    if not lrows:
+        return None
+    groups = {}
+    for r in lrows:
+        groups.setdefault(tuple((c, r[c]) for c in KEY_COLS if c != "budget"), []).append(r)
+    lines = [(dict(k), sorted(g, key=lambda r: num(r, "flops")))
+             for k, g in sorted(groups.items(), key=lambda kv: natural([v for _, v in kv[0]]))]
+    cols = [c for c in KEY_COLS if c != "budget"]
+    varying = [c for c in cols if len({kd[c] for kd, _ in lines}) > 1]
+    fixed = {c: lines[0][0][c] for c in cols if c not in varying}
+    best = {}
+    for r in lrows:
+        b = (r["budget_kind"], int(r["budget"]))
+        if b not in best or num(r, "eval_loss") < num(best[b], "eval_loss"):
+            best[b] = r
+    return {"axis": "flops", "lines": lines, "varying": varying, "fixed": fixed,
+            "best": dict(sorted(best.items()))}
+
+
 def line_label(kd, varying):
     """A line's legend entry: the key columns that tell the plot's lines apart (all of its key
     for a plot of one line)."""
-    cols = varying or [c for c in KEY_COLS if c in kd]
+    cols = varying or [c for c in KEY_COLS if c in kd and not is_default(c, kd[c])]
     return ", ".join(f"{KEY_NAMES[c]} {key_value(c, kd[c])}" for c in cols)
 
 
 def legend_title(spec):
     if not spec["varying"]:
-        return "line: " + ", ".join(KEY_NAMES[c] for c in spec["fixed"])
+        return "line: " + ", ".join(KEY_NAMES[c] for c, v in spec["fixed"].items()
+                                    if not is_default(c, v))
     return "a line per " + ", ".join(KEY_NAMES[c] for c in spec["varying"])
 
 
@@ -861,7 +1270,8 @@ def shared_caption(spec):
     if not spec["varying"]:
         return ""
     return "every line: " + "; ".join(f"{KEY_NAMES[c]} {key_value(c, v)}"
-                                      for c, v in spec["fixed"].items())
+                                      for c, v in spec["fixed"].items()
+                                      if not is_default(c, v))
 
 
 def save_fig(fig, path):
@@ -946,9 +1356,11 @@ def plot(csv_path, out_dir):
         plt.close(fig)
         made["scaling.png"] = describe(spec)
 
-    # Time breakdown per point: stacked shares of the profiled step by op family (+ idle).
-    if rows:
-        rows_sorted = sort_rows(rows)
+    # Time breakdown per point: stacked shares of the profiled step by op family (+ idle); only
+    # points of `bench step` have a profile (a loss point's training run does not).
+    profiled = [r for r in rows if r["idle_share"] != ""]
+    if profiled:
+        rows_sorted = sort_rows(profiled)
         names = [f"family_{f}_share" for f in FAMILIES] + ["idle_share"]
         present = [n for n in names if any(num(r, n) > 0 for r in rows_sorted)]
         fig, ax = plt.subplots(figsize=(max(6, 0.45 * len(rows_sorted) + 3), 5))
@@ -1012,12 +1424,109 @@ def plot(csv_path, out_dir):
         plt.close(fig)
         made[fname] = describe(spec)
 
+    spec = loss_spec(rows)
+    if spec:
+        plot_loss(plt, spec, out_dir, finish)
+        made["loss.png"] = describe_loss(spec)
+
     for stale in PLOT_FILES[:-1]:
         if stale not in made and os.path.exists(os.path.join(out_dir, stale)):
             os.remove(os.path.join(out_dir, stale))
     write_atomic(os.path.join(out_dir, "plots.json"), json.dumps(made, indent=1) + "\n")
     log(f"plots in {out_dir}: " + ", ".join(f"{k} ({v['series']} series)" for k, v in made.items()))
     return made
+
+
+def describe_loss(spec):
+    """loss.png in plots.json: its series (label, key, budgets, FLOPs, held-out losses, points)
+    and the best point of each budget."""
+    return {"series": len(spec["lines"]), "points": sum(len(g) for _, g in spec["lines"]),
+            "axis": "flops", "line_key": [KEY_NAMES[c] for c in spec["varying"]],
+            "lines": [{"label": line_label(kd, spec["varying"]), "key": kd,
+                       "budget": [int(r["budget"]) for r in g],
+                       "x": [num(r, "flops") for r in g],
+                       "y": [num(r, "eval_loss") for r in g],
+                       "points": [r["key"] for r in g]} for kd, g in spec["lines"]],
+            "best": [{"budget_kind": kind, "budget": b, "point": r["key"],
+                      "eval_loss": num(r, "eval_loss")}
+                     for (kind, b), r in spec["best"].items()]}
+
+
+def plot_loss(plt, spec, out_dir, finish):
+    """loss.png: held-out loss against the FLOPs spent, a line per series (its points differ in
+    the budget alone), and against the active parameters, a colour per budget (points not
+    joined: they differ in more than one key); a star marks each budget's best point."""
+    fig, axs = plt.subplots(1, 2, figsize=(13, 4.8))
+    color = {}
+    for kd, g in spec["lines"]:
+        line, = axs[0].plot([num(r, "flops") for r in g], [num(r, "eval_loss") for r in g], "o-",
+                            label=line_label(kd, spec["varying"]))
+        for r in g:
+            color[r["key"]] = line.get_color()
+    cmap = plt.get_cmap("viridis")
+    budgets = list(spec["best"])
+    for i, b in enumerate(budgets):
+        pts = [r for _, g in spec["lines"] for r in g
+               if (r["budget_kind"], int(r["budget"])) == b]
+        c = cmap(i / max(1, len(budgets) - 1) * 0.85)
+        axs[1].plot([num(r, "params_active") for r in pts], [num(r, "eval_loss") for r in pts],
+                    "o", color=c, label=budget_text(*b))
+    for i, (b, r) in enumerate(spec["best"].items()):
+        c = cmap(i / max(1, len(budgets) - 1) * 0.85)
+        axs[0].plot([num(r, "flops")], [num(r, "eval_loss")], "*", ms=18, mfc=color[r["key"]],
+                    mec="black", zorder=5, label="best of its budget" if i == 0 else None)
+        axs[1].plot([num(r, "params_active")], [num(r, "eval_loss")], "*", ms=18, mfc=c,
+                    mec="black", zorder=5)
+    axs[0].set_xscale("log")
+    axs[0].set_xlabel("model FLOPs spent (hotpath's count, document tokens)")
+    axs[0].set_title("held-out loss vs compute (a line per series, over its budgets)", fontsize=10)
+    axs[1].set_xscale("log")
+    axs[1].set_xlabel("active parameters")
+    axs[1].set_title("held-out loss vs active parameters (a colour per budget)", fontsize=10)
+    axs[1].legend(fontsize=7, title="budget", title_fontsize=7)
+    for ax in axs:
+        ax.set_ylabel("held-out loss (final evaluation)")
+        ax.grid(alpha=0.3, which="both")
+    finish(fig, axs, spec)
+    save_fig(fig, os.path.join(out_dir, "loss.png"))
+    plt.close(fig)
+
+
+def loss_table(rows):
+    """The loss points as Markdown table lines, by budget and then held-out loss; ★ marks the
+    best of each budget. Failed points are listed with their error."""
+    ok = [r for r in rows if r["mode"] == "loss" and r["status"] == "ok"]
+    bad = [r for r in rows if r["mode"] == "loss" and r["status"] != "ok"]
+    spec = loss_spec(ok)
+    best = {r["key"] for r in spec["best"].values()} if spec else set()
+    out = ["| model | layout | GPUs | experts | top-k | d_model | layers | budget | steps | "
+           "tokens | FLOPs | params total | params active | train loss | held-out loss | best |",
+           "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|:-:|"]
+    for r in sorted(ok, key=lambda r: (r["budget_kind"], int(r["budget"]), num(r, "eval_loss"))):
+        out.append(f"| {r['model']} | {r['layout']} | {r['gpus']} | {r['n_experts']} | "
+                   f"{r['top_k']} | {key_value('d_model', r['d_model'])} | "
+                   f"{key_value('n_layers', r['n_layers'])} | "
+                   f"{budget_text(r['budget_kind'], r['budget'])} | {r['steps']} | "
+                   f"{r['tokens']} | {num(r, 'flops'):.3e} | {r['params_total']} | "
+                   f"{r['params_active']} | {num(r, 'train_loss'):.4f} | "
+                   f"{num(r, 'eval_loss'):.4f} | {'★' if r['key'] in best else ''} |")
+    for r in bad:
+        out.append(f"| {r['model']} | {r['layout']} | {r['gpus']} | {r['n_experts']} | "
+                   f"{r['top_k']} | {key_value('d_model', r['d_model'])} | "
+                   f"{key_value('n_layers', r['n_layers'])} | "
+                   f"{budget_text(r['budget_kind'], r['budget'])} | failed: "
+                   f"{r['error'].replace('|', '/')} | | | | | | | |")
+    return out
+
+
+def cmd_table(a):
+    if not os.path.isfile(a.csv):
+        raise SweepError(f"{a.csv}: no such results CSV")
+    rows = list(read_csv(a.csv).values())
+    if not any(r["mode"] == "loss" for r in rows):
+        raise SweepError(f"{a.csv}: no loss points (a sweep of mode = loss writes them)")
+    print("\n".join(loss_table(rows)))
+    return 0
 
 
 def mfu_title(rows):
@@ -1134,8 +1643,23 @@ def cmd_report(a):
                + (f"; backend {', '.join(backends)}" if backends else "") + ".\n")
     legacy = any(r["padding"] == "" for r in ok)
     tok_h = "tok/s" if legacy else "doc tok/s"
-    out.append("Each point is one `hotpath bench step` run: the median of its timed steps (tok/s, "
-               "ms, syncs), and the time breakdown from as many profiled steps again. "
+    lossrows = [r for r in ok if r["mode"] == "loss"]
+    if lossrows:
+        out.append("A loss point trains with `hotpath train` on its budget: `budget_tokens` over "
+                   "the tokens of a step (batch_tokens) gives its steps, or `budget_flops` over "
+                   "6 x active parameters x batch_tokens (rounded; attention is not in this "
+                   "estimate). After the last step the run evaluates the held-out data "
+                   "(`eval_data`, its first `eval_batches` batches): that final `eval_loss` is "
+                   "the point's held-out loss. FLOPs are the sum of the steps' `flops` in the "
+                   "run's JSONL (hotpath's model FLOPs on document tokens, the count MFU uses); "
+                   "parameters are hotpath's own count (`hotpath train --dry-run`). Its "
+                   "throughput columns are medians over the training steps after the first that "
+                   "did not evaluate.\n")
+    if any(r["mode"] != "loss" for r in ok) or not ok:
+        out.append("Each point of mode throughput is one `hotpath bench step` run: the median of "
+                   "its timed steps (tok/s, "
+                   "ms, syncs), and the time breakdown from as many profiled steps again. ")
+    out.append(
                f"{tok_h} counts document tokens per second, the positions a step pads to fill its "
                "rows left out; padding is the padded fraction of the step's positions. "
                f"{tok_h}/GPU is the job's {tok_h} over its ranks; MFU is per GPU against "
@@ -1152,9 +1676,10 @@ def cmd_report(a):
                     "breakdown.png": "time breakdown per point by op family",
                     "memory.png": "memory per rank",
                     "experts.png": "expert-count sweep", "topk.png": "top-k sweep",
-                    "tokens.png": "tokens-per-GPU sweep"}
-        for name in ("scaling.png", "experts.png", "topk.png", "tokens.png", "breakdown.png",
-                     "memory.png"):
+                    "tokens.png": "tokens-per-GPU sweep",
+                    "loss.png": "held-out loss vs compute (★ the best of each budget)"}
+        for name in ("loss.png", "scaling.png", "experts.png", "topk.png", "tokens.png",
+                     "breakdown.png", "memory.png"):
             if name in made:
                 rel = os.path.relpath(os.path.join(img_dir, name), md_dir)
                 cap = captions[name]
@@ -1162,32 +1687,46 @@ def cmd_report(a):
                     cap += "; a line per " + ", ".join(made[name]["line_key"])
                 out.append(f"![{cap}]({rel})\n")
     show_args = len({r["args"] for r in ok}) > 1
+    if lossrows or any(r["mode"] == "loss" for r in bad):
+        out.append("## Held-out loss against compute\n")
+        out.append("★: the least held-out loss of its budget.\n")
+        out += loss_table(rows)
+        out.append("")
     if ok:
         out.append("## Throughput\n")
+        extra = [c for c in ("d_model", "n_layers", "expert_ffn_dim", "budget")
+                 if len({r[c] for r in ok}) > 1]
         out.append("| model | layout | GPUs | dp×ep | experts | top-k | tokens/GPU | "
+                   + "".join(f"{KEY_NAMES[c]} | " for c in extra)
                    + ("args | " if show_args else "")
                    + f"ms/step | {tok_h} | padding | {tok_h}/GPU | MFU | busy | syncs/step "
                    "| memory/rank MiB |")
-        out.append("|---|---|---:|---|---:|---:|---:|" + ("---|" if show_args else "")
-                   + "---:|---:|---:|---:|---:|---:|---:|---:|")
+        out.append("|---|---|---:|---|---:|---:|---:|" + "---:|" * len(extra)
+                   + ("---|" if show_args else "") + "---:|---:|---:|---:|---:|---:|---:|---:|")
         for r in sort_rows(ok):
             pad = "–" if r["padding"] == "" else f"{100 * num(r, 'padding'):.1f}%"
             out.append(f"| {r['model']} | {r['layout']} | {r['gpus']} | {r['dp']}×{r['ep']} | "
                        f"{r['n_experts']} | {r['top_k']} | {r['tokens_per_gpu']} | "
+                       + "".join(f"{budget_text(r['budget_kind'], r['budget'])} | "
+                                 if c == "budget" else f"{key_value(c, r[c])} | " for c in extra)
                        + (f"`{key_value('args', r['args'])}` | " if show_args else "")
-                       + f"{num(r, 'ms_per_step'):.1f} | {num(r, 'tok_s'):.0f} | {pad} | "
-                       f"{num(r, 'tok_s_per_gpu'):.0f} | {100 * num(r, 'mfu'):.1f}% | "
-                       f"{100 * num(r, 'gpu_busy'):.0f}% | {num(r, 'syncs_per_step'):.0f} | "
-                       f"{num(r, 'mem_per_rank_max_mib'):.0f} |")
+                       + f"{cell(r, 'ms_per_step', '.1f')} | {cell(r, 'tok_s', '.0f')} | "
+                       f"{pad} | {cell(r, 'tok_s_per_gpu', '.0f')} | "
+                       f"{cell(r, 'mfu', '.1f', 100, '%')} | "
+                       f"{cell(r, 'gpu_busy', '.0f', 100, '%')} | "
+                       f"{cell(r, 'syncs_per_step', '.0f')} | "
+                       f"{cell(r, 'mem_per_rank_max_mib', '.0f')} |")
         out.append("")
+    prof = [r for r in ok if r["idle_share"] != ""]
+    if prof:
         out.append("## Where the time goes (% of the profiled step)\n")
-        fams = [f for f in FAMILIES if any(num(r, f"family_{f}_share") > 0 for r in ok)]
+        fams = [f for f in FAMILIES if any(num(r, f"family_{f}_share") > 0 for r in prof)]
         out.append("| model | layout | GPUs | experts | top-k | tokens/GPU | "
                    + ("args | " if show_args else "")
                    + " | ".join(f.replace("_", " ") for f in fams) + " | idle |")
         out.append("|---|---|---:|---:|---:|---:|" + ("---|" if show_args else "")
                    + "---:|" * (len(fams) + 1))
-        for r in sort_rows(ok):
+        for r in sort_rows(prof):
             out.append(f"| {r['model']} | {r['layout']} | {r['gpus']} | {r['n_experts']} | "
                        f"{r['top_k']} | {r['tokens_per_gpu']} | "
                        + (f"`{key_value('args', r['args'])}` | " if show_args else "")
@@ -1200,7 +1739,7 @@ def cmd_report(a):
                    + " | ".join(p.replace("_", " ") for p in PHASES) + " |")
         out.append("|---|---|---:|---:|---:|---:|" + ("---|" if show_args else "")
                    + "---:|" * len(PHASES))
-        for r in sort_rows(ok):
+        for r in sort_rows(prof):
             out.append(f"| {r['model']} | {r['layout']} | {r['gpus']} | {r['n_experts']} | "
                        f"{r['top_k']} | {r['tokens_per_gpu']} | "
                        + (f"`{key_value('args', r['args'])}` | " if show_args else "")
@@ -1219,9 +1758,17 @@ def cmd_report(a):
     return 0
 
 
+def cell(r, k, spec, scale=1, suffix=""):
+    """A number of the table, or – where the point has none (a loss point has no memory)."""
+    v = num(r, k)
+    return "–" if math.isnan(v) else f"{scale * v:{spec}}{suffix}"
+
+
 def sort_rows(rows):
     return sorted(rows, key=lambda r: (r["model"], r["layout"], int(r["n_experts"]),
                                        int(r["top_k"]), int(r["tokens_per_gpu"]), int(r["gpus"]),
+                                       int(r["d_model"] or 0), int(r["n_layers"] or 0),
+                                       int(r["expert_ffn_dim"] or 0), int(r["budget"] or 0),
                                        r["args"]))
 
 
@@ -1254,6 +1801,8 @@ def main(argv=None):
     p.add_argument("--force", action="store_true",
                    help="replace an existing --md that is not an earlier report in the CSV's "
                         "directory, and plots in an --images directory other than the CSV's")
+    p = sub.add_parser("table", help="the loss points of a results CSV as a Markdown table")
+    p.add_argument("csv")
     p = sub.add_parser("submit", help="the whole sweep as one sbatch job (points via srun)")
     p.add_argument("sweep")
     p.add_argument("--out", required=True)
@@ -1265,7 +1814,7 @@ def main(argv=None):
             global LAUNCHER_OVERRIDE
             LAUNCHER_OVERRIDE = a.launcher
         return {"run": cmd_run, "list": cmd_list, "plot": cmd_plot, "report": cmd_report,
-                "submit": cmd_submit}[a.cmd](a)
+                "table": cmd_table, "submit": cmd_submit}[a.cmd](a)
     except SweepError as e:
         print(f"sweep: error: {e}", file=sys.stderr)
         return 2

@@ -17,6 +17,12 @@
                          padding in its tables
   series WORK            a plot's line joins only points that differ in its axis alone (args
                          included), and its legend names the key
+  loss_report WORK       a loss point's CSV numbers from its JSONL (a run without the final
+                         eval_loss or flops is failed); loss.png's series keyed by every key but
+                         the budget, the best point of each budget; `table` and the report
+  loss HOTPATH WORK      the CPU loss demo end to end: held-out data split off, every point
+                         trained on its budget, finite held-out loss, FLOPs growing with the
+                         budget, hotpath's parameter counts, loss.png and the table
 
 Exit 77 (skipped) with the reason when matplotlib is missing for the tests that plot.
 """
@@ -288,6 +294,39 @@ ERRORS = [
     (CFG + "top_k = 2k2\n\n[series a]\nn_experts = 8\n", ":3: [sweep] key 'top_k': '2k2'"),
     (CFG + "\n[series a]\nn_experts = 8\nbench_steps = 2.5\n",
      ":6: [series a] key 'bench_steps': '2.5' is not an integer"),
+    # Loss sweeps: one mode per file, a budget of one kind, data given or written, no flag the
+    # runner sets, FLOP budgets whole numbers.
+    (CFG + "mode = accuracy\n", ":3: [sweep] key 'mode': 'accuracy' is not one of throughput, "
+     "loss"),
+    (CFG + "budget_tokens = 64k\n", ":3: [sweep] key 'budget_tokens' belongs to mode = loss"),
+    (CFG + "mode = loss\nbudget_tokens = 64k\nsynth_data = --docs=10\nbench_steps = 2\n",
+     ":6: [sweep] key 'bench_steps' belongs to mode = throughput"),
+    (CFG + "mode = loss\nsynth_data = --docs=10\n", "needs one of 'budget_tokens' (tokens each "
+     "point trains on) and 'budget_flops'"),
+    (CFG + "mode = loss\nsynth_data = --docs=10\nbudget_tokens = 64k\nbudget_flops = 1e12\n",
+     "and 'budget_flops' (model FLOPs each point spends), not both"),
+    (CFG + "mode = loss\nbudget_tokens = 64k\n", "a loss sweep needs 'data' and 'eval_data'"),
+    (CFG + "mode = loss\nbudget_tokens = 64k\ndata = a.bin\n",
+     "a loss sweep needs 'data' and 'eval_data'"),
+    (CFG + "mode = loss\nbudget_tokens = 64k\nsynth_data = --docs=10\ndata = a.bin\n",
+     "it excludes 'data' and 'eval_data'"),
+    (CFG + "mode = loss\nbudget_tokens = 64k\nsynth_data = --docs 10\n",
+     ":5: [sweep] key 'synth_data': '--docs' is not --key=value"),
+    (CFG + "mode = loss\nbudget_tokens = 64k\nsynth_data = --out=x.bin\n",
+     ":5: [sweep] key 'synth_data': '--out=x.bin': the runner names the files"),
+    (CFG + "mode = loss\nbudget_flops = 1e-3\nsynth_data = --docs=10\n",
+     ":4: [sweep] key 'budget_flops': '1e-3' is not an integer"),
+    (CFG + "mode = loss\nbudget_flops = 1.25e1\nsynth_data = --docs=10\n",
+     ":4: [sweep] key 'budget_flops': '1.25e1' is not a whole number of FLOPs"),
+    (CFG + "mode = loss\nbudget_tokens = 1k\ntokens_per_gpu = 2k\nsynth_data = --docs=10\n",
+     ":4: [sweep] key 'budget_tokens': 1024 is less than one step's 2048 tokens"),
+    (CFG + "mode = loss\nbudget_tokens = 64k\nsynth_data = --docs=10\nargs = --steps=5\n",
+     ":6: [sweep] key 'args': '--steps=5' is set by the sweep's axes and loss keys"),
+    (CFG + "mode = loss\nbudget_tokens = 64k\neval_data = b.bin\ndata = a.bin\n"
+     "args = --eval_every=5\n", ":7: [sweep] key 'args': '--eval_every=5' is set by"),
+    (CFG + "d_model = 64\nargs = --d_model=32\n", ":4: [sweep] key 'args': '--d_model=32' and "
+     "the axis 'd_model'"),
+    (CFG + "\n[series a]\nmode = loss\n", ":5: [series a] key 'mode': set it in [sweep]"),
 ]
 
 
@@ -312,6 +351,19 @@ def cmd_errors(work):
           "16k, 4K, 512 read as", sorted(p["tokens_per_gpu"] for p in points))
     check(all(p["bench_steps"] == 2 and p["timeout_s"] == 0 for p in points),
           "bench_steps/timeout_s read as", [(p["bench_steps"], p["timeout_s"]) for p in points])
+    # M is x 1048576; a FLOP budget may carry a decimal exponent; token budgets give the steps.
+    with open(path, "w") as f:
+        f.write(CFG + "mode = loss\ntokens_per_gpu = 1k\nbudget_tokens = 2M, 64k\n"
+                "synth_data = --docs=10\n")
+    _, points = sweep.read_sweep(path)
+    check(sorted((p["budget"], p["steps"]) for p in points) == [(65536, 64), (2097152, 2048)],
+          "budget_tokens 2M, 64k at 1k tokens a step read as",
+          [(p["budget"], p.get("steps")) for p in points])
+    with open(path, "w") as f:
+        f.write(CFG + "mode = loss\nbudget_flops = 3e12, 1.5e13, 4096\nsynth_data = --docs=10\n")
+    _, points = sweep.read_sweep(path)
+    check(sorted(p["budget"] for p in points) == [4096, 3 * 10 ** 12, 15 * 10 ** 12],
+          "budget_flops 3e12, 1.5e13, 4096 read as", sorted(p["budget"] for p in points))
     return done(f"{len(ERRORS)} bad sweep files refused, each naming its file, line and key")
 
 
@@ -504,6 +556,252 @@ def cmd_series(work):
     check(plots.get("tokens.png", {}).get("line_key") == ["args"], "plots.json line_key",
           plots.get("tokens.png", {}).get("line_key"))
     return done("series keyed by every differing flag, args included; the legend names the key")
+
+
+# ---- loss sweeps ------------------------------------------------------------------------------
+
+def fake_loss_point(n_experts, d_model, budget, top_k=2, args=""):
+    """A loss point as read_sweep makes it (token budget, 1024 tokens a step)."""
+    p = {"model": "m", "gpus": 1, "layout": "dp", "dp": 1, "ep": 1, "n_experts": n_experts,
+         "top_k": top_k, "global_tokens": 1024, "args": args.split(), "d_model": d_model,
+         "n_layers": 2, "expert_ffn_dim": 0, "mode": "loss", "budget_kind": "tokens",
+         "budget": budget, "steps": budget // 1024, "synth": ["--docs=100"], "eval_docs": 10,
+         "eval_batches": 2, "eval_every": 0}
+    p["key"] = sweep.point_key(p)
+    return p
+
+
+def fake_metrics(path, p, active, eval_loss, drop=None):
+    """The JSONL of a training run of p: one record per step, the last with eval_loss; numbers
+    that differ from step to step. `drop` leaves a field out of every record."""
+    recs = []
+    for s in range(1, p["steps"] + 1):
+        doc = 1000 + s % 7
+        r = {"step": s, "loss": 3.0 - 0.001 * s, "tokens": doc, "positions": 1024,
+             "ms": 10.0 + s % 5, "tokens_per_s": doc / (10.0 + s % 5) * 1000,
+             "flops": 6.0 * active * doc + 1000.0 * (s % 3), "syncs": {"routing": 2, "loss": 1}}
+        if s == p["steps"] or (s % 16 == 0):
+            r.update({"eval_loss": eval_loss + (0.5 if s != p["steps"] else 0.0),
+                      "eval_tokens": 2000, "eval_ms": 5.0})
+        if drop:
+            r.pop(drop, None)
+        recs.append(r)
+    with open(path, "w") as f:
+        f.write("".join(json.dumps(r) + "\n" for r in recs))
+    return recs
+
+
+def fake_loss_results(csv_path, specs):
+    """A results CSV of loss points (n_experts, d_model, budget, eval_loss); returns the rows."""
+    os.makedirs(os.path.dirname(csv_path), exist_ok=True)
+    for ne, dm, budget, ev in specs:
+        p = fake_loss_point(ne, dm, budget)
+        active = 1000 * dm + 10 * ne
+        jp = os.path.join(os.path.dirname(csv_path), p["key"] + ".jsonl")
+        fake_metrics(jp, p, active, ev)
+        row = {**p, "series": "s", "launcher": "local", "nodes": 1, "scaling": "weak",
+               "tokens_per_gpu": 1024, "args": ""}
+        row.update(sweep.row_from_metrics(jp, p, {"params_total": 3 * active,
+                                                  "params_active": active}, "backend=cpu-f32"))
+        row["wall_s"], row["finished_at"] = 1.0, "2025-01-01T00:00:00"
+        sweep.append_row(csv_path, row)
+    return sweep.ok_rows(csv_path)
+
+
+def cmd_loss_report(work):
+    """A loss point's CSV numbers are its JSONL's (FLOPs and tokens summed, the final eval_loss,
+    medians of the steady steps); a run without the final eval_loss or flops is a failed point;
+    the loss plot's series are keyed by every key but the budget, the best of each budget is
+    marked; report and table print the loss table."""
+    shutil.rmtree(work, ignore_errors=True)
+    os.makedirs(work)
+    p = fake_loss_point(8, 64, 16384)
+    jp = os.path.join(work, "one.jsonl")
+    recs = fake_metrics(jp, p, 5000, 1.75)
+    row = sweep.row_from_metrics(jp, p, {"params_total": 15000, "params_active": 5000}, "")
+    check(row["status"] == "ok", "row_from_metrics:", row)
+    check(row.get("flops") == sum(r["flops"] for r in recs), "flops", row.get("flops"), "is not "
+          "the sum of the steps'", sum(r["flops"] for r in recs))
+    check(row.get("tokens") == sum(r["tokens"] for r in recs), "tokens", row.get("tokens"))
+    check(row.get("eval_loss") == 1.75, "eval_loss", row.get("eval_loss"), "is not the last "
+          "record's 1.75")
+    check(row.get("steps") == 16 and row.get("params_active") == 5000
+          and row.get("params_total") == 15000, "steps and params", row)
+    steady = [r for r in recs[1:] if "eval_loss" not in r]
+    check(row.get("ms_per_step") == sweep.median([r["ms"] for r in steady]), "ms_per_step",
+          row.get("ms_per_step"))
+    check(row.get("syncs_per_step") == 3, "syncs_per_step", row.get("syncs_per_step"))
+    check(abs(row.get("padding", -1) - (1 - row["tokens"] / (16 * 1024))) < 1e-12, "padding",
+          row.get("padding"))
+    # What makes a point failed, with the reason.
+    for drop, want in (("eval_loss", "has no eval_loss"), ("flops", "have no 'flops'")):
+        fake_metrics(jp, p, 5000, 1.75, drop=drop)
+        r = sweep.row_from_metrics(jp, p, {"params_total": 1, "params_active": 1}, "")
+        check(r["status"] == "failed" and want in r["error"], "without", drop, r)
+    fake_metrics(jp, dict(p, steps=8), 5000, 1.75)
+    r = sweep.row_from_metrics(jp, p, {"params_total": 1, "params_active": 1}, "")
+    check(r["status"] == "failed" and "expected steps 1..16" in r["error"], "a short run:", r)
+
+    # Series: experts x d_model, two budgets; the best of each budget is the least eval_loss.
+    csv_path = os.path.join(work, "res", "results.csv")
+    losses = {(4, 64, 16384): 2.0, (4, 64, 65536): 1.8, (8, 64, 16384): 1.9,
+              (8, 64, 65536): 1.85, (4, 128, 16384): 1.95, (4, 128, 65536): 1.7,
+              (8, 128, 16384): 2.1, (8, 128, 65536): 1.75}
+    rows = fake_loss_results(csv_path, [(ne, dm, b, ev) for (ne, dm, b), ev in losses.items()])
+    spec = sweep.loss_spec(rows)
+    if check(spec is not None, "no loss series"):
+        check(spec["varying"] == ["n_experts", "d_model"], "the series differ in",
+              spec["varying"])
+        got = sorted((kd["n_experts"], kd["d_model"], tuple(int(r["budget"]) for r in g))
+                     for kd, g in spec["lines"])
+        check(got == sorted((ne, dm, (16384, 65536)) for ne in ("4", "8") for dm in ("64", "128")),
+              "series", got)
+        for kd, g in spec["lines"]:
+            check(len({(r["n_experts"], r["d_model"], r["top_k"], r["args"]) for r in g}) == 1,
+                  "a series joins different configurations:", [r["key"] for r in g])
+            check([float(r["flops"]) for r in g] == sorted(float(r["flops"]) for r in g),
+                  "a series is not in FLOP order")
+        best = {b: (int(r["n_experts"]), int(r["d_model"])) for (_, b), r in spec["best"].items()}
+        check(best == {16384: (8, 64), 65536: (4, 128)}, "best of each budget", best)
+    # A point that differs in args is a series of its own, and the legend says args.
+    fake_loss_results(csv_path, [])
+    p2 = fake_loss_point(4, 64, 16384, args="--lr=1e-3")
+    jp2 = os.path.join(work, "res", p2["key"] + ".jsonl")
+    fake_metrics(jp2, p2, 64040, 1.5)
+    row = {**p2, "series": "s", "launcher": "local", "nodes": 1, "scaling": "weak",
+           "tokens_per_gpu": 1024, "args": "--lr=1e-3"}
+    row.update(sweep.row_from_metrics(jp2, p2, {"params_total": 3, "params_active": 2}, ""))
+    sweep.append_row(csv_path, row)
+    spec = sweep.loss_spec(sweep.ok_rows(csv_path))
+    if spec:
+        check(len(spec["lines"]) == 5 and spec["varying"] == ["n_experts", "args", "d_model"],
+              "with an args point:", len(spec["lines"]), spec["varying"])
+        check(spec["best"][("tokens", 16384)]["args"] == "--lr=1e-3", "the args point (1.5) is "
+              "not the best of its budget")
+    # table prints the loss points; report adds them with the plot.
+    r = sweep_cmd("table", csv_path)
+    lines = [l for l in r.stdout.splitlines() if l.startswith("| m |")]
+    check(r.returncode == 0 and len(lines) == 9, "table exit", r.returncode, "rows", len(lines),
+          r.stderr[-400:])
+    check(sum(l.endswith("| ★ |") for l in lines) == 2, "table: stars", lines)
+    check(any("| 1.5000 | ★ |" in l for l in lines), "table: the best 16K point", lines)
+    r = sweep_cmd("report", csv_path)
+    check(r.returncode == 0, "report exit", r.returncode, r.stderr[-600:])
+    text = open(os.path.join(work, "res", "report.md")).read()
+    check("## Held-out loss against compute" in text and text.count("| ★ |") == 2,
+          "report: no loss section with 2 stars")
+    r = sweep_cmd("table", os.path.join(work, "nothing.csv"))
+    check(r.returncode == 2 and "no such results CSV" in r.stderr, "table of no CSV:",
+          r.returncode, r.stderr)
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return done("loss points from their JSONL, failed runs, series and best points (plots "
+                    "not checked: no matplotlib)")
+    check("](loss.png)" in text, "the report does not show loss.png")
+    with open(os.path.join(work, "res", "plots.json")) as f:
+        plots = json.load(f)
+    lp = plots.get("loss.png", {})
+    size = png_size(os.path.join(work, "res", "loss.png"))
+    check(size is not None and size[0] > 100, "loss.png is not a PNG", size)
+    check(lp.get("series") == 5 and lp.get("points") == 9, "plots.json loss.png", lp.get("series"),
+          lp.get("points"))
+    check(lp.get("line_key") == ["experts", "args", "d_model"], "loss.png line_key",
+          lp.get("line_key"))
+    check([b["budget"] for b in lp.get("best", [])] == [16384, 65536], "loss.png best",
+          lp.get("best"))
+    check(all(l["x"] == sorted(l["x"]) for l in lp.get("lines", [])), "loss.png x not sorted")
+    return done("loss points from their JSONL, failed runs, series keyed by all but the budget, "
+                "best of each budget, table, report, loss.png")
+
+
+def cmd_loss(hotpath, work):
+    """The CPU loss demo end to end: data written and split, every point trained on its budget
+    with a finite held-out loss, FLOPs summed from its JSONL growing with the budget, hotpath's
+    parameter counts, the plot and the table."""
+    need_matplotlib()
+    out = os.path.join(work, "loss")
+    shutil.rmtree(out, ignore_errors=True)
+    sweep_file = os.path.join(ROOT, "examples", "scaling", "sweeps", "cpu-loss.ini")
+    _, points = sweep.read_sweep(sweep_file)
+    check(len(points) == 8, "cpu-loss has", len(points), "points, expected 2 x 2 x 2")
+    r = run_sweep(sweep_file, out, hotpath)
+    sys.stderr.write(r.stderr[-3000:])
+    check(r.returncode == 0, "the loss demo exited", r.returncode)
+    csv_path = os.path.join(out, "results.csv")
+    rows = {row["key"]: row for row in rows_of(csv_path)} if os.path.exists(csv_path) else {}
+    check(len(rows) == 8, "CSV rows", len(rows))
+    # The data: the first 4000 documents to train on, the 256 after them held out.
+    files = [os.path.join(dp, f) for dp, _, fs in os.walk(os.path.join(out, "data")) for f in fs]
+    check(sorted(os.path.basename(f) for f in files) == ["eval.bin", "train.bin"], "data files",
+          files)
+    docs = {}
+    for f in files:
+        with open(f, "rb") as fh:
+            raw = fh.read()
+        head = struct.unpack("<3i", raw[:12])
+        toks = raw[1024:]
+        check(head[0] == 20240520 and head[2] * 2 == len(toks), f, "header", head)
+        # Documents end with the EOT token, 15 (tiny-moe's vocabulary of 16).
+        docs[os.path.basename(f)] = sum(1 for i in range(0, len(toks), 2)
+                                        if toks[i] == 15 and toks[i + 1] == 0)
+    check(docs == {"train.bin": 4000, "eval.bin": 256}, "documents", docs)
+    by_series = {}
+    for p in points:
+        row = rows.get(p["key"])
+        if not check(row is not None and row["status"] == "ok", p["key"], "not ok:",
+                     row and row["error"]):
+            continue
+        ev, flops = float(row["eval_loss"]), float(row["flops"])
+        total, active = int(row["params_total"]), int(row["params_active"])
+        check(math.isfinite(ev) and 0 < ev < math.log(16), p["key"], "eval_loss", ev,
+              "is not finite and below ln 16 (uniform over the vocabulary)")
+        check(flops > 0 and 0 < active <= total, p["key"], "flops", flops, "params", total,
+              active)
+        # The steps: the FLOP budget over 6 x active parameters x 1024 tokens a step.
+        steps = max(1, round(p["budget"] / (6 * active * 1024)))
+        check(int(row["steps"]) == steps, p["key"], "steps", row["steps"], "expected", steps)
+        # Every number is the run's own: the JSONL's sums and last record, the dry run's counts.
+        with open(os.path.join(out, "points", p["key"] + ".jsonl")) as f:
+            recs = [json.loads(l) for l in f if l.strip()]
+        check(len(recs) == steps, p["key"], "JSONL records", len(recs))
+        check(flops == float(sum(x["flops"] for x in recs)), p["key"], "flops != the JSONL's sum")
+        check(int(row["tokens"]) == sum(x["tokens"] for x in recs), p["key"], "tokens")
+        check(ev == recs[-1]["eval_loss"], p["key"], "eval_loss != the last record's")
+        with open(os.path.join(out, "points", p["key"] + ".log")) as f:
+            log_text = f.read()
+        m = sweep.PARAMS_RE.search(log_text)
+        check(m and (int(m.group(1)), int(m.group(2))) == (total, active), p["key"],
+              "params are not the dry run's")
+        # 6 x active x document tokens is most of hotpath's count; attention adds the rest.
+        check(6 * active * int(row["tokens"]) <= flops < 2 * 6 * active * int(row["tokens"]),
+              p["key"], "flops", flops, "vs 6 N D", 6 * active * int(row["tokens"]))
+        # Rounded steps and attention: near the budget, not equal to it.
+        check(0.8 * p["budget"] <= flops <= 1.5 * p["budget"], p["key"], "spent", flops,
+              "FLOPs on a budget of", p["budget"])
+        by_series.setdefault((p["n_experts"], p["d_model"]), []).append(
+            (p["budget"], flops, ev))
+    for s, pts in by_series.items():
+        pts.sort()
+        check([f for _, f, _ in pts] == sorted(f for _, f, _ in pts) and len(pts) == 2
+              and pts[0][1] < pts[1][1], s, "flops do not grow with the budget", pts)
+        check(pts[1][2] < pts[0][2], s, "4x the FLOPs does not lower the held-out loss", pts)
+    with open(os.path.join(out, "plots.json")) as f:
+        plots = json.load(f)
+    lp = plots.get("loss.png", {})
+    size = png_size(os.path.join(out, "loss.png")) if os.path.exists(
+        os.path.join(out, "loss.png")) else None
+    check(size is not None and size[0] > 100, "loss.png is not a PNG", size)
+    check(lp.get("series") == 4 and lp.get("points") == 8 and len(lp.get("best", [])) == 2,
+          "plots.json loss.png", {k: lp.get(k) for k in ("series", "points", "best")})
+    check(lp.get("line_key") == ["experts", "d_model"], "loss.png line_key", lp.get("line_key"))
+    for b in lp.get("best", []):
+        same = [float(x["eval_loss"]) for x in rows.values() if int(x["budget"]) == b["budget"]]
+        check(b["eval_loss"] == min(same), "best of", b["budget"], b, same)
+    check("| held-out loss | best |" in r.stdout and r.stdout.count("| ★ |") == 2,
+          "run does not print the loss table:", r.stdout[-800:])
+    return done("cpu loss demo: 8 points trained on their budgets, held-out loss, FLOPs, params, "
+                "loss.png, table")
 
 
 # ---- a stopped sweep, a torn CSV (real runs of tiny CPU points) -------------------------------
@@ -741,6 +1039,10 @@ def main():
         return cmd_torn(os.path.abspath(sys.argv[2]), sys.argv[3])
     if cmd == "series":
         return cmd_series(sys.argv[2])
+    if cmd == "loss_report":
+        return cmd_loss_report(sys.argv[2])
+    if cmd == "loss":
+        return cmd_loss(os.path.abspath(sys.argv[2]), sys.argv[3])
     print(__doc__)
     return 2
 
