@@ -17,8 +17,9 @@ Templates (--template):
   chatml  <|im_start|>ROLE\\nCONTENT<|im_end|>\\n per message (Qwen-style)
   plain   ROLE: CONTENT\\n\\n per message, the header and separators as plain text
 
-Output: HDF5 /tokens (uint32), /doc_offsets (int64, n_docs + 1), /loss_mask (uint8), written
-under a temporary name in --out's directory and renamed to --out once complete. An existing
+Output: HDF5 /tokens (uint32), /doc_offsets (int64, n_docs + 1), /loss_mask (uint8) in the
+checksummed HDF5 1.10 format (token_h5.py, the writer corpus.py shares), written under a
+temporary name in --out's directory and renamed to --out once complete. An existing
 --out is refused unless --force; --out is never one of the input files, --force or not.
 Input mistakes (a line that is not UTF-8 or not JSON, a message without a string role and
 content, no token counted by the loss, an --eot outside the vocabulary) are reported as
@@ -34,7 +35,6 @@ import json
 import os
 import signal
 import sys
-import tempfile
 
 MAX_REPORTED = 20  # input errors listed before the rest are counted
 
@@ -200,46 +200,14 @@ def role_counts(counter):
     return ", ".join(f"{r} ({n})" for r, n in counter.most_common()) or "none"
 
 
-def write_h5(path, out_dir, tokens, offsets, mask, force):
-    """Writes under a temporary name in out_dir, fsyncs, then renames to path: without force
-    through a link that fails if path appeared meanwhile. The temporary never outlives a failure."""
-    import h5py
-    import numpy as np
-    fd, tmp = tempfile.mkstemp(dir=out_dir, prefix="." + os.path.basename(path) + ".",
-                               suffix=".tmp")
-    os.close(fd)
+def write_h5(path, tokens, offsets, mask, force):
+    """Writes under a temporary name beside path and renames it to path (token_h5.write_file):
+    without force through a link that fails if path appeared meanwhile."""
+    import token_h5
     try:
-        with h5py.File(tmp, "w") as h:
-            h["tokens"] = np.asarray(tokens, dtype=np.uint32)
-            h["doc_offsets"] = np.asarray(offsets, dtype=np.int64)
-            h["loss_mask"] = np.asarray(mask, dtype=np.uint8)
-        fd = os.open(tmp, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        if force:
-            os.replace(tmp, path)
-        else:
-            try:
-                os.link(tmp, path)
-            except FileExistsError:
-                fail(f"--out {path} appeared while writing: pass --force to replace it")
-            except OSError:
-                if os.path.lexists(path):
-                    fail(f"--out {path} appeared while writing: pass --force to replace it")
-                os.replace(tmp, path)
-        try:
-            dfd = os.open(out_dir, os.O_RDONLY)
-            try:
-                os.fsync(dfd)
-            finally:
-                os.close(dfd)
-        except OSError:
-            pass
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+        token_h5.write_file(path, tokens, offsets, mask, force)
+    except token_h5.OutputAppeared:
+        fail(f"--out {path} appeared while writing: pass --force to replace it")
 
 
 def run(a):
@@ -248,7 +216,7 @@ def run(a):
         fail(f"--train_roles '{a.train_roles}': no role given (e.g. assistant)")
     check_input("--in", a.inp)
     check_input("--tokenizer", a.tokenizer)
-    out_dir = check_output(a)
+    check_output(a)
     try:
         import h5py  # noqa: F401
         import numpy  # noqa: F401
@@ -291,7 +259,7 @@ def run(a):
              f"--train_roles trains on {', '.join(train_roles)}; pass --train_roles with the "
              "role(s) whose replies the model should learn (e.g. --train_roles gpt); nothing "
              "written")
-    write_h5(a.out, out_dir, tokens, offsets, mask, a.force)
+    write_h5(a.out, tokens, offsets, mask, a.force)
     print(f"wrote {a.out}: {len(offsets) - 1} conversations, {len(tokens)} tokens, "
           f"{counted} counted by the loss (vocab {tok.get_vocab_size(with_added_tokens=True)}, "
           f"eot {eot})")
