@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "framework/core/error.h"
+#include "launch/bench/bench_attention.h"
 #include "launch/bench/bench_comm.h"
 #include "launch/bench/bench_model.h"
 #include "launch/bench/bench_offload.h"
@@ -68,8 +69,9 @@ int run_bench(const std::string& scenario, const TrainOptions& o, const RankCont
   if (scenario == "alltoall") return run_bench_alltoall(o, ctx);
   if (scenario == "offload") return run_bench_offload(o, ctx);
   if (scenario == "step") return run_bench_step(o, ctx);
+  if (scenario == "attention") return run_bench_attention(o, ctx);
   HP_USER_ERROR(ErrorKind::kUser, "hotpath bench: unknown scenario '", scenario,
-                "'; available: step, metadata, routing, alltoall, offload");
+                "'; available: step, metadata, routing, alltoall, offload, attention");
 }
 
 BenchStepResult measure_bench_step(const TrainOptions& o, const RankContext& ctx) {

@@ -1,13 +1,11 @@
-// CUDA backend infrastructure: the caching allocator, error reporting, the batch upload, and
-// (disabled by default, run by launch/gpu_suite.sh) attention timings.
+// CUDA backend infrastructure: the caching allocator, error reporting, the batch upload, events
+// and the profile.
 #include "framework/backend/cuda/cuda_backend.h"
 
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <cmath>
-#include <cstdio>
 #include <memory>
 #include <string>
 #include <vector>
@@ -16,7 +14,6 @@
 #include "framework/backend/cuda/cuda_allocator.h"
 #include "framework/backend/cuda/cuda_check.h"
 #include "framework/backend/profile.h"
-#include "framework/core/rng.h"
 #include "framework/data/packed_batch.h"
 
 namespace hp {
@@ -129,122 +126,6 @@ TEST(CudaBackend, ProfileNamesTheWorkAroundEachIdleGap) {
   ASSERT_NE(it, p.idle_gaps.end()) << "no gap between the read and the fill";
   EXPECT_EQ(it->count, 1);
   EXPECT_GE(p.kernels, 3);  // the axpy, the copy, the fill
-}
-
-// ---- timings (not a test of behaviour: run explicitly)
-// ----------------------------------------------
-
-struct PerfCase {
-  const char* name;
-  int hq, hkv, d, window;
-  std::vector<int> docs;  // document lengths, packed into one batch
-};
-// Packed documents of realistic lengths (64..4096), 16,384 tokens: as attention_vs_torch.py.
-const std::vector<int> kDocs = {3100, 517, 2048, 4000, 1290, 3777, 1652};
-
-float median(std::vector<float> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
-TEST(CudaPerf, DISABLED_Attention) {
-  HP_SKIP_WITHOUT_GPU();
-  const std::vector<int> four(4, 4096);
-  const PerfCase cases[] = {
-      {"gpt-oss d64 full", 64, 8, 64, 0, four},
-      {"gpt-oss d64 window128", 64, 8, 64, 128, four},
-      {"d128 full", 32, 8, 128, 0, four},
-      {"d128 full 16k", 32, 8, 128, 0, {16384}},
-      {"gpt-oss d64 docs", 64, 8, 64, 0, kDocs},
-      {"gpt-oss d64 docs window128", 64, 8, 64, 128, kDocs},
-      {"d128 docs", 32, 8, 128, 0, kDocs},
-  };
-  // Every attention path: the tiled kernels, cuDNN (deterministic backward), cuDNN (fast).
-  struct Path {
-    const char* name;
-    AttentionImpl impl;
-    bool deterministic;
-  };
-  for (const Path path :
-       {Path{"tiled", AttentionImpl::kTiled, true}, Path{"cudnn", AttentionImpl::kCudnn, true},
-        Path{"cudnn-fast", AttentionImpl::kCudnn, false}}) {
-    std::unique_ptr<Backend> gpu;
-    try {
-      gpu = make_cuda_backend(0, CudaBackendOptions{path.impl, path.deterministic});
-    } catch (const UserError& e) {
-      std::printf("attention path %s unavailable: %s\n", path.name, e.what());
-      continue;
-    }
-    cudaStream_t stream = cuda_compute_stream(*gpu);
-    // A block of random values, tiled over the inputs (values repeat; timing does not care).
-    Philox rng(1, "cuda-perf");
-    const int64_t kBlock = 1 << 20;
-    Tensor host = Tensor::host({kBlock}, DType::kF32);
-    for (int64_t i = 0; i < kBlock; ++i) host.data<float>()[i] = static_cast<float>(rng.normal(i));
-    Tensor block32 = gpu->upload(host);
-    Tensor block = gpu->empty({kBlock}, DType::kBF16);
-    gpu->convert(block32, block);
-    auto randomize = [&](Tensor& t) {
-      Tensor flat = t.reshape({-1});
-      for (int64_t s = 0; s < flat.numel(); s += kBlock) {
-        const int64_t c = std::min(kBlock, flat.numel() - s);
-        Tensor dst = flat.flat_view(s, c);
-        gpu->copy(block.flat_view(0, c), dst);
-      }
-    };
-
-    std::printf("%-40s %10s %10s %12s %12s\n", "attention [path]", "fwd ms", "bwd ms",
-                "fwd TFLOP/s", "bwd TFLOP/s");
-    for (const PerfCase& c : cases) {
-      std::vector<int32_t> pos;
-      for (int len : c.docs)
-        for (int i = 0; i < len; ++i) pos.push_back(i);
-      std::vector<int32_t> ids(pos.size(), 1);
-      const int64_t n = static_cast<int64_t>(pos.size());
-      const PackedBatch batch = PackedBatch::from_tokens(ids, ids, pos, n);
-      BatchMeta meta = gpu->upload_batch(batch);
-      const int64_t h = c.hq + 2 * c.hkv;
-      AttentionShape shape{c.hq, c.hkv, c.d, c.window, 1.0 / std::sqrt(static_cast<double>(c.d))};
-      Tensor qkv = gpu->empty({n, h, c.d}, DType::kBF16),
-             dout = gpu->empty({n, c.hq, c.d}, DType::kBF16);
-      randomize(qkv);
-      randomize(dout);
-      Tensor sinks = gpu->zeros({c.hq}, DType::kBF16), dsinks = gpu->zeros({c.hq}, DType::kF32);
-      Tensor out = gpu->empty({n, c.hq, c.d}, DType::kBF16),
-             lse = gpu->empty({n, c.hq}, DType::kF32);
-      Tensor dqkv = gpu->empty({n, h, c.d}, DType::kBF16);
-      cudaEvent_t e0, e1, e2;
-      CUDA_CHECK(cudaEventCreate(&e0));
-      CUDA_CHECK(cudaEventCreate(&e1));
-      CUDA_CHECK(cudaEventCreate(&e2));
-      std::vector<float> tf, tb;
-      for (int it = 0; it < 12; ++it) {
-        CUDA_CHECK(cudaEventRecord(e0, stream));
-        gpu->attention_fwd(qkv, sinks, meta, shape, out, lse);
-        CUDA_CHECK(cudaEventRecord(e1, stream));
-        gpu->attention_bwd(qkv, sinks, meta, shape, out, lse, dout, dqkv, dsinks);
-        CUDA_CHECK(cudaEventRecord(e2, stream));
-        CUDA_CHECK(cudaEventSynchronize(e2));
-        float f = 0, b = 0;
-        CUDA_CHECK(cudaEventElapsedTime(&f, e0, e1));
-        CUDA_CHECK(cudaEventElapsedTime(&b, e1, e2));
-        if (it >= 2) {  // warm-up
-          tf.push_back(f);
-          tb.push_back(b);
-        }
-      }
-      const double pairs = batch.attention_pairs(c.window);
-      const double fwd_flops = 4.0 * pairs * c.d * c.hq;  // QK^T and PV
-      const double bwd_flops = 2.5 * fwd_flops;           // five products of the same size
-      const float f = median(tf), b = median(tb);
-      const std::string label = std::string(c.name) + " [" + path.name + "]";
-      std::printf("%-40s %10.3f %10.3f %12.1f %12.1f\n", label.c_str(), f, b, fwd_flops / (f * 1e9),
-                  bwd_flops / (b * 1e9));
-      CUDA_CHECK(cudaEventDestroy(e0));
-      CUDA_CHECK(cudaEventDestroy(e1));
-      CUDA_CHECK(cudaEventDestroy(e2));
-    }
-  }
 }
 
 }  // namespace
