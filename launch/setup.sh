@@ -37,6 +37,7 @@ hp_install_deps() {
   fi
   hp_python_matplotlib
   hp_python_sft
+  hp_python_corpus
 }
 
 # The scaling sweeps plot with matplotlib: Debian's python3-matplotlib serves /usr/bin/python3;
@@ -54,6 +55,15 @@ hp_python_sft() {
   hp_log "python3 ($(command -v python3)) lacks tokenizers or h5py: pip install tokenizers h5py"
   python3 -m pip install -q tokenizers h5py >&2 ||
     hp_log "could not install tokenizers/h5py: the SFT data tool's tests are not registered"
+}
+
+# launch/tools/corpus.py reads Parquet through pyarrow (its test tools.corpus.parquet is
+# registered only where python3 has it): from PyPI where missing.
+hp_python_corpus() {
+  python3 -c 'import pyarrow.parquet' 2>/dev/null && return 0
+  hp_log "python3 ($(command -v python3)) lacks pyarrow: pip install pyarrow"
+  python3 -m pip install -q pyarrow >&2 ||
+    hp_log "could not install pyarrow: corpus.py reads no Parquet, tools.corpus.parquet not registered"
 }
 
 hp_nvcc() {
