@@ -25,7 +25,7 @@ endif()
 if(HOTPATH_SANITIZE)
   if(HOTPATH_CUDA)
     message(FATAL_ERROR "HOTPATH_SANITIZE is for the CPU build; the CUDA backend is checked with "
-                        "compute-sanitizer (launch/gpu_suite.sh sanitize)")
+                        "compute-sanitizer (the gpu.sanitize.* cases, tests/gpu/gpu_cases.cmake)")
   endif()
   set(hp_sanitize_flags -fsanitize=address,undefined -fno-sanitize-recover=undefined
                         -fno-omit-frame-pointer)

@@ -1,7 +1,7 @@
 // Sanitizer canaries: one defective kernel per compute-sanitizer tool (sanitizer_canary.cu).
-// Disabled: they exist to be run under their tool by launch/gpu_suite.sh (section sanitize),
-// which passes only when the tool reports the defect, proving that the tool and its kernel
-// filter see hotpath's kernels.
+// Disabled: they exist to be run under their tool by the gpu.sanitize.<tool>.canary cases
+// (tests/gpu/sanitize.sh), which pass only when the tool reports the defect, proving that the
+// tool and its kernel filter see hotpath's kernels.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
