@@ -1575,6 +1575,10 @@ def cmd_plot(a):
 # a report of this runner, which `report` replaces without --force.
 REPORT_MARK = ("<!-- Written by examples/scaling/sweep.py report; edits here are lost when it "
                "runs again. -->")
+# A line of a report below which the text is not the runner's: `report` keeps it (from this line
+# to the end) when it writes the report again, so a page can hold measurements of other sweeps.
+KEEP_MARK = ("<!-- Below this line: not written by sweep.py report, which keeps it when it "
+             "writes the page again. -->")
 
 
 def check_report_path(md_path, csv_path, force):
@@ -1597,6 +1601,17 @@ def check_report_path(md_path, csv_path, force):
     raise SweepError(f"--md {md_path} exists" + ("" if own else " outside the CSV's directory")
                      + (" and is not a report of this runner" if first != REPORT_MARK else "")
                      + ": pass --force to replace it, or choose another --md")
+
+
+def kept_part(md_path):
+    """The text of an existing report from its KEEP_MARK line to the end, or ""."""
+    try:
+        with open(md_path, encoding="utf-8", errors="replace") as f:
+            text = f.read()
+    except OSError:
+        return ""
+    at = text.find("\n" + KEEP_MARK)
+    return text[at + 1:] if at >= 0 else ""
 
 
 def rel_to_root(path):
@@ -1655,11 +1670,11 @@ def cmd_report(a):
                    "parameters are hotpath's own count (`hotpath train --dry-run`). Its "
                    "throughput columns are medians over the training steps after the first that "
                    "did not evaluate.\n")
-    if any(r["mode"] != "loss" for r in ok) or not ok:
-        out.append("Each point of mode throughput is one `hotpath bench step` run: the median of "
-                   "its timed steps (tok/s, "
-                   "ms, syncs), and the time breakdown from as many profiled steps again. ")
-    out.append(
+    bench_text = ("Each point of mode throughput is one `hotpath bench step` run: the median of "
+                  "its timed steps (tok/s, ms, syncs), and the time breakdown from as many "
+                  "profiled steps again. " if any(r["mode"] != "loss" for r in ok) or not ok
+                  else "")
+    out.append(bench_text +
                f"{tok_h} counts document tokens per second, the positions a step pads to fill its "
                "rows left out; padding is the padded fraction of the step's positions. "
                f"{tok_h}/GPU is the job's {tok_h} over its ranks; MFU is per GPU against "
@@ -1753,7 +1768,11 @@ def cmd_report(a):
         for r in bad:
             out.append(f"| {r['key']} | {r['error'].replace('|', '/')} |")
         out.append("")
-    write_atomic(md_path, "\n".join(out) + "\n")
+    text = "\n".join(out) + "\n"
+    kept = kept_part(md_path)
+    if kept:
+        text += "\n" + kept
+    write_atomic(md_path, text)
     log(f"wrote {md_path} ({len(ok)} points, {len(made)} plots)")
     return 0
 

@@ -690,6 +690,16 @@ def cmd_loss_report(work):
     text = open(os.path.join(work, "res", "report.md")).read()
     check("## Held-out loss against compute" in text and text.count("| ★ |") == 2,
           "report: no loss section with 2 stars")
+    # A page's part below the keep mark survives the report written again.
+    md = os.path.join(work, "res", "report.md")
+    with open(md, "a") as f:
+        f.write("\n" + sweep.KEEP_MARK + "\n\n## Measured elsewhere\n\n| a | 1 |\n")
+    r = sweep_cmd("report", csv_path)
+    text2 = open(md).read()
+    check(r.returncode == 0 and text2.endswith("\n" + sweep.KEEP_MARK + "\n\n## Measured "
+                                               "elsewhere\n\n| a | 1 |\n")
+          and text2.count(sweep.KEEP_MARK) == 1 and text2.startswith(text.rstrip("\n")),
+          "the kept part of the page is not kept once after the report:", text2[-300:])
     r = sweep_cmd("table", os.path.join(work, "nothing.csv"))
     check(r.returncode == 2 and "no such results CSV" in r.stderr, "table of no CSV:",
           r.returncode, r.stderr)
