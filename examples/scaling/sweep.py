@@ -405,6 +405,8 @@ def loss_settings(s, at, where):
             if f.startswith("--out="):
                 raise SweepError(f"{at('synth_data')} key 'synth_data': '{f}': the runner names "
                                  "the files")
+            if f.startswith("--docs="):
+                parse_int(f[len("--docs="):], at("synth_data"), "synth_data --docs")
         out["synth"] = flags
         out["eval_docs"] = parse_int(s.get("eval_docs", "256"), at("eval_docs"), "eval_docs")
     else:
@@ -954,7 +956,8 @@ def make_data(points, hotpath):
         os.makedirs(d, exist_ok=True)
         flags = [f for f in p["synth"] if not f.startswith("--docs=")]
         docs_flag = [f for f in p["synth"] if f.startswith("--docs=")]
-        train_docs = int(docs_flag[-1].split("=", 1)[1]) if docs_flag else 1000
+        train_docs = parse_int(docs_flag[-1].split("=", 1)[1], "synth_data", "--docs") \
+            if docs_flag else 1000  # hotpath data synth's default
         total = train_docs + p["eval_docs"]
         all_path = os.path.join(d, "all.bin")
         cmd = [hotpath, "data", "synth", f"--out={all_path}", f"--docs={total}"] + flags
@@ -1016,7 +1019,7 @@ def cmd_run(a):
     skipped = len(points) - len(todo)
     log(f"{settings['name']}: {len(points)} points, {skipped} already in {csv_path}, "
         f"{len(todo)} to run (hotpath: {hotpath})")
-    set_data_paths(points, a.out)
+    set_data_paths(points, os.path.abspath(a.out))
     make_data([p for p in todo if "synth" in p], hotpath)
     write_atomic(os.path.join(a.out, "sweep.json"),
                  json.dumps({"name": settings["name"], "title": settings["title"],

@@ -312,6 +312,8 @@ ERRORS = [
      "it excludes 'data' and 'eval_data'"),
     (CFG + "mode = loss\nbudget_tokens = 64k\nsynth_data = --docs 10\n",
      ":5: [sweep] key 'synth_data': '--docs' is not --key=value"),
+    (CFG + "mode = loss\nbudget_tokens = 64k\nsynth_data = --docs=many\n",
+     ":5: [sweep] key 'synth_data --docs': 'many' is not an integer"),
     (CFG + "mode = loss\nbudget_tokens = 64k\nsynth_data = --out=x.bin\n",
      ":5: [sweep] key 'synth_data': '--out=x.bin': the runner names the files"),
     (CFG + "mode = loss\nbudget_flops = 1e-3\nsynth_data = --docs=10\n",
@@ -728,8 +730,7 @@ def cmd_loss_report(work):
 def cmd_loss(hotpath, work):
     """The CPU loss demo end to end: data written and split, every point trained on its budget
     with a finite held-out loss, FLOPs summed from its JSONL growing with the budget, hotpath's
-    parameter counts, the plot and the table."""
-    need_matplotlib()
+    parameter counts, the table, and the plot where matplotlib is installed."""
     out = os.path.join(work, "loss")
     shutil.rmtree(out, ignore_errors=True)
     sweep_file = os.path.join(ROOT, "examples", "scaling", "sweeps", "cpu-loss.ini")
@@ -796,6 +797,13 @@ def cmd_loss(hotpath, work):
         check([f for _, f, _ in pts] == sorted(f for _, f, _ in pts) and len(pts) == 2
               and pts[0][1] < pts[1][1], s, "flops do not grow with the budget", pts)
         check(pts[1][2] < pts[0][2], s, "4x the FLOPs does not lower the held-out loss", pts)
+    check("| held-out loss | best |" in r.stdout and r.stdout.count("| ★ |") == 2,
+          "run does not print the loss table:", r.stdout[-800:])
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return done("cpu loss demo: 8 points trained on their budgets, held-out loss, FLOPs, "
+                    "params, table (plots not checked: no matplotlib)")
     with open(os.path.join(out, "plots.json")) as f:
         plots = json.load(f)
     lp = plots.get("loss.png", {})
@@ -808,8 +816,6 @@ def cmd_loss(hotpath, work):
     for b in lp.get("best", []):
         same = [float(x["eval_loss"]) for x in rows.values() if int(x["budget"]) == b["budget"]]
         check(b["eval_loss"] == min(same), "best of", b["budget"], b, same)
-    check("| held-out loss | best |" in r.stdout and r.stdout.count("| ★ |") == 2,
-          "run does not print the loss table:", r.stdout[-800:])
     return done("cpu loss demo: 8 points trained on their budgets, held-out loss, FLOPs, params, "
                 "loss.png, table")
 
