@@ -34,7 +34,7 @@ rm -rf "$W/tokenizer.json" "$W/tokens" "$W/run" "$W/metrics.jsonl" "$W/held_out.
 
 # Held-out evaluation during training needs the eval_data key (eval_loss in the metrics).
 EVAL=()
-if "$HP" train --help 2>&1 | grep -q -- '--eval_data'; then
+if grep -q -- '--eval_data' <<< "$("$HP" train --help 2>&1)"; then
   EVAL=(--eval_every=25 --eval_batches=8)
 else
   say "this hotpath has no eval_data key: the held-out loss is measured by 'hotpath eval' of checkpoints"
