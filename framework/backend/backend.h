@@ -16,8 +16,14 @@
 //    scalar accumulators have master_dtype(); the CPU backend runs with act == master (f32, or
 //    f64 for finite-difference tests).
 //  - Outputs are written unless marked "+=" (accumulated into). Output tensors are allocated by
-//    the caller with the documented shapes; the op checks shapes and throws on mismatch.
+//    the caller with the documented shapes.
 //  - All ops are deterministic: the same inputs give bitwise-identical outputs.
+// Argument contracts: each op is a public non-virtual function that checks what its comment
+// below states (shapes, sizes, argument ranges, which tensors may alias), once for every backend,
+// before any work, throwing an Error that names the op, the tensor and the shape expected; then it
+// calls the backend's implementation, the protected virtual do_<op>. An implementation checks
+// only its own policy: dtypes, devices, limits of its kernels, and on the host the values of
+// index tensors.
 // Thread safety: one host thread drives a backend instance.
 #pragma once
 
@@ -122,18 +128,19 @@ class Backend {
     return Tensor::empty(allocator(), std::move(shape), dtype);
   }
   Tensor zeros(Shape shape, DType dtype);
-  virtual void fill(Tensor& t, double value) = 0;
+  // Every element of t (defined) = value.
+  void fill(Tensor& t, double value);
   // t[i] = std * philox_normal(key, offset + i) (framework/core/rng.h), rounded to t's float
   // dtype: the same bits on every backend, so parameters are initialized where they live.
-  virtual void fill_normal(Tensor& t, uint64_t key, int64_t offset, double std) = 0;
+  void fill_normal(Tensor& t, uint64_t key, int64_t offset, double std);
   // Same dtype and numel; src and dst may live on different devices (stream-ordered, no sync).
-  virtual void copy(const Tensor& src, Tensor& dst) = 0;
+  void copy(const Tensor& src, Tensor& dst);
   // Same numel, same device, any float dtypes (rounding to nearest even).
-  virtual void convert(const Tensor& src, Tensor& dst) = 0;
+  void convert(const Tensor& src, Tensor& dst);
   // New device tensor holding a host tensor's contents (no sync).
   Tensor upload(const Tensor& host);
-  // Blocking read into a host tensor; counts one sync of `cause`.
-  virtual void read_to_host(const Tensor& src, Tensor& host_dst, SyncCause cause) = 0;
+  // Blocking read into a host tensor of src's dtype and numel; counts one sync of `cause`.
+  void read_to_host(const Tensor& src, Tensor& host_dst, SyncCause cause);
   // Waits for all issued work; counts one sync of `cause`.
   virtual void synchronize(SyncCause cause) = 0;
 
@@ -180,148 +187,230 @@ class Backend {
   // copy(), labelled with the direction it crosses the host link in (kReload: host -> device):
   // the label an arbiter grants its chunks under. A plain copy() on the copy stream counts as a
   // reload when its destination is device memory, else as an offload (on the cpu backend, whose
-  // device memory is host memory, always an offload).
-  virtual void copy_over_link(const Tensor& src, Tensor& dst, CopyDirection dir) { copy(src, dst); }
+  // device memory is host memory, always an offload). Same dtype and numel.
+  void copy_over_link(const Tensor& src, Tensor& dst, CopyDirection dir);
 
   // ---- packed batch metadata (rule 1) --------------------------------------------------------
-  virtual BatchMeta upload_batch(const PackedBatch& batch) = 0;
-  // The per-layer baseline: rebuilds cu_seqlens from positions on the device and reads
+  // inputs, targets and positions of one length N; cu_seqlens runs from 0 to N, never
+  // decreasing.
+  BatchMeta upload_batch(const PackedBatch& batch);
+  // The per-layer baseline: rebuilds cu_seqlens from positions (1-d) on the device and reads
   // max_seqlen back. Counts one sync of cause metadata.
-  virtual void rebuild_metadata(BatchMeta& meta) = 0;
+  void rebuild_metadata(BatchMeta& meta);
 
   // ---- dense math ---------------------------------------------------------------------------
-  // c = alpha * op(a) @ op(b) + beta * c, 2-D. op(x) = x^T when the flag is set.
-  virtual void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c,
-                    double alpha, double beta) = 0;
+  // c = alpha * op(a) @ op(b) + beta * c, 2-D: op(a) [M,K], op(b) [K,N], c [M,N]. op(x) = x^T
+  // when the flag is set.
+  void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c, double alpha,
+            double beta);
   // c = op(a) @ op(b) + bias[N] on every row, 2-D. Default: gemm, then add_bias; a backend may
   // fuse the two (rounding once where the default rounds twice).
-  virtual void gemm_bias(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c,
-                         const Tensor& bias);
+  void gemm_bias(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c,
+                 const Tensor& bias);
   // c = op(a) @ op(b) (+ bias[N] on every row where bias is defined) + r, 2-D, r of c's shape and
   // dtype and not aliasing c: a layer's output onto its residual. Default: gemm or gemm_bias,
   // then add; a backend may fuse them (reading r in the product's epilogue, rounding once).
-  virtual void gemm_add(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b,
-                        const Tensor& r, Tensor& c, const Tensor& bias);
+  void gemm_add(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& r,
+                Tensor& c, const Tensor& bias);
   // A group of products that share the transposes and beta, such as the experts of a MoE layer:
-  // for each problem, c = op(a) @ op(b) + beta * c, then + bias where bias is defined (beta
-  // must be 0 then; as gemm_bias). The c's must not overlap. The backend may run the problems in
-  // any order or at once (deterministic all the same). Default: one after another.
+  // for each problem, c = op(a) @ op(b) + beta * c (shapes as gemm), then + bias[N] where bias
+  // is defined (beta must be 0 then; as gemm_bias). The c's must not overlap. The backend may
+  // run the problems in any order or at once (deterministic all the same). Default: one after
+  // another.
   struct GemmProblem {
     Tensor a, b, c, bias;
   };
-  virtual void gemm_group(const std::vector<GemmProblem>& problems, bool trans_a, bool trans_b,
-                          double beta);
+  void gemm_group(const std::vector<GemmProblem>& problems, bool trans_a, bool trans_b,
+                  double beta);
   // y[M,N] += b[N] broadcast over rows.
-  virtual void add_bias(Tensor& y, const Tensor& bias) = 0;
+  void add_bias(Tensor& y, const Tensor& bias);
   // db[N] += sum over rows of dy[M,N].
-  virtual void bias_grad(const Tensor& dy, Tensor& db) = 0;
-  // bias_grad over row segments of one dy, in order: for each, its db[N] += sum over rows
-  // [begin, begin + rows) of dy, as bias_grad(dy.slice(begin, begin + rows), db) gives it. A
-  // backend may run them in few launches (the MoE layer has one segment per expert).
+  void bias_grad(const Tensor& dy, Tensor& db);
+  // bias_grad over row segments of one dy[M,N], in order: for each, its db[N] += sum over rows
+  // [begin, begin + rows) of dy (0 <= begin, 0 <= rows, begin + rows <= M), as
+  // bias_grad(dy.slice(begin, begin + rows), db) gives it. A backend may run them in few launches
+  // (the MoE layer has one segment per expert).
   struct RowSegment {
     int64_t begin = 0, rows = 0;
     Tensor db;
   };
-  virtual void bias_grad_segments(const Tensor& dy, const std::vector<RowSegment>& segments);
-  // out = a + b (out may alias a or b).
-  virtual void add(const Tensor& a, const Tensor& b, Tensor& out) = 0;
-  // y += alpha * x.
-  virtual void axpy(double alpha, const Tensor& x, Tensor& y) = 0;
+  void bias_grad_segments(const Tensor& dy, const std::vector<RowSegment>& segments);
+  // out = a + b, one numel (out may alias a or b).
+  void add(const Tensor& a, const Tensor& b, Tensor& out);
+  // y += alpha * x, one numel.
+  void axpy(double alpha, const Tensor& x, Tensor& y);
 
   // ---- normalization and position ---------------------------------------------------------
-  // Rows of x[M,D]: y = x / sqrt(mean(x^2) + eps) * w; rstd[M] keeps 1/sqrt(...) for backward.
-  virtual void rmsnorm_fwd(const Tensor& x, const Tensor& w, double eps, Tensor& y,
-                           Tensor& rstd) = 0;
-  // dx written (accumulate_dx: dx += , the residual's gradient folded in); dw += .
-  virtual void rmsnorm_bwd(const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dy,
-                           Tensor& dx, Tensor& dw, bool accumulate_dx) = 0;
-  // In place on the first `n_rot_heads` heads of x[N,H,D]: half-split rotation by the angle of
-  // positions[t]. inverse = true applies the transpose (the backward of the forward rotation).
-  virtual void rope(Tensor& x, int n_rot_heads, const Tensor& positions, const RopeTable& table,
-                    bool inverse) = 0;
+  // Rows of x[M,D] (D > 0, eps >= 0): y[M,D] = x / sqrt(mean(x^2) + eps) * w[D]; rstd[M] keeps
+  // 1/sqrt(...) for backward.
+  void rmsnorm_fwd(const Tensor& x, const Tensor& w, double eps, Tensor& y, Tensor& rstd);
+  // x[M,D], w[D], rstd[M], dy[M,D]: dx[M,D] written (accumulate_dx: dx += , the residual's
+  // gradient folded in; dx may alias dy); dw[D] += .
+  void rmsnorm_bwd(const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dy,
+                   Tensor& dx, Tensor& dw, bool accumulate_dx);
+  // In place on the first `n_rot_heads` heads (0 <= n_rot_heads <= H) of x[N,H,D], D even:
+  // half-split rotation by the angle of positions[N], read from table.cos and table.sin, each
+  // [P, D/2]. inverse = true applies the transpose (the backward of the forward rotation).
+  void rope(Tensor& x, int n_rot_heads, const Tensor& positions, const RopeTable& table,
+            bool inverse);
 
-  // Qwen3's per-head RMSNorm of q and k inside qkv[N, Hq+2Hkv, D]: q heads use qw[D], k heads
-  // kw[D]; out[N, Hq+2Hkv, D] gets the normalized q and k heads and a copy of the v heads;
-  // rstd[N, Hq+Hkv] (master dtype).
-  virtual void qk_norm_fwd(const Tensor& qkv, const Tensor& qw, const Tensor& kw, int64_t n_heads,
-                           int64_t n_kv_heads, double eps, Tensor& out, Tensor& rstd);
-  // din written (v heads: dout copied); dqw += , dkw += .
-  virtual void qk_norm_bwd(const Tensor& qkv, const Tensor& qw, const Tensor& kw, int64_t n_heads,
-                           int64_t n_kv_heads, const Tensor& rstd, const Tensor& dout, Tensor& din,
-                           Tensor& dqw, Tensor& dkw);
+  // Qwen3's per-head RMSNorm of q and k inside qkv[N, Hq+2Hkv, D] (Hq, Hkv > 0): q heads use
+  // qw[D], k heads kw[D]; out[N, Hq+2Hkv, D] gets the normalized q and k heads and a copy of the
+  // v heads; rstd[N, Hq+Hkv] (master dtype).
+  void qk_norm_fwd(const Tensor& qkv, const Tensor& qw, const Tensor& kw, int64_t n_heads,
+                   int64_t n_kv_heads, double eps, Tensor& out, Tensor& rstd);
+  // rstd[N, Hq+Hkv], dout[N, Hq+2Hkv, D]: din[N, Hq+2Hkv, D] written (v heads: dout copied; din
+  // may alias dout); dqw[D] += , dkw[D] += .
+  void qk_norm_bwd(const Tensor& qkv, const Tensor& qw, const Tensor& kw, int64_t n_heads,
+                   int64_t n_kv_heads, const Tensor& rstd, const Tensor& dout, Tensor& din,
+                   Tensor& dqw, Tensor& dkw);
 
   // ---- attention ----------------------------------------------------------------------------
-  // qkv[N, Hq + 2*Hkv, D] holds q heads, then k heads, then v heads. Causal within each sequence
-  // of meta (never across), optional sliding window, optional sinks[Hq] (learned logits that join
-  // the softmax denominator). out[N,Hq,D]; lse[N,Hq] (master dtype) = log(exp(sink) + sum exp(z)).
-  virtual void attention_fwd(const Tensor& qkv, const Tensor& sinks, const BatchMeta& meta,
-                             const AttentionShape& shape, Tensor& out, Tensor& lse) = 0;
-  // dqkv[N, Hq+2Hkv, D] written; dsinks[Hq] += (ignored when sinks is undefined).
-  virtual void attention_bwd(const Tensor& qkv, const Tensor& sinks, const BatchMeta& meta,
-                             const AttentionShape& shape, const Tensor& out, const Tensor& lse,
-                             const Tensor& dout, Tensor& dqkv, Tensor& dsinks) = 0;
+  // qkv[N, Hq + 2*Hkv, D] holds q heads, then k heads, then v heads (shape: Hq, Hkv, D > 0, Hq a
+  // multiple of Hkv, window >= 0, a finite scale). Causal within each sequence of meta (never
+  // across; meta.positions of N entries, meta.cu_seqlens of meta.n_seqs + 1), optional sliding
+  // window, optional sinks[Hq] (learned logits that join the softmax denominator). out[N,Hq,D];
+  // lse[N,Hq] (master dtype) = log(exp(sink) + sum exp(z)).
+  void attention_fwd(const Tensor& qkv, const Tensor& sinks, const BatchMeta& meta,
+                     const AttentionShape& shape, Tensor& out, Tensor& lse);
+  // out[N,Hq,D], lse[N,Hq] and dout[N,Hq,D] as forward left them: dqkv[N, Hq+2Hkv, D] written
+  // (not aliasing qkv); dsinks[Hq] += (ignored when sinks is undefined).
+  void attention_bwd(const Tensor& qkv, const Tensor& sinks, const BatchMeta& meta,
+                     const AttentionShape& shape, const Tensor& out, const Tensor& lse,
+                     const Tensor& dout, Tensor& dqkv, Tensor& dsinks);
 
   // ---- feed-forward activations -------------------------------------------------------------
   // h[M, 2F] = [g | u] -> a[M, F]. SwiGLU: silu(g)*u. GPT-OSS: g=min(g,L), u=clamp(u,-L,L),
   // a = g*sigmoid(alpha*g)*(u+1).
-  virtual void glu_fwd(const Tensor& h, const GluParams& p, Tensor& a) = 0;
-  // dh[M, 2F] written.
-  virtual void glu_bwd(const Tensor& h, const Tensor& da, const GluParams& p, Tensor& dh) = 0;
+  void glu_fwd(const Tensor& h, const GluParams& p, Tensor& a);
+  // da[M, F]: dh[M, 2F] written.
+  void glu_bwd(const Tensor& h, const Tensor& da, const GluParams& p, Tensor& dh);
 
   // ---- mixture-of-experts routing (rule 3) --------------------------------------------------
-  // For each row of logits[N,E]: the k largest (ties: lower expert id first), idx[N,k] in
-  // descending logit order, w[N,k] = softmax over the k picked logits.
-  virtual void router_topk(const Tensor& logits, int k, Tensor& idx, Tensor& w) = 0;
-  // dlogits[N,E] written: the softmax-over-picked backward at the picked entries, 0 elsewhere.
-  virtual void router_topk_bwd(const Tensor& idx, const Tensor& w, const Tensor& dw,
-                               Tensor& dlogits) = 0;
-  // Load-balancing loss coef*E*sum_e f_e*P_e with f_e = counts[e]/(N*k) and P_e the mean over the
-  // N rows of softmax(logits)_e. loss[1] += value; dlogits[N,E] += its gradient.
-  virtual void router_aux_loss(const Tensor& logits, const Tensor& counts, int k, double coef,
-                               Tensor& loss, Tensor& dlogits) = 0;
-  // counts[n_bins] = number of each id in ids[M].
-  virtual void histogram(const Tensor& ids, int n_bins, Tensor& counts) = 0;
-  // offsets[n+1]: offsets[0] = 0, offsets[i+1] = offsets[i] + counts[i].
-  virtual void exclusive_scan(const Tensor& counts, Tensor& offsets) = 0;
-  // Stable sort of assignments a = 0..M-1 by ids[a], using offsets from exclusive_scan:
-  // sorted_to_assign[j] = a at sorted position j; assign_to_sorted[a] = j.
-  virtual void sort_by_id(const Tensor& ids, const Tensor& offsets, Tensor& sorted_to_assign,
-                          Tensor& assign_to_sorted) = 0;
-  // out[j] = x[sorted_to_assign[j] / k]   (x[N,D], out[M,D]).
-  virtual void permute_rows(const Tensor& x, const Tensor& sorted_to_assign, int k,
-                            Tensor& out) = 0;
-  // dx[N,D] += sum over j with sorted_to_assign[j]/k == t of dout[j].
-  virtual void permute_rows_bwd(const Tensor& dout, const Tensor& sorted_to_assign, int k,
-                                Tensor& dx) = 0;
-  // out[t] = sum_s w[t,s] * y[assign_to_sorted[t*k+s]]   (y[M,D], w[N,k], out[N,D]).
-  virtual void unpermute_combine(const Tensor& y, const Tensor& assign_to_sorted, const Tensor& w,
-                                 Tensor& out) = 0;
-  // dy[M,D] written; dw[N,k] written.
-  virtual void unpermute_combine_bwd(const Tensor& dout, const Tensor& y,
-                                     const Tensor& assign_to_sorted, const Tensor& w, Tensor& dy,
-                                     Tensor& dw) = 0;
+  // For each row of logits[N,E]: the k largest (1 <= k <= E; ties: lower expert id first),
+  // idx[N,k] in descending logit order, w[N,k] = softmax over the k picked logits.
+  void router_topk(const Tensor& logits, int k, Tensor& idx, Tensor& w);
+  // idx[N,k], w[N,k], dw[N,k]: dlogits[N,E] written: the softmax-over-picked backward at the
+  // picked entries, 0 elsewhere.
+  void router_topk_bwd(const Tensor& idx, const Tensor& w, const Tensor& dw, Tensor& dlogits);
+  // Load-balancing loss coef*E*sum_e f_e*P_e with f_e = counts[e]/(N*k) (counts[E], k >= 1) and
+  // P_e the mean over the N rows of softmax(logits[N,E])_e. loss[1] += value; dlogits[N,E] += its
+  // gradient.
+  void router_aux_loss(const Tensor& logits, const Tensor& counts, int k, double coef, Tensor& loss,
+                       Tensor& dlogits);
+  // counts[n_bins] = number of each id in ids[M] (n_bins >= 0).
+  void histogram(const Tensor& ids, int n_bins, Tensor& counts);
+  // counts[n] -> offsets[n+1]: offsets[0] = 0, offsets[i+1] = offsets[i] + counts[i].
+  void exclusive_scan(const Tensor& counts, Tensor& offsets);
+  // Stable sort of assignments a = 0..M-1 by ids[M], using offsets[n_bins+1] from
+  // exclusive_scan: sorted_to_assign[j] = a at sorted position j; assign_to_sorted[a] = j (both
+  // [M]).
+  void sort_by_id(const Tensor& ids, const Tensor& offsets, Tensor& sorted_to_assign,
+                  Tensor& assign_to_sorted);
+  // out[j] = x[sorted_to_assign[j] / k]   (x[N,D], sorted_to_assign[M], out[M,D], k >= 1).
+  void permute_rows(const Tensor& x, const Tensor& sorted_to_assign, int k, Tensor& out);
+  // dx[N,D] += sum over j with sorted_to_assign[j]/k == t of dout[j]   (dout[M,D], k >= 1).
+  void permute_rows_bwd(const Tensor& dout, const Tensor& sorted_to_assign, int k, Tensor& dx);
+  // out[t] = sum_s w[t,s] * y[assign_to_sorted[t*k+s]]   (y[M,D], w[N,k], assign_to_sorted[N*k],
+  // out[N,D]).
+  void unpermute_combine(const Tensor& y, const Tensor& assign_to_sorted, const Tensor& w,
+                         Tensor& out);
+  // dout[N,D]: dy[M,D] written; dw[N,k] written.
+  void unpermute_combine_bwd(const Tensor& dout, const Tensor& y, const Tensor& assign_to_sorted,
+                             const Tensor& w, Tensor& dy, Tensor& dw);
 
   // ---- embedding and loss -------------------------------------------------------------------
-  // out[N,D] = table[ids[t]].
-  virtual void embedding_fwd(const Tensor& table, const Tensor& ids, Tensor& out) = 0;
-  // dtable[V,D] += scatter of dout rows.
-  virtual void embedding_bwd(const Tensor& dout, const Tensor& ids, Tensor& dtable) = 0;
+  // out[N,D] = table[ids[t]]   (table[V,D], ids[N]).
+  void embedding_fwd(const Tensor& table, const Tensor& ids, Tensor& out);
+  // dtable[V,D] += scatter of dout[N,D] rows by ids[N].
+  void embedding_bwd(const Tensor& dout, const Tensor& ids, Tensor& dtable);
   // Rows of logits[n,V] with targets[n] (-1: ignored). loss[1] += sum of -log softmax at the
   // target over valid rows; logits are overwritten by grad_scale * (softmax - onehot) for valid
   // rows and 0 for ignored rows.
-  virtual void cross_entropy(Tensor& logits, const Tensor& targets, double grad_scale,
-                             Tensor& loss) = 0;
+  void cross_entropy(Tensor& logits, const Tensor& targets, double grad_scale, Tensor& loss);
 
   // ---- optimizer ----------------------------------------------------------------------------
   // acc[1] += sum(x^2) (acc in master dtype).
-  virtual void sum_squares(const Tensor& x, Tensor& acc) = 0;
-  // Decoupled-weight-decay Adam with bias correction on master/m/v; grad is scaled by
-  // p.grad_scale first. When `working` is defined it receives master converted to its dtype.
-  // With p.check_flag set: the check-only mode above (nothing written but the flag).
-  virtual void adamw(Tensor& master, const Tensor& grad, Tensor& m, Tensor& v, const AdamWParams& p,
-                     Tensor& working) = 0;
+  void sum_squares(const Tensor& x, Tensor& acc);
+  // Decoupled-weight-decay Adam with bias correction (p.step >= 1) on master/m/v; grad, m and v
+  // have master's shape; grad is scaled by p.grad_scale first. When `working` is defined (of
+  // master's numel) it receives master converted to its dtype. With p.check_flag set (at least
+  // one element): the check-only mode above (nothing written but the flag).
+  void adamw(Tensor& master, const Tensor& grad, Tensor& m, Tensor& v, const AdamWParams& p,
+             Tensor& working);
 
  protected:
+  // ---- the implementations ------------------------------------------------------------------
+  // Each is called by the public op of its name once the op's contract (above) holds; it checks
+  // its own dtype and device policy. The defaults compose other public ops.
+  virtual void do_fill(Tensor& t, double value) = 0;
+  virtual void do_fill_normal(Tensor& t, uint64_t key, int64_t offset, double std) = 0;
+  virtual void do_copy(const Tensor& src, Tensor& dst) = 0;
+  virtual void do_convert(const Tensor& src, Tensor& dst) = 0;
+  virtual void do_read_to_host(const Tensor& src, Tensor& host_dst, SyncCause cause) = 0;
+  // Default: do_copy.
+  virtual void do_copy_over_link(const Tensor& src, Tensor& dst, CopyDirection dir);
+  virtual BatchMeta do_upload_batch(const PackedBatch& batch) = 0;
+  virtual void do_rebuild_metadata(BatchMeta& meta) = 0;
+  virtual void do_gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c,
+                       double alpha, double beta) = 0;
+  virtual void do_gemm_bias(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c,
+                            const Tensor& bias);
+  virtual void do_gemm_add(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b,
+                           const Tensor& r, Tensor& c, const Tensor& bias);
+  virtual void do_gemm_group(const std::vector<GemmProblem>& problems, bool trans_a, bool trans_b,
+                             double beta);
+  virtual void do_add_bias(Tensor& y, const Tensor& bias) = 0;
+  virtual void do_bias_grad(const Tensor& dy, Tensor& db) = 0;
+  virtual void do_bias_grad_segments(const Tensor& dy, const std::vector<RowSegment>& segments);
+  virtual void do_add(const Tensor& a, const Tensor& b, Tensor& out) = 0;
+  virtual void do_axpy(double alpha, const Tensor& x, Tensor& y) = 0;
+  virtual void do_rmsnorm_fwd(const Tensor& x, const Tensor& w, double eps, Tensor& y,
+                              Tensor& rstd) = 0;
+  virtual void do_rmsnorm_bwd(const Tensor& x, const Tensor& w, const Tensor& rstd,
+                              const Tensor& dy, Tensor& dx, Tensor& dw, bool accumulate_dx) = 0;
+  virtual void do_rope(Tensor& x, int n_rot_heads, const Tensor& positions, const RopeTable& table,
+                       bool inverse) = 0;
+  // Default: an error (a backend without qk_norm).
+  virtual void do_qk_norm_fwd(const Tensor& qkv, const Tensor& qw, const Tensor& kw,
+                              int64_t n_heads, int64_t n_kv_heads, double eps, Tensor& out,
+                              Tensor& rstd);
+  virtual void do_qk_norm_bwd(const Tensor& qkv, const Tensor& qw, const Tensor& kw,
+                              int64_t n_heads, int64_t n_kv_heads, const Tensor& rstd,
+                              const Tensor& dout, Tensor& din, Tensor& dqw, Tensor& dkw);
+  virtual void do_attention_fwd(const Tensor& qkv, const Tensor& sinks, const BatchMeta& meta,
+                                const AttentionShape& shape, Tensor& out, Tensor& lse) = 0;
+  virtual void do_attention_bwd(const Tensor& qkv, const Tensor& sinks, const BatchMeta& meta,
+                                const AttentionShape& shape, const Tensor& out, const Tensor& lse,
+                                const Tensor& dout, Tensor& dqkv, Tensor& dsinks) = 0;
+  virtual void do_glu_fwd(const Tensor& h, const GluParams& p, Tensor& a) = 0;
+  virtual void do_glu_bwd(const Tensor& h, const Tensor& da, const GluParams& p, Tensor& dh) = 0;
+  virtual void do_router_topk(const Tensor& logits, int k, Tensor& idx, Tensor& w) = 0;
+  virtual void do_router_topk_bwd(const Tensor& idx, const Tensor& w, const Tensor& dw,
+                                  Tensor& dlogits) = 0;
+  virtual void do_router_aux_loss(const Tensor& logits, const Tensor& counts, int k, double coef,
+                                  Tensor& loss, Tensor& dlogits) = 0;
+  virtual void do_histogram(const Tensor& ids, int n_bins, Tensor& counts) = 0;
+  virtual void do_exclusive_scan(const Tensor& counts, Tensor& offsets) = 0;
+  virtual void do_sort_by_id(const Tensor& ids, const Tensor& offsets, Tensor& sorted_to_assign,
+                             Tensor& assign_to_sorted) = 0;
+  virtual void do_permute_rows(const Tensor& x, const Tensor& sorted_to_assign, int k,
+                               Tensor& out) = 0;
+  virtual void do_permute_rows_bwd(const Tensor& dout, const Tensor& sorted_to_assign, int k,
+                                   Tensor& dx) = 0;
+  virtual void do_unpermute_combine(const Tensor& y, const Tensor& assign_to_sorted,
+                                    const Tensor& w, Tensor& out) = 0;
+  virtual void do_unpermute_combine_bwd(const Tensor& dout, const Tensor& y,
+                                        const Tensor& assign_to_sorted, const Tensor& w, Tensor& dy,
+                                        Tensor& dw) = 0;
+  virtual void do_embedding_fwd(const Tensor& table, const Tensor& ids, Tensor& out) = 0;
+  virtual void do_embedding_bwd(const Tensor& dout, const Tensor& ids, Tensor& dtable) = 0;
+  virtual void do_cross_entropy(Tensor& logits, const Tensor& targets, double grad_scale,
+                                Tensor& loss) = 0;
+  virtual void do_sum_squares(const Tensor& x, Tensor& acc) = 0;
+  virtual void do_adamw(Tensor& master, const Tensor& grad, Tensor& m, Tensor& v,
+                        const AdamWParams& p, Tensor& working) = 0;
+
   // Called on a mark while profiling: before the change with the marks being left, and after it.
   virtual void on_mark(StepPhase phase, OpFamily family);
   virtual void after_mark() {}

@@ -1,15 +1,18 @@
 // The CPU reference backend: host memory, CBLAS for matmul, plain loops elsewhere, OpenMP over
 // independent rows. Every reduction runs in an order fixed by the data alone (serial, or partial
 // sums over fixed chunks added in chunk order), never by thread scheduling, so results are
-// bitwise reproducible whatever the thread count. Arguments are validated before any parallel
+// bitwise reproducible whatever the thread count. The interface has checked the shapes
+// (backend.h); the dtypes, and the values of index tensors, are checked here before any parallel
 // region: an exception must not leave an OpenMP region.
 #include <cblas.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <initializer_list>
 #include <numeric>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "framework/backend/backend.h"
@@ -32,25 +35,23 @@ void check_cpu(const char* op, const char* name, const Tensor& t) {
            t.desc());
 }
 
-void check_tensor(const char* op, const char* name, const Tensor& t, DType dtype,
-                  const Shape& shape) {
+// Shapes are checked by the interface (backend.h); dtypes here.
+void check_dtype(const char* op, const char* name, const Tensor& t, DType dtype) {
   check_cpu(op, name, t);
-  HP_CHECK(t.dtype() == dtype && t.shape() == shape, op, ": tensor '", name, "' is ", t.desc(),
-           ", expected ", dtype_name(dtype), shape_str(shape));
+  HP_CHECK(t.dtype() == dtype, op, ": tensor '", name, "' is ", t.desc(), ", expected ",
+           dtype_name(dtype));
 }
 
-void check_ndim(const char* op, const char* name, const Tensor& t, DType dtype, int ndim) {
-  check_cpu(op, name, t);
-  HP_CHECK(t.dtype() == dtype && t.ndim() == ndim, op, ": tensor '", name, "' is ", t.desc(),
-           ", expected a ", ndim, "-d ", dtype_name(dtype), " tensor");
+using NamedTensor = std::pair<const char*, const Tensor*>;
+void check_dtypes(const char* op, DType dtype, std::initializer_list<NamedTensor> tensors) {
+  for (const NamedTensor& t : tensors) check_dtype(op, t.first, *t.second, dtype);
 }
 
 // Counts and offsets may be i32 or i64.
-void check_count_tensor(const char* op, const char* name, const Tensor& t, int64_t n) {
+void check_count_dtype(const char* op, const char* name, const Tensor& t) {
   check_cpu(op, name, t);
-  HP_CHECK(
-      (t.dtype() == DType::kI32 || t.dtype() == DType::kI64) && t.ndim() == 1 && t.numel() == n, op,
-      ": tensor '", name, "' is ", t.desc(), ", expected i32[", n, "] or i64[", n, "]");
+  HP_CHECK(t.dtype() == DType::kI32 || t.dtype() == DType::kI64, op, ": tensor '", name, "' is ",
+           t.desc(), ", expected i32 or i64");
 }
 
 int64_t load_count(const Tensor& t, int64_t i) {
@@ -229,7 +230,7 @@ class CpuBackend final : public Backend {
 
   // ---- memory ---------------------------------------------------------------------------------
 
-  void fill_normal(Tensor& t, uint64_t key, int64_t offset, double std) override {
+  void do_fill_normal(Tensor& t, uint64_t key, int64_t offset, double std) override {
     check_cpu("fill_normal", "t", t);
     const int64_t n = t.numel();
     auto draw = [&](auto* out) {
@@ -251,7 +252,7 @@ class CpuBackend final : public Backend {
     }
   }
 
-  void fill(Tensor& t, double value) override {
+  void do_fill(Tensor& t, double value) override {
     check_cpu("fill", "t", t);
     const int64_t n = t.numel();
     switch (t.dtype()) {
@@ -278,15 +279,13 @@ class CpuBackend final : public Backend {
   }
 
   // Device memory is host memory: an unlabelled copy on the copy stream counts as an offload.
-  void copy(const Tensor& src, Tensor& dst) override {
-    copy_over_link(src, dst, CopyDirection::kOffload);
+  void do_copy(const Tensor& src, Tensor& dst) override {
+    do_copy_over_link(src, dst, CopyDirection::kOffload);
   }
 
-  void copy_over_link(const Tensor& src, Tensor& dst, CopyDirection dir) override {
+  void do_copy_over_link(const Tensor& src, Tensor& dst, CopyDirection dir) override {
     check_cpu("copy", "src", src);
     check_cpu("copy", "dst", dst);
-    HP_CHECK(src.dtype() == dst.dtype() && src.numel() == dst.numel(), "copy: src ", src.desc(),
-             " and dst ", dst.desc(), " must have the same dtype and numel");
     if (stream_ == StreamKind::kCopy) {
       copy_queue_.enqueue_copy(src, dst, dir);
       return;
@@ -295,11 +294,9 @@ class CpuBackend final : public Backend {
       std::memmove(dst.raw(), src.raw(), src.nbytes());
   }
 
-  void convert(const Tensor& src, Tensor& dst) override {
+  void do_convert(const Tensor& src, Tensor& dst) override {
     check_cpu("convert", "src", src);
     check_cpu("convert", "dst", dst);
-    HP_CHECK(src.numel() == dst.numel(), "convert: src ", src.desc(), " and dst ", dst.desc(),
-             " differ in numel");
     if (src.dtype() == dst.dtype()) {
       dispatch_float("convert", src, [](auto) {});
       copy(src, dst);
@@ -318,7 +315,7 @@ class CpuBackend final : public Backend {
     });
   }
 
-  void read_to_host(const Tensor& src, Tensor& host_dst, SyncCause cause) override {
+  void do_read_to_host(const Tensor& src, Tensor& host_dst, SyncCause cause) override {
     copy(src, host_dst);
     if (stream_ == StreamKind::kCopy) copy_queue_.drain();
     syncs_.add(cause);
@@ -357,14 +354,7 @@ class CpuBackend final : public Backend {
 
   // ---- packed batch metadata ------------------------------------------------------------------
 
-  BatchMeta upload_batch(const PackedBatch& batch) override {
-    const size_t n = batch.inputs.size();
-    HP_CHECK(batch.targets.size() == n && batch.positions.size() == n,
-             "upload_batch: inputs, targets and positions have ", n, ", ", batch.targets.size(),
-             " and ", batch.positions.size(), " entries; they must match");
-    HP_CHECK(!batch.cu_seqlens.empty() && batch.cu_seqlens.front() == 0 &&
-                 static_cast<size_t>(batch.cu_seqlens.back()) == n,
-             "upload_batch: cu_seqlens must run from 0 to the token count ", n);
+  BatchMeta do_upload_batch(const PackedBatch& batch) override {
     BatchMeta meta;
     // Host memory is this backend's device memory: the host copies are the device tensors.
     meta.inputs = Tensor::host_from(batch.inputs, DType::kI32);
@@ -376,8 +366,8 @@ class CpuBackend final : public Backend {
     return meta;
   }
 
-  void rebuild_metadata(BatchMeta& meta) override {
-    check_ndim("rebuild_metadata", "positions", meta.positions, DType::kI32, 1);
+  void do_rebuild_metadata(BatchMeta& meta) override {
+    check_dtype("rebuild_metadata", "positions", meta.positions, DType::kI32);
     const int64_t n = meta.positions.numel();
     const int32_t* pos = meta.positions.data<int32_t>();
     std::vector<int32_t> cu{0};
@@ -395,18 +385,14 @@ class CpuBackend final : public Backend {
 
   // ---- dense math -----------------------------------------------------------------------------
 
-  void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c, double alpha,
-            double beta) override {
-    check_ndim("gemm", "a", a, kDType, 2);
-    check_ndim("gemm", "b", b, kDType, 2);
-    check_ndim("gemm", "c", c, kDType, 2);
+  void do_gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c,
+               double alpha, double beta) override {
+    check_dtype("gemm", "a", a, kDType);
+    check_dtype("gemm", "b", b, kDType);
+    check_dtype("gemm", "c", c, kDType);
     const int64_t m = trans_a ? a.dim(1) : a.dim(0);
     const int64_t k = trans_a ? a.dim(0) : a.dim(1);
-    const int64_t kb = trans_b ? b.dim(1) : b.dim(0);
     const int64_t n = trans_b ? b.dim(0) : b.dim(1);
-    HP_CHECK(k == kb && c.dim(0) == m && c.dim(1) == n, "gemm: op(a) of ", a.desc(),
-             (trans_a ? " (transposed)" : ""), " times op(b) of ", b.desc(),
-             (trans_b ? " (transposed)" : ""), " does not fit c ", c.desc());
     if (m == 0 || n == 0) return;
     T* cp = c.data<T>();
     if (k == 0) {  // op(a) @ op(b) is all zeros
@@ -428,20 +414,20 @@ class CpuBackend final : public Backend {
     }
   }
 
-  void add_bias(Tensor& y, const Tensor& bias) override {
-    check_ndim("add_bias", "y", y, kDType, 2);
+  void do_add_bias(Tensor& y, const Tensor& bias) override {
+    check_dtype("add_bias", "y", y, kDType);
+    check_dtype("add_bias", "bias", bias, kDType);
     const int64_t m = y.dim(0), n = y.dim(1);
-    check_tensor("add_bias", "bias", bias, kDType, {n});
     T* yp = y.data<T>();
     const T* bp = bias.data<T>();
 #pragma omp parallel for schedule(static) if (m * n > kParallelMin)
     for (int64_t r = 0; r < m; ++r) cpu::axpy(T(1), bp, yp + r * n, n);
   }
 
-  void bias_grad(const Tensor& dy, Tensor& db) override {
-    check_ndim("bias_grad", "dy", dy, kDType, 2);
+  void do_bias_grad(const Tensor& dy, Tensor& db) override {
+    check_dtype("bias_grad", "dy", dy, kDType);
+    check_dtype("bias_grad", "db", db, kDType);
     const int64_t m = dy.dim(0), n = dy.dim(1);
-    check_tensor("bias_grad", "db", db, kDType, {n});
     const T* dyp = dy.data<T>();
     add_sums(reduce_rows(m, n,
                          [&](int64_t r, double* acc) {
@@ -451,14 +437,12 @@ class CpuBackend final : public Backend {
              db.data<T>());
   }
 
-  void add(const Tensor& a, const Tensor& b, Tensor& out) override {
+  void do_add(const Tensor& a, const Tensor& b, Tensor& out) override {
     check_cpu("add", "a", a);
     check_cpu("add", "b", b);
     check_cpu("add", "out", out);
-    HP_CHECK(a.dtype() == b.dtype() && a.dtype() == out.dtype() && a.numel() == b.numel() &&
-                 a.numel() == out.numel(),
-             "add: a ", a.desc(), ", b ", b.desc(), " and out ", out.desc(),
-             " must have one dtype and one numel");
+    HP_CHECK(a.dtype() == b.dtype() && a.dtype() == out.dtype(), "add: a ", a.desc(), ", b ",
+             b.desc(), " and out ", out.desc(), " must have one dtype");
     const int64_t n = a.numel();
     dispatch_f32_f64("add", a, [&](auto tag) {
       using S = decltype(tag);
@@ -470,11 +454,11 @@ class CpuBackend final : public Backend {
     });
   }
 
-  void axpy(double alpha, const Tensor& x, Tensor& y) override {
+  void do_axpy(double alpha, const Tensor& x, Tensor& y) override {
     check_cpu("axpy", "x", x);
     check_cpu("axpy", "y", y);
-    HP_CHECK(x.dtype() == y.dtype() && x.numel() == y.numel(), "axpy: x ", x.desc(), " and y ",
-             y.desc(), " must have one dtype and one numel");
+    HP_CHECK(x.dtype() == y.dtype(), "axpy: x ", x.desc(), " and y ", y.desc(),
+             " must have one dtype");
     const int64_t n = x.numel();
     dispatch_f32_f64("axpy", x, [&](auto tag) {
       using S = decltype(tag);
@@ -488,15 +472,14 @@ class CpuBackend final : public Backend {
 
   // ---- normalization and position -------------------------------------------------------------
 
-  void rmsnorm_fwd(const Tensor& x, const Tensor& w, double eps, Tensor& y, Tensor& rstd) override {
+  void do_rmsnorm_fwd(const Tensor& x, const Tensor& w, double eps, Tensor& y,
+                      Tensor& rstd) override {
     const char* op = "rmsnorm_fwd";
-    check_ndim(op, "x", x, kDType, 2);
+    check_dtype(op, "x", x, kDType);
+    check_dtype(op, "w", w, kDType);
+    check_dtype(op, "y", y, kDType);
+    check_dtype(op, "rstd", rstd, kDType);
     const int64_t m = x.dim(0), d = x.dim(1);
-    check_tensor(op, "w", w, kDType, {d});
-    check_tensor(op, "y", y, kDType, {m, d});
-    check_tensor(op, "rstd", rstd, kDType, {m});
-    HP_CHECK(d > 0 && eps >= 0, op, ": needs a positive width and eps >= 0, got x ", x.desc(),
-             ", eps ", eps);
     const T* xp = x.data<T>();
     const T* wp = w.data<T>();
     T* yp = y.data<T>();
@@ -506,16 +489,12 @@ class CpuBackend final : public Backend {
   }
 
   // dw_j = sum over rows of dy_j x_j r.
-  void rmsnorm_bwd(const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dy,
-                   Tensor& dx, Tensor& dw, bool accumulate_dx) override {
+  void do_rmsnorm_bwd(const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dy,
+                      Tensor& dx, Tensor& dw, bool accumulate_dx) override {
     const char* op = "rmsnorm_bwd";
-    check_ndim(op, "x", x, kDType, 2);
+    check_dtypes(op, kDType,
+                 {{"x", &x}, {"w", &w}, {"rstd", &rstd}, {"dy", &dy}, {"dx", &dx}, {"dw", &dw}});
     const int64_t m = x.dim(0), d = x.dim(1);
-    check_tensor(op, "w", w, kDType, {d});
-    check_tensor(op, "rstd", rstd, kDType, {m});
-    check_tensor(op, "dy", dy, kDType, {m, d});
-    check_tensor(op, "dx", dx, kDType, {m, d});
-    check_tensor(op, "dw", dw, kDType, {d});
     const T* xp = x.data<T>();
     const T* wp = w.data<T>();
     const T* rp = rstd.data<T>();
@@ -538,20 +517,16 @@ class CpuBackend final : public Backend {
     }
   }
 
-  void rope(Tensor& x, int n_rot_heads, const Tensor& positions, const RopeTable& table,
-            bool inverse) override {
+  void do_rope(Tensor& x, int n_rot_heads, const Tensor& positions, const RopeTable& table,
+               bool inverse) override {
     const char* op = "rope";
-    check_ndim(op, "x", x, kDType, 3);
+    check_dtype(op, "x", x, kDType);
+    check_dtype(op, "positions", positions, DType::kI32);
+    check_dtype(op, "table.cos", table.cos, kDType);
+    check_dtype(op, "table.sin", table.sin, kDType);
     const int64_t n = x.dim(0), h = x.dim(1), d = x.dim(2);
-    HP_CHECK(d % 2 == 0 && n_rot_heads >= 0 && n_rot_heads <= h, op,
-             ": needs an even head_dim and 0 <= n_rot_heads <= heads, got x ", x.desc(),
-             ", n_rot_heads ", n_rot_heads);
     const int64_t half = d / 2;
-    check_tensor(op, "positions", positions, DType::kI32, {n});
-    check_ndim(op, "table.cos", table.cos, kDType, 2);
     const int64_t n_pos = table.cos.dim(0);
-    check_tensor(op, "table.cos", table.cos, kDType, {n_pos, half});
-    check_tensor(op, "table.sin", table.sin, kDType, {n_pos, half});
     check_ids(op, "positions", positions, n_pos);
     T* xp = x.data<T>();
     const int32_t* pos = positions.data<int32_t>();
@@ -574,13 +549,12 @@ class CpuBackend final : public Backend {
     }
   }
 
-  void qk_norm_fwd(const Tensor& qkv, const Tensor& qw, const Tensor& kw, int64_t n_heads,
-                   int64_t n_kv_heads, double eps, Tensor& out, Tensor& rstd) override {
+  void do_qk_norm_fwd(const Tensor& qkv, const Tensor& qw, const Tensor& kw, int64_t n_heads,
+                      int64_t n_kv_heads, double eps, Tensor& out, Tensor& rstd) override {
     const char* op = "qk_norm_fwd";
-    const int64_t n = check_qk_norm(op, qkv, qw, kw, n_heads, n_kv_heads);
-    const int64_t h = qkv.dim(1), d = qkv.dim(2), h_norm = n_heads + n_kv_heads;
-    check_tensor(op, "out", out, kDType, qkv.shape());
-    check_tensor(op, "rstd", rstd, kDType, {n, h_norm});
+    check_dtypes(op, kDType,
+                 {{"qkv", &qkv}, {"qw", &qw}, {"kw", &kw}, {"out", &out}, {"rstd", &rstd}});
+    const int64_t n = qkv.dim(0), h = qkv.dim(1), d = qkv.dim(2), h_norm = n_heads + n_kv_heads;
     const T* xp = qkv.data<T>();
     T* yp = out.data<T>();
     T* rp = rstd.data<T>();
@@ -599,17 +573,20 @@ class CpuBackend final : public Backend {
     }
   }
 
-  void qk_norm_bwd(const Tensor& qkv, const Tensor& qw, const Tensor& kw, int64_t n_heads,
-                   int64_t n_kv_heads, const Tensor& rstd, const Tensor& dout, Tensor& din,
-                   Tensor& dqw, Tensor& dkw) override {
+  void do_qk_norm_bwd(const Tensor& qkv, const Tensor& qw, const Tensor& kw, int64_t n_heads,
+                      int64_t n_kv_heads, const Tensor& rstd, const Tensor& dout, Tensor& din,
+                      Tensor& dqw, Tensor& dkw) override {
     const char* op = "qk_norm_bwd";
-    const int64_t n = check_qk_norm(op, qkv, qw, kw, n_heads, n_kv_heads);
-    const int64_t h = qkv.dim(1), d = qkv.dim(2), h_norm = n_heads + n_kv_heads;
-    check_tensor(op, "rstd", rstd, kDType, {n, h_norm});
-    check_tensor(op, "dout", dout, kDType, qkv.shape());
-    check_tensor(op, "din", din, kDType, qkv.shape());
-    check_tensor(op, "dqw", dqw, kDType, {d});
-    check_tensor(op, "dkw", dkw, kDType, {d});
+    check_dtypes(op, kDType,
+                 {{"qkv", &qkv},
+                  {"qw", &qw},
+                  {"kw", &kw},
+                  {"rstd", &rstd},
+                  {"dout", &dout},
+                  {"din", &din},
+                  {"dqw", &dqw},
+                  {"dkw", &dkw}});
+    const int64_t n = qkv.dim(0), h = qkv.dim(1), d = qkv.dim(2), h_norm = n_heads + n_kv_heads;
     const T* xp = qkv.data<T>();
     const T* rp = rstd.data<T>();
     const T* dyp = dout.data<T>();
@@ -645,27 +622,26 @@ class CpuBackend final : public Backend {
 
   // ---- attention ------------------------------------------------------------------------------
 
-  void attention_fwd(const Tensor& qkv, const Tensor& sinks, const BatchMeta& meta,
-                     const AttentionShape& shape, Tensor& out, Tensor& lse) override {
+  void do_attention_fwd(const Tensor& qkv, const Tensor& sinks, const BatchMeta& meta,
+                        const AttentionShape& shape, Tensor& out, Tensor& lse) override {
     const char* op = "attention_fwd";
     const cpu::AttnLayout layout = attention_layout(op, qkv, sinks, meta, shape);
-    check_tensor(op, "out", out, kDType, {layout.n_tokens, layout.hq, layout.d});
-    check_tensor(op, "lse", lse, kDType, {layout.n_tokens, layout.hq});
+    check_dtype(op, "out", out, kDType);
+    check_dtype(op, "lse", lse, kDType);
     cpu::attention_fwd<T>(layout, qkv.data<T>(), sinks.defined() ? sinks.data<T>() : nullptr,
                           out.data<T>(), lse.data<T>());
   }
 
-  void attention_bwd(const Tensor& qkv, const Tensor& sinks, const BatchMeta& meta,
-                     const AttentionShape& shape, const Tensor& out, const Tensor& lse,
-                     const Tensor& dout, Tensor& dqkv, Tensor& dsinks) override {
+  void do_attention_bwd(const Tensor& qkv, const Tensor& sinks, const BatchMeta& meta,
+                        const AttentionShape& shape, const Tensor& out, const Tensor& lse,
+                        const Tensor& dout, Tensor& dqkv, Tensor& dsinks) override {
     const char* op = "attention_bwd";
     const cpu::AttnLayout layout = attention_layout(op, qkv, sinks, meta, shape);
-    const int64_t n = layout.n_tokens;
-    check_tensor(op, "out", out, kDType, {n, layout.hq, layout.d});
-    check_tensor(op, "lse", lse, kDType, {n, layout.hq});
-    check_tensor(op, "dout", dout, kDType, {n, layout.hq, layout.d});
-    check_tensor(op, "dqkv", dqkv, kDType, qkv.shape());
-    if (sinks.defined()) check_tensor(op, "dsinks", dsinks, kDType, {layout.hq});
+    check_dtype(op, "out", out, kDType);
+    check_dtype(op, "lse", lse, kDType);
+    check_dtype(op, "dout", dout, kDType);
+    check_dtype(op, "dqkv", dqkv, kDType);
+    if (sinks.defined()) check_dtype(op, "dsinks", dsinks, kDType);
     cpu::attention_bwd<T>(layout, qkv.data<T>(), sinks.defined() ? sinks.data<T>() : nullptr,
                           out.data<T>(), lse.data<T>(), dout.data<T>(), dqkv.data<T>(),
                           sinks.defined() ? dsinks.data<T>() : nullptr);
@@ -673,12 +649,11 @@ class CpuBackend final : public Backend {
 
   // ---- feed-forward activations ---------------------------------------------------------------
 
-  void glu_fwd(const Tensor& h, const GluParams& p, Tensor& a) override {
+  void do_glu_fwd(const Tensor& h, const GluParams& p, Tensor& a) override {
     const char* op = "glu_fwd";
-    check_ndim(op, "h", h, kDType, 2);
+    check_dtype(op, "h", h, kDType);
+    check_dtype(op, "a", a, kDType);
     const int64_t m = h.dim(0), f = h.dim(1) / 2;
-    HP_CHECK(h.dim(1) % 2 == 0, op, ": h ", h.desc(), " needs an even width [g | u]");
-    check_tensor(op, "a", a, kDType, {m, f});
     const T* hp = h.data<T>();
     T* ap = a.data<T>();
     const bool gpt_oss = p.kind == GluKind::kGptOss;
@@ -703,13 +678,12 @@ class CpuBackend final : public Backend {
   // SwiGLU: da/dg = u (s + g s (1 - s)), da/du = g s with s = sigmoid(g). GPT-OSS, with
   // s = sigmoid(alpha gc): da/dgc = (uc + 1)(s + alpha gc s (1 - s)), da/duc = gc s; the clamps
   // pass the gradient inside their closed ranges (g <= L, -L <= u <= L) and block it outside.
-  void glu_bwd(const Tensor& h, const Tensor& da, const GluParams& p, Tensor& dh) override {
+  void do_glu_bwd(const Tensor& h, const Tensor& da, const GluParams& p, Tensor& dh) override {
     const char* op = "glu_bwd";
-    check_ndim(op, "h", h, kDType, 2);
+    check_dtype(op, "h", h, kDType);
+    check_dtype(op, "da", da, kDType);
+    check_dtype(op, "dh", dh, kDType);
     const int64_t m = h.dim(0), f = h.dim(1) / 2;
-    HP_CHECK(h.dim(1) % 2 == 0, op, ": h ", h.desc(), " needs an even width [g | u]");
-    check_tensor(op, "da", da, kDType, {m, f});
-    check_tensor(op, "dh", dh, kDType, h.shape());
     const T* hp = h.data<T>();
     const T* dap = da.data<T>();
     T* dhp = dh.data<T>();
@@ -742,14 +716,12 @@ class CpuBackend final : public Backend {
 
   // ---- mixture-of-experts routing -------------------------------------------------------------
 
-  void router_topk(const Tensor& logits, int k, Tensor& idx, Tensor& w) override {
+  void do_router_topk(const Tensor& logits, int k, Tensor& idx, Tensor& w) override {
     const char* op = "router_topk";
-    check_ndim(op, "logits", logits, kDType, 2);
+    check_dtype(op, "logits", logits, kDType);
+    check_dtype(op, "idx", idx, DType::kI32);
+    check_dtype(op, "w", w, kDType);
     const int64_t n = logits.dim(0), e = logits.dim(1);
-    HP_CHECK(k >= 1 && k <= e, op, ": k = ", k, " must lie in [1, ", e, "] for logits ",
-             logits.desc());
-    check_tensor(op, "idx", idx, DType::kI32, {n, k});
-    check_tensor(op, "w", w, kDType, {n, k});
     const T* lp = logits.data<T>();
     int32_t* ip = idx.data<int32_t>();
     T* wp = w.data<T>();
@@ -776,16 +748,14 @@ class CpuBackend final : public Backend {
   }
 
   // Softmax backward over the picked logits: dl_s = w_s (dw_s - sum_r w_r dw_r).
-  void router_topk_bwd(const Tensor& idx, const Tensor& w, const Tensor& dw,
-                       Tensor& dlogits) override {
+  void do_router_topk_bwd(const Tensor& idx, const Tensor& w, const Tensor& dw,
+                          Tensor& dlogits) override {
     const char* op = "router_topk_bwd";
-    check_ndim(op, "idx", idx, DType::kI32, 2);
-    const int64_t n = idx.dim(0), k = idx.dim(1);
-    check_tensor(op, "w", w, kDType, {n, k});
-    check_tensor(op, "dw", dw, kDType, {n, k});
-    check_ndim(op, "dlogits", dlogits, kDType, 2);
-    const int64_t e = dlogits.dim(1);
-    check_tensor(op, "dlogits", dlogits, kDType, {n, e});
+    check_dtype(op, "idx", idx, DType::kI32);
+    check_dtype(op, "w", w, kDType);
+    check_dtype(op, "dw", dw, kDType);
+    check_dtype(op, "dlogits", dlogits, kDType);
+    const int64_t n = idx.dim(0), k = idx.dim(1), e = dlogits.dim(1);
     check_ids(op, "idx", idx, e);
     const int32_t* ip = idx.data<int32_t>();
     const T* wp = w.data<T>();
@@ -804,15 +774,14 @@ class CpuBackend final : public Backend {
 
   // loss = coef E / N * sum_t sum_e f_e p_te, so dloss/dlogit_tj = coef E / N * p_tj (f_j - c_t)
   // with c_t = sum_e f_e p_te.
-  void router_aux_loss(const Tensor& logits, const Tensor& counts, int k, double coef, Tensor& loss,
-                       Tensor& dlogits) override {
+  void do_router_aux_loss(const Tensor& logits, const Tensor& counts, int k, double coef,
+                          Tensor& loss, Tensor& dlogits) override {
     const char* op = "router_aux_loss";
-    check_ndim(op, "logits", logits, kDType, 2);
+    check_dtype(op, "logits", logits, kDType);
+    check_count_dtype(op, "counts", counts);
+    check_dtype(op, "loss", loss, kDType);
+    check_dtype(op, "dlogits", dlogits, kDType);
     const int64_t n = logits.dim(0), e = logits.dim(1);
-    check_count_tensor(op, "counts", counts, e);
-    check_tensor(op, "loss", loss, kDType, {1});
-    check_tensor(op, "dlogits", dlogits, kDType, {n, e});
-    HP_CHECK(k >= 1, op, ": k = ", k, " must be positive");
     if (n == 0) return;
     std::vector<double> f(static_cast<size_t>(e));
     for (int64_t j = 0; j < e; ++j) {
@@ -839,11 +808,10 @@ class CpuBackend final : public Backend {
     loss.data<T>()[0] += static_cast<T>(g * total);
   }
 
-  void histogram(const Tensor& ids, int n_bins, Tensor& counts) override {
+  void do_histogram(const Tensor& ids, int n_bins, Tensor& counts) override {
     const char* op = "histogram";
-    check_ndim(op, "ids", ids, DType::kI32, 1);
-    HP_CHECK(n_bins >= 0, op, ": n_bins = ", n_bins, " is negative");
-    check_count_tensor(op, "counts", counts, n_bins);
+    check_dtype(op, "ids", ids, DType::kI32);
+    check_count_dtype(op, "counts", counts);
     check_ids(op, "ids", ids, n_bins);
     std::vector<int64_t> c(static_cast<size_t>(n_bins), 0);
     const int32_t* ip = ids.data<int32_t>();
@@ -851,11 +819,10 @@ class CpuBackend final : public Backend {
     for (int b = 0; b < n_bins; ++b) store_count(counts, b, c[b]);
   }
 
-  void exclusive_scan(const Tensor& counts, Tensor& offsets) override {
+  void do_exclusive_scan(const Tensor& counts, Tensor& offsets) override {
     const char* op = "exclusive_scan";
-    check_cpu(op, "counts", counts);
-    check_count_tensor(op, "counts", counts, counts.numel());
-    check_count_tensor(op, "offsets", offsets, counts.numel() + 1);
+    check_count_dtype(op, "counts", counts);
+    check_count_dtype(op, "offsets", offsets);
     int64_t acc = 0;
     store_count(offsets, 0, 0);
     for (int64_t i = 0; i < counts.numel(); ++i) {
@@ -866,18 +833,17 @@ class CpuBackend final : public Backend {
 
   // Counting sort: a cursor per id starts at its offset; assignments are placed in index order,
   // which makes the sort stable.
-  void sort_by_id(const Tensor& ids, const Tensor& offsets, Tensor& sorted_to_assign,
-                  Tensor& assign_to_sorted) override {
+  void do_sort_by_id(const Tensor& ids, const Tensor& offsets, Tensor& sorted_to_assign,
+                     Tensor& assign_to_sorted) override {
     const char* op = "sort_by_id";
-    check_ndim(op, "ids", ids, DType::kI32, 1);
+    check_dtype(op, "ids", ids, DType::kI32);
+    check_count_dtype(op, "offsets", offsets);
+    check_dtype(op, "sorted_to_assign", sorted_to_assign, DType::kI32);
+    check_dtype(op, "assign_to_sorted", assign_to_sorted, DType::kI32);
     const int64_t m = ids.numel();
-    check_cpu(op, "offsets", offsets);
-    check_count_tensor(op, "offsets", offsets, offsets.numel());
     const int64_t n_bins = offsets.numel() - 1;
-    HP_CHECK(n_bins >= 0 && load_count(offsets, 0) == 0 && load_count(offsets, n_bins) == m, op,
-             ": offsets ", offsets.desc(), " must run from 0 to the id count ", m);
-    check_tensor(op, "sorted_to_assign", sorted_to_assign, DType::kI32, {m});
-    check_tensor(op, "assign_to_sorted", assign_to_sorted, DType::kI32, {m});
+    HP_CHECK(load_count(offsets, 0) == 0 && load_count(offsets, n_bins) == m, op, ": offsets ",
+             offsets.desc(), " must run from 0 to the id count ", m);
     check_ids(op, "ids", ids, n_bins);
     std::vector<int64_t> cursor(static_cast<size_t>(n_bins)), limit(static_cast<size_t>(n_bins));
     for (int64_t b = 0; b < n_bins; ++b) {
@@ -896,14 +862,13 @@ class CpuBackend final : public Backend {
     }
   }
 
-  void permute_rows(const Tensor& x, const Tensor& sorted_to_assign, int k, Tensor& out) override {
+  void do_permute_rows(const Tensor& x, const Tensor& sorted_to_assign, int k,
+                       Tensor& out) override {
     const char* op = "permute_rows";
-    check_ndim(op, "x", x, kDType, 2);
-    const int64_t n = x.dim(0), d = x.dim(1);
-    HP_CHECK(k >= 1, op, ": k = ", k, " must be positive");
-    check_ndim(op, "sorted_to_assign", sorted_to_assign, DType::kI32, 1);
-    const int64_t m = sorted_to_assign.numel();
-    check_tensor(op, "out", out, kDType, {m, d});
+    check_dtype(op, "x", x, kDType);
+    check_dtype(op, "sorted_to_assign", sorted_to_assign, DType::kI32);
+    check_dtype(op, "out", out, kDType);
+    const int64_t n = x.dim(0), d = x.dim(1), m = sorted_to_assign.numel();
     check_ids(op, "sorted_to_assign", sorted_to_assign, n * k);
     const T* xp = x.data<T>();
     const int32_t* s2a = sorted_to_assign.data<int32_t>();
@@ -915,15 +880,13 @@ class CpuBackend final : public Backend {
   }
 
   // Inverts the permutation so each token sums its k rows in assignment order.
-  void permute_rows_bwd(const Tensor& dout, const Tensor& sorted_to_assign, int k,
-                        Tensor& dx) override {
+  void do_permute_rows_bwd(const Tensor& dout, const Tensor& sorted_to_assign, int k,
+                           Tensor& dx) override {
     const char* op = "permute_rows_bwd";
-    check_ndim(op, "dx", dx, kDType, 2);
+    check_dtype(op, "dx", dx, kDType);
+    check_dtype(op, "sorted_to_assign", sorted_to_assign, DType::kI32);
+    check_dtype(op, "dout", dout, kDType);
     const int64_t n = dx.dim(0), d = dx.dim(1);
-    HP_CHECK(k >= 1, op, ": k = ", k, " must be positive");
-    check_ndim(op, "sorted_to_assign", sorted_to_assign, DType::kI32, 1);
-    const int64_t m = sorted_to_assign.numel();
-    check_tensor(op, "dout", dout, kDType, {m, d});
     check_ids(op, "sorted_to_assign", sorted_to_assign, n * k);
     const std::vector<int64_t> inv = invert(op, sorted_to_assign, n * k);
     const T* dp = dout.data<T>();
@@ -937,15 +900,14 @@ class CpuBackend final : public Backend {
     }
   }
 
-  void unpermute_combine(const Tensor& y, const Tensor& assign_to_sorted, const Tensor& w,
-                         Tensor& out) override {
+  void do_unpermute_combine(const Tensor& y, const Tensor& assign_to_sorted, const Tensor& w,
+                            Tensor& out) override {
     const char* op = "unpermute_combine";
-    check_ndim(op, "y", y, kDType, 2);
-    const int64_t m = y.dim(0), d = y.dim(1);
-    check_ndim(op, "w", w, kDType, 2);
-    const int64_t n = w.dim(0), k = w.dim(1);
-    check_tensor(op, "assign_to_sorted", assign_to_sorted, DType::kI32, {n * k});
-    check_tensor(op, "out", out, kDType, {n, d});
+    check_dtype(op, "y", y, kDType);
+    check_dtype(op, "w", w, kDType);
+    check_dtype(op, "assign_to_sorted", assign_to_sorted, DType::kI32);
+    check_dtype(op, "out", out, kDType);
+    const int64_t m = y.dim(0), d = y.dim(1), n = w.dim(0), k = w.dim(1);
     check_ids(op, "assign_to_sorted", assign_to_sorted, m);
     const T* yp = y.data<T>();
     const int32_t* a2s = assign_to_sorted.data<int32_t>();
@@ -959,17 +921,12 @@ class CpuBackend final : public Backend {
     }
   }
 
-  void unpermute_combine_bwd(const Tensor& dout, const Tensor& y, const Tensor& assign_to_sorted,
-                             const Tensor& w, Tensor& dy, Tensor& dw) override {
+  void do_unpermute_combine_bwd(const Tensor& dout, const Tensor& y, const Tensor& assign_to_sorted,
+                                const Tensor& w, Tensor& dy, Tensor& dw) override {
     const char* op = "unpermute_combine_bwd";
-    check_ndim(op, "y", y, kDType, 2);
-    const int64_t m = y.dim(0), d = y.dim(1);
-    check_ndim(op, "w", w, kDType, 2);
-    const int64_t n = w.dim(0), k = w.dim(1);
-    check_tensor(op, "dout", dout, kDType, {n, d});
-    check_tensor(op, "assign_to_sorted", assign_to_sorted, DType::kI32, {n * k});
-    check_tensor(op, "dy", dy, kDType, {m, d});
-    check_tensor(op, "dw", dw, kDType, {n, k});
+    check_dtypes(op, kDType, {{"y", &y}, {"w", &w}, {"dout", &dout}, {"dy", &dy}, {"dw", &dw}});
+    check_dtype(op, "assign_to_sorted", assign_to_sorted, DType::kI32);
+    const int64_t m = y.dim(0), d = y.dim(1), n = w.dim(0), k = w.dim(1);
     check_ids(op, "assign_to_sorted", assign_to_sorted, m);
     invert(op, assign_to_sorted, m);  // each row of y feeds one assignment at most
     const T* dop = dout.data<T>();
@@ -993,13 +950,12 @@ class CpuBackend final : public Backend {
 
   // ---- embedding and loss ---------------------------------------------------------------------
 
-  void embedding_fwd(const Tensor& table, const Tensor& ids, Tensor& out) override {
+  void do_embedding_fwd(const Tensor& table, const Tensor& ids, Tensor& out) override {
     const char* op = "embedding_fwd";
-    check_ndim(op, "table", table, kDType, 2);
-    const int64_t v = table.dim(0), d = table.dim(1);
-    check_ndim(op, "ids", ids, DType::kI32, 1);
-    const int64_t n = ids.numel();
-    check_tensor(op, "out", out, kDType, {n, d});
+    check_dtype(op, "table", table, kDType);
+    check_dtype(op, "ids", ids, DType::kI32);
+    check_dtype(op, "out", out, kDType);
+    const int64_t v = table.dim(0), d = table.dim(1), n = ids.numel();
     check_ids(op, "ids", ids, v);
     const T* tp = table.data<T>();
     const int32_t* ip = ids.data<int32_t>();
@@ -1012,13 +968,12 @@ class CpuBackend final : public Backend {
 
   // Tokens are grouped by id with a stable counting sort, so each table row adds its tokens'
   // rows in token order and rows are independent of each other.
-  void embedding_bwd(const Tensor& dout, const Tensor& ids, Tensor& dtable) override {
+  void do_embedding_bwd(const Tensor& dout, const Tensor& ids, Tensor& dtable) override {
     const char* op = "embedding_bwd";
-    check_ndim(op, "dtable", dtable, kDType, 2);
-    const int64_t v = dtable.dim(0), d = dtable.dim(1);
-    check_ndim(op, "ids", ids, DType::kI32, 1);
-    const int64_t n = ids.numel();
-    check_tensor(op, "dout", dout, kDType, {n, d});
+    check_dtype(op, "dtable", dtable, kDType);
+    check_dtype(op, "ids", ids, DType::kI32);
+    check_dtype(op, "dout", dout, kDType);
+    const int64_t v = dtable.dim(0), d = dtable.dim(1), n = ids.numel();
     check_ids(op, "ids", ids, v);
     const int32_t* ip = ids.data<int32_t>();
     std::vector<int64_t> start(static_cast<size_t>(v + 1), 0);
@@ -1039,13 +994,13 @@ class CpuBackend final : public Backend {
     }
   }
 
-  void cross_entropy(Tensor& logits, const Tensor& targets, double grad_scale,
-                     Tensor& loss) override {
+  void do_cross_entropy(Tensor& logits, const Tensor& targets, double grad_scale,
+                        Tensor& loss) override {
     const char* op = "cross_entropy";
-    check_ndim(op, "logits", logits, kDType, 2);
+    check_dtype(op, "logits", logits, kDType);
+    check_dtype(op, "targets", targets, DType::kI32);
+    check_dtype(op, "loss", loss, kDType);
     const int64_t n = logits.dim(0), v = logits.dim(1);
-    check_tensor(op, "targets", targets, DType::kI32, {n});
-    check_tensor(op, "loss", loss, kDType, {1});
     const int32_t* tg = targets.data<int32_t>();
     for (int64_t r = 0; r < n; ++r) {
       HP_CHECK(tg[r] == -1 || (tg[r] >= 0 && tg[r] < v), op, ": targets[", r, "] = ", tg[r],
@@ -1075,10 +1030,10 @@ class CpuBackend final : public Backend {
 
   // ---- optimizer ------------------------------------------------------------------------------
 
-  void sum_squares(const Tensor& x, Tensor& acc) override {
+  void do_sum_squares(const Tensor& x, Tensor& acc) override {
     const char* op = "sum_squares";
     check_cpu(op, "x", x);
-    check_tensor(op, "acc", acc, kDType, {1});
+    check_dtype(op, "acc", acc, kDType);
     const int64_t n = x.numel();
     const int64_t chunks = (n + kFlatChunk - 1) / kFlatChunk;
     std::vector<double> part(static_cast<size_t>(chunks), 0.0);
@@ -1101,16 +1056,13 @@ class CpuBackend final : public Backend {
     acc.data<T>()[0] += static_cast<T>(total);
   }
 
-  void adamw(Tensor& master, const Tensor& grad, Tensor& m, Tensor& v, const AdamWParams& p,
-             Tensor& working) override {
+  void do_adamw(Tensor& master, const Tensor& grad, Tensor& m, Tensor& v, const AdamWParams& p,
+                Tensor& working) override {
     const char* op = "adamw";
-    check_cpu(op, "master", master);
-    HP_CHECK(master.dtype() == kDType, op, ": master ", master.desc(), " must be ",
-             dtype_name(kDType));
-    check_tensor(op, "grad", grad, kDType, master.shape());
-    check_tensor(op, "m", m, kDType, master.shape());
-    check_tensor(op, "v", v, kDType, master.shape());
-    HP_CHECK(p.step >= 1, op, ": step ", p.step, " must be >= 1 (it is 1-based)");
+    check_dtype(op, "master", master, kDType);
+    check_dtype(op, "grad", grad, kDType);
+    check_dtype(op, "m", m, kDType);
+    check_dtype(op, "v", v, kDType);
     const double b1 = p.beta1, b2 = p.beta2;
     const double bc1 = 1.0 - std::pow(b1, static_cast<double>(p.step));
     const double bc2 = 1.0 - std::pow(b2, static_cast<double>(p.step));
@@ -1133,9 +1085,7 @@ class CpuBackend final : public Backend {
     if (p.check_flag != nullptr) {
       // Check only: nothing but the flag is written.
       Tensor& flag = *p.check_flag;
-      check_cpu(op, "check_flag", flag);
-      HP_CHECK(flag.dtype() == kDType && flag.numel() >= 1, op, ": check_flag ", flag.desc(),
-               " must be ", dtype_name(kDType), " with at least one element");
+      check_dtype(op, "check_flag", flag, kDType);
       // A working copy of another dtype must hold the new master too (bf16 rounds up to inf
       // just below the float range).
       const DType wt = working.defined() ? working.dtype() : kDType;
@@ -1191,33 +1141,14 @@ class CpuBackend final : public Backend {
     return inv;
   }
 
-  // Validates qk_norm's common arguments; returns the token count.
-  int64_t check_qk_norm(const char* op, const Tensor& qkv, const Tensor& qw, const Tensor& kw,
-                        int64_t n_heads, int64_t n_kv_heads) const {
-    check_ndim(op, "qkv", qkv, kDType, 3);
-    HP_CHECK(n_heads > 0 && n_kv_heads > 0 && qkv.dim(1) == n_heads + 2 * n_kv_heads, op, ": qkv ",
-             qkv.desc(), " does not hold n_heads + 2 n_kv_heads = ", n_heads, " + 2*", n_kv_heads,
-             " heads");
-    check_tensor(op, "qw", qw, kDType, {qkv.dim(2)});
-    check_tensor(op, "kw", kw, kDType, {qkv.dim(2)});
-    return qkv.dim(0);
-  }
-
-  // Validates the packed attention arguments and returns the kernel geometry.
+  // The packed attention arguments' dtypes and cu_seqlens values (shapes: the interface); returns
+  // the kernel geometry.
   cpu::AttnLayout attention_layout(const char* op, const Tensor& qkv, const Tensor& sinks,
                                    const BatchMeta& meta, const AttentionShape& shape) const {
-    HP_CHECK(shape.n_heads > 0 && shape.n_kv_heads > 0 && shape.n_heads % shape.n_kv_heads == 0 &&
-                 shape.head_dim > 0 && shape.window >= 0 && std::isfinite(shape.scale),
-             op, ": bad shape n_heads=", shape.n_heads, " n_kv_heads=", shape.n_kv_heads,
-             " head_dim=", shape.head_dim, " window=", shape.window, " scale=", shape.scale);
-    check_ndim(op, "qkv", qkv, kDType, 3);
-    const int64_t n = qkv.dim(0);
-    check_tensor(op, "qkv", qkv, kDType, {n, shape.n_heads + 2 * shape.n_kv_heads, shape.head_dim});
-    if (sinks.defined()) check_tensor(op, "sinks", sinks, kDType, {shape.n_heads});
-    check_ndim(op, "meta.cu_seqlens", meta.cu_seqlens, DType::kI32, 1);
-    const int64_t n_seqs = meta.cu_seqlens.numel() - 1;
-    HP_CHECK(n_seqs >= 0 && n_seqs == meta.n_seqs, op, ": meta.cu_seqlens ", meta.cu_seqlens.desc(),
-             " does not hold meta.n_seqs + 1 = ", meta.n_seqs + 1, " offsets");
+    check_dtype(op, "qkv", qkv, kDType);
+    if (sinks.defined()) check_dtype(op, "sinks", sinks, kDType);
+    check_dtype(op, "meta.cu_seqlens", meta.cu_seqlens, DType::kI32);
+    const int64_t n = qkv.dim(0), n_seqs = meta.n_seqs;
     const int32_t* cu = meta.cu_seqlens.data<int32_t>();
     HP_CHECK(cu[0] == 0 && cu[n_seqs] == n, op, ": meta.cu_seqlens runs from ", cu[0], " to ",
              cu[n_seqs], ", expected 0 to the token count of qkv ", qkv.desc());

@@ -1,6 +1,6 @@
-// The CUDA backend: argument checks and dispatch to the kernels of this directory, cuBLAS for
-// GEMMs, the batch-metadata upload (one pinned staging buffer, one async copy) and the per-layer
-// rebuild baseline.
+// The CUDA backend: dtype, device and kernel-limit checks (the interface has checked the shapes,
+// backend.h) and dispatch to the kernels of this directory, cuBLAS for GEMMs, the batch-metadata
+// upload (one pinned staging buffer, one async copy) and the per-layer rebuild baseline.
 #include "framework/backend/cuda/cuda_backend.h"
 
 #include <cublas_v2.h>
@@ -73,28 +73,20 @@ void check_dev(const char* op, const char* name, const Tensor& t) {
            t.desc());
 }
 
-void check_tensor(const char* op, const char* name, const Tensor& t, DType dtype,
-                  const Shape& shape) {
+// Shapes are checked by the interface (backend.h); dtypes and devices here.
+void check_dtype(const char* op, const char* name, const Tensor& t, DType dtype) {
   check_dev(op, name, t);
-  HP_CHECK(t.dtype() == dtype && t.shape() == shape, op, ": tensor '", name, "' is ", t.desc(),
-           ", expected ", dtype_name(dtype), shape_str(shape));
+  HP_CHECK(t.dtype() == dtype, op, ": tensor '", name, "' is ", t.desc(), ", expected ",
+           dtype_name(dtype));
 }
 
 bool is_f32_or_bf16(DType t) { return t == DType::kF32 || t == DType::kBF16; }
 
-// A float tensor (f32 or bf16) of the given shape (empty shape: any).
-void check_float(const char* op, const char* name, const Tensor& t, const Shape& shape = {}) {
+// A float tensor (f32 or bf16).
+void check_float(const char* op, const char* name, const Tensor& t) {
   check_dev(op, name, t);
   HP_CHECK(is_f32_or_bf16(t.dtype()), op, ": tensor '", name, "' is ", t.desc(),
            ", expected f32 or bf16");
-  if (!shape.empty())
-    HP_CHECK(t.shape() == shape, op, ": tensor '", name, "' is ", t.desc(), ", expected shape ",
-             shape_str(shape));
-}
-
-void check_ndim(const char* op, const char* name, const Tensor& t, int ndim) {
-  check_float(op, name, t);
-  HP_CHECK(t.ndim() == ndim, op, ": tensor '", name, "' is ", t.desc(), ", expected ", ndim, "-d");
 }
 
 void check_same_dtype(const char* op, const Tensor& a, const Tensor& b) {
@@ -102,10 +94,8 @@ void check_same_dtype(const char* op, const Tensor& a, const Tensor& b) {
            " must share a dtype");
 }
 
-void check_i32(const char* op, const char* name, const Tensor& t, int64_t numel) {
-  check_dev(op, name, t);
-  HP_CHECK(t.dtype() == DType::kI32 && t.numel() == numel, op, ": tensor '", name, "' is ",
-           t.desc(), ", expected i32 with ", numel, " elements");
+void check_i32(const char* op, const char* name, const Tensor& t) {
+  check_dtype(op, name, t, DType::kI32);
 }
 
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
@@ -263,22 +253,19 @@ class CudaBackend final : public Backend {
   // ---- memory
   // -------------------------------------------------------------------------------------
 
-  void fill_normal(Tensor& t, uint64_t key, int64_t offset, double std) override {
+  void do_fill_normal(Tensor& t, uint64_t key, int64_t offset, double std) override {
     check_dev("fill_normal", "t", t);
     HP_CHECK(t.dtype() == DType::kF32 || t.dtype() == DType::kF64, "fill_normal: ", t.desc(),
              " must be f32 or f64");
     cuda::launch_fill_normal(t.raw(), t.dtype(), t.numel(), key, offset, std, cur_stream());
   }
 
-  void fill(Tensor& t, double value) override {
+  void do_fill(Tensor& t, double value) override {
     check_dev("fill", "t", t);
     cuda::launch_fill(t.raw(), t.dtype(), t.numel(), value, cur_stream());
   }
 
-  void copy(const Tensor& src, Tensor& dst) override {
-    HP_CHECK(src.defined() && dst.defined(), "copy: undefined tensor");
-    HP_CHECK(src.dtype() == dst.dtype() && src.numel() == dst.numel(), "copy: src ", src.desc(),
-             " and dst ", dst.desc(), " must have the same dtype and numel");
+  void do_copy(const Tensor& src, Tensor& dst) override {
     if (src.nbytes() == 0 || src.raw() == dst.raw()) return;
     if (stream_ == StreamKind::kCopy && arbiter_) {
       enqueue_issue(
@@ -291,19 +278,15 @@ class CudaBackend final : public Backend {
         cudaMemcpyAsync(dst.raw(), src.raw(), src.nbytes(), cudaMemcpyDefault, cur_stream()));
   }
 
-  void convert(const Tensor& src, Tensor& dst) override {
+  void do_convert(const Tensor& src, Tensor& dst) override {
     check_float("convert", "src", src);
     check_float("convert", "dst", dst);
-    HP_CHECK(src.numel() == dst.numel(), "convert: src ", src.desc(), " and dst ", dst.desc(),
-             " differ in numel");
     if (src.raw() == dst.raw() && src.dtype() == dst.dtype()) return;
     cuda::launch_convert(src.raw(), src.dtype(), dst.raw(), dst.dtype(), src.numel(), cur_stream());
   }
 
-  void read_to_host(const Tensor& src, Tensor& host_dst, SyncCause cause) override {
-    HP_CHECK(host_dst.defined() && host_dst.device() == Device::kCPU, "read_to_host: destination ",
-             host_dst.desc(), " must be a host tensor");
-    copy(src, host_dst);
+  void do_read_to_host(const Tensor& src, Tensor& host_dst, SyncCause cause) override {
+    do_copy(src, host_dst);
     if (stream_ == StreamKind::kCopy && arbiter_) wait_issued(issue_enqueued());
     CUDA_CHECK(cudaStreamSynchronize(cur_stream()));
     syncs_.add(cause);
@@ -391,14 +374,11 @@ class CudaBackend final : public Backend {
     syncs_.add(cause);
   }
 
-  void copy_over_link(const Tensor& src, Tensor& dst, CopyDirection dir) override {
+  void do_copy_over_link(const Tensor& src, Tensor& dst, CopyDirection dir) override {
     if (stream_ != StreamKind::kCopy || !arbiter_) {
-      copy(src, dst);
+      do_copy(src, dst);
       return;
     }
-    HP_CHECK(src.defined() && dst.defined(), "copy: undefined tensor");
-    HP_CHECK(src.dtype() == dst.dtype() && src.numel() == dst.numel(), "copy: src ", src.desc(),
-             " and dst ", dst.desc(), " must have the same dtype and numel");
     if (src.nbytes() == 0 || src.raw() == dst.raw()) return;
     enqueue_issue(IssueOp::kCopy, src, dst, dir);
   }
@@ -421,22 +401,14 @@ class CudaBackend final : public Backend {
 
   // One pinned staging buffer holds inputs | targets | positions | cu_seqlens | tile map; one
   // async copy moves it to one device buffer, which the BatchMeta's tensors view. No sync.
-  BatchMeta upload_batch(const PackedBatch& batch) override {
+  BatchMeta do_upload_batch(const PackedBatch& batch) override {
     const int64_t n = static_cast<int64_t>(batch.inputs.size());
-    HP_CHECK(static_cast<int64_t>(batch.targets.size()) == n &&
-                 static_cast<int64_t>(batch.positions.size()) == n,
-             "upload_batch: inputs, targets and positions have ", n, ", ", batch.targets.size(),
-             " and ", batch.positions.size(), " entries; they must match");
-    HP_CHECK(
-        !batch.cu_seqlens.empty() && batch.cu_seqlens.front() == 0 && batch.cu_seqlens.back() == n,
-        "upload_batch: cu_seqlens must run from 0 to the token count ", n);
     HP_CHECK(n < std::numeric_limits<int32_t>::max(), "upload_batch: ", n, " tokens is too many");
     const int64_t n_seqs = batch.num_seqs();
     std::vector<AttnTile> tiles;
     tiles.reserve(static_cast<size_t>(n / cuda::kAttnTile + n_seqs + 1));
     for (int64_t s = 0; s < n_seqs; ++s) {
       const int32_t b = batch.cu_seqlens[s], e = batch.cu_seqlens[s + 1];
-      HP_CHECK(b <= e, "upload_batch: cu_seqlens decreases at sequence ", s);
       for (int32_t t = b; t < e; t += cuda::kAttnTile)
         tiles.push_back(AttnTile{t, std::min(t + cuda::kAttnTile, e), b, e});
     }
@@ -476,10 +448,8 @@ class CudaBackend final : public Backend {
 
   // The per-layer baseline: cu_seqlens, max_seqlen and the tile map derived from positions on the
   // device, max_seqlen (with the sequence and tile counts) read back by one blocking copy.
-  void rebuild_metadata(BatchMeta& meta) override {
-    check_dev("rebuild_metadata", "positions", meta.positions);
-    HP_CHECK(meta.positions.dtype() == DType::kI32 && meta.positions.ndim() == 1,
-             "rebuild_metadata: positions ", meta.positions.desc(), " must be i32[N]");
+  void do_rebuild_metadata(BatchMeta& meta) override {
+    check_i32("rebuild_metadata", "positions", meta.positions);
     const int64_t n = meta.positions.numel();
     const int64_t off_tiles = (n + 1 + 3) / 4 * 4;
     const int64_t off_info = off_tiles + 4 * n;
@@ -509,26 +479,22 @@ class CudaBackend final : public Backend {
   // Row-major C[m,n] = op(A) op(B) is column-major C^T[n,m] = op(B)^T op(A)^T: cuBLAS gets B
   // first, and a row-major matrix is its own transpose read column-major, so each operand keeps
   // its transpose flag.
-  // The shape of c = op(a) op(b), checked.
+  // The shape of c = op(a) op(b) (which the interface checked), with the dtypes checked.
   struct GemmDims {
     int m = 0, n = 0, k = 0;
   };
   static GemmDims gemm_dims(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b,
                             const Tensor& c) {
     const char* op = "gemm";
-    check_ndim(op, "a", a, 2);
-    check_ndim(op, "b", b, 2);
-    check_ndim(op, "c", c, 2);
+    check_float(op, "a", a);
+    check_float(op, "b", b);
+    check_float(op, "c", c);
     check_same_dtype(op, a, b);
     HP_CHECK(a.dtype() == DType::kBF16 || c.dtype() == DType::kF32, op,
              ": f32 operands need an f32 c, got ", c.desc());
     const int64_t m = trans_a ? a.dim(1) : a.dim(0);
     const int64_t k = trans_a ? a.dim(0) : a.dim(1);
-    const int64_t kb = trans_b ? b.dim(1) : b.dim(0);
     const int64_t n = trans_b ? b.dim(0) : b.dim(1);
-    HP_CHECK(k == kb && c.dim(0) == m && c.dim(1) == n, "gemm: op(a) of ", a.desc(),
-             (trans_a ? " (transposed)" : ""), " times op(b) of ", b.desc(),
-             (trans_b ? " (transposed)" : ""), " does not fit c ", c.desc());
     constexpr int64_t kMaxInt = std::numeric_limits<int>::max();
     HP_CHECK(m <= kMaxInt && n <= kMaxInt && k <= kMaxInt, "gemm: dimensions exceed int range");
     return {static_cast<int>(m), static_cast<int>(n), static_cast<int>(k)};
@@ -573,8 +539,8 @@ class CudaBackend final : public Backend {
   // Row-major C[m,n] = op(A) op(B) is column-major C^T[n,m] = op(B)^T op(A)^T: cuBLAS gets B
   // first, and a row-major matrix is its own transpose read column-major, so each operand keeps
   // its transpose flag.
-  void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c, double alpha,
-            double beta) override {
+  void do_gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c,
+               double alpha, double beta) override {
     const GemmDims d = gemm_dims(a, trans_a, b, trans_b, c);
     if (d.m == 0 || d.n == 0) return;
     if (d.k == 0) {  // op(a) op(b) is all zeros: c = beta c
@@ -601,44 +567,39 @@ class CudaBackend final : public Backend {
   }
 
   // The bias goes into cuBLASLt's epilogue: added in f32 to the accumulator, rounded once.
-  void gemm_bias(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c,
-                 const Tensor& bias) override {
+  void do_gemm_bias(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c,
+                    const Tensor& bias) override {
     const GemmDims d = gemm_dims(a, trans_a, b, trans_b, c);
-    check_float("gemm_bias", "bias", bias, {c.dim(1)});
+    check_float("gemm_bias", "bias", bias);
     if (d.m == 0 || d.n == 0) return;
     if (lt_gemm(a, trans_a, b, trans_b, c, d, 1.f, 0.f, &bias, cur_stream(), cublas_workspace_,
                 !in_group_))
       return;
-    Backend::gemm_bias(a, trans_a, b, trans_b, c, bias);
+    Backend::do_gemm_bias(a, trans_a, b, trans_b, c, bias);
   }
 
   // The residual is cuBLASLt's C (beta 1, D apart from it), added in f32 in the epilogue with the
   // bias: one rounding, and no pass of its own over the activations.
-  void gemm_add(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& r,
-                Tensor& c, const Tensor& bias) override {
+  void do_gemm_add(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& r,
+                   Tensor& c, const Tensor& bias) override {
     const GemmDims d = gemm_dims(a, trans_a, b, trans_b, c);
-    check_float("gemm_add", "r", r, {c.dim(0), c.dim(1)});
-    HP_CHECK(r.dtype() == c.dtype() && r.raw() != c.raw(), "gemm_add: r ", r.desc(),
-             " must have c's dtype (", c.desc(), ") and not alias it");
+    check_float("gemm_add", "r", r);
     if (d.m == 0 || d.n == 0) return;
-    if (bias.defined()) check_float("gemm_add", "bias", bias, {c.dim(1)});
+    if (bias.defined()) check_float("gemm_add", "bias", bias);
     if ((!bias.defined() || aligned16(bias.raw())) &&
         lt_gemm(a, trans_a, b, trans_b, c, d, 1.f, 1.f, bias.defined() ? &bias : nullptr,
                 cur_stream(), cublas_workspace_, !in_group_, &r))
       return;
-    Backend::gemm_add(a, trans_a, b, trans_b, r, c, bias);
+    Backend::do_gemm_add(a, trans_a, b, trans_b, r, c, bias);
   }
 
-  void gemm_group(const std::vector<GemmProblem>& ps, bool trans_a, bool trans_b,
-                  double beta) override {
+  void do_gemm_group(const std::vector<GemmProblem>& ps, bool trans_a, bool trans_b,
+                     double beta) override {
     std::vector<GemmDims> dims;
     dims.reserve(ps.size());
     for (const GemmProblem& p : ps) {
       dims.push_back(gemm_dims(p.a, trans_a, p.b, trans_b, p.c));
-      if (p.bias.defined()) {
-        check_float("gemm_group", "bias", p.bias, {p.c.dim(1)});
-        HP_CHECK(beta == 0, "gemm_group: a bias needs beta == 0, got ", beta);
-      }
+      if (p.bias.defined()) check_float("gemm_group", "bias", p.bias);
     }
     // A group's products are not tuned (lt_gemm.h), whichever way they run.
     in_group_ = true;
@@ -647,7 +608,7 @@ class CudaBackend final : public Backend {
       ~LeaveGroup() { in_group = false; }
     } leave{in_group_};
     if (options_.expert_gemm == ExpertGemmImpl::kSerial || ps.size() < 2) {
-      Backend::gemm_group(ps, trans_a, trans_b, beta);
+      Backend::do_gemm_group(ps, trans_a, trans_b, beta);
       return;
     }
     if (options_.expert_gemm == ExpertGemmImpl::kGrouped &&
@@ -693,7 +654,7 @@ class CudaBackend final : public Backend {
       const GemmProblem& p = ps[i];
       Tensor c = p.c;
       if (p.bias.defined())
-        Backend::gemm_bias(p.a, trans_a, p.b, trans_b, c, p.bias);
+        Backend::do_gemm_bias(p.a, trans_a, p.b, trans_b, c, p.bias);
       else
         gemm(p.a, trans_a, p.b, trans_b, c, 1.0, beta);
     }
@@ -756,125 +717,114 @@ class CudaBackend final : public Backend {
     return true;
   }
 
-  void add_bias(Tensor& y, const Tensor& bias) override {
-    check_ndim("add_bias", "y", y, 2);
-    check_float("add_bias", "bias", bias, {y.dim(1)});
+  void do_add_bias(Tensor& y, const Tensor& bias) override {
+    check_float("add_bias", "y", y);
+    check_float("add_bias", "bias", bias);
     cuda::launch_add_bias(y.raw(), y.dtype(), bias.raw(), bias.dtype(), y.dim(0), y.dim(1),
                           cur_stream());
   }
 
-  void bias_grad(const Tensor& dy, Tensor& db) override {
-    check_ndim("bias_grad", "dy", dy, 2);
-    check_tensor("bias_grad", "db", db, DType::kF32, {dy.dim(1)});
+  void do_bias_grad(const Tensor& dy, Tensor& db) override {
+    check_float("bias_grad", "dy", dy);
+    check_dtype("bias_grad", "db", db, DType::kF32);
     cuda::launch_bias_grad(dy.raw(), dy.dtype(), dy.dim(0), dy.dim(1), db.data<float>(), *alloc_,
                            cur_stream());
   }
 
-  void bias_grad_segments(const Tensor& dy, const std::vector<RowSegment>& segments) override {
-    check_ndim("bias_grad_segments", "dy", dy, 2);
+  void do_bias_grad_segments(const Tensor& dy, const std::vector<RowSegment>& segments) override {
+    check_float("bias_grad_segments", "dy", dy);
     std::vector<cuda::RowSegmentRef> refs;
     refs.reserve(segments.size());
     for (const RowSegment& g : segments) {
-      HP_CHECK(g.begin >= 0 && g.rows >= 0 && g.begin + g.rows <= dy.dim(0),
-               "bias_grad_segments: rows [", g.begin, ", ", g.begin + g.rows, ") outside dy ",
-               dy.desc());
-      check_tensor("bias_grad_segments", "db", g.db, DType::kF32, {dy.dim(1)});
+      check_dtype("bias_grad_segments", "db", g.db, DType::kF32);
       refs.push_back({g.begin, g.rows, g.db.data<float>()});
     }
     cuda::launch_bias_grad_segments(dy.raw(), dy.dtype(), dy.dim(1), refs, *alloc_, cur_stream());
   }
 
-  void add(const Tensor& a, const Tensor& b, Tensor& out) override {
+  void do_add(const Tensor& a, const Tensor& b, Tensor& out) override {
     check_float("add", "a", a);
     check_float("add", "b", b);
     check_float("add", "out", out);
-    HP_CHECK(a.dtype() == b.dtype() && a.dtype() == out.dtype() && a.numel() == b.numel() &&
-                 a.numel() == out.numel(),
-             "add: a ", a.desc(), ", b ", b.desc(), " and out ", out.desc(),
-             " must have one dtype and one numel");
+    HP_CHECK(a.dtype() == b.dtype() && a.dtype() == out.dtype(), "add: a ", a.desc(), ", b ",
+             b.desc(), " and out ", out.desc(), " must have one dtype");
     cuda::launch_add(a.raw(), b.raw(), out.raw(), a.dtype(), a.numel(), cur_stream());
   }
 
-  void axpy(double alpha, const Tensor& x, Tensor& y) override {
+  void do_axpy(double alpha, const Tensor& x, Tensor& y) override {
     check_float("axpy", "x", x);
     check_float("axpy", "y", y);
-    HP_CHECK(x.numel() == y.numel(), "axpy: x ", x.desc(), " and y ", y.desc(), " differ in numel");
     cuda::launch_axpy(alpha, x.raw(), x.dtype(), y.raw(), y.dtype(), x.numel(), cur_stream());
   }
 
   // ---- normalization and position
   // -----------------------------------------------------------------
 
-  void rmsnorm_fwd(const Tensor& x, const Tensor& w, double eps, Tensor& y, Tensor& rstd) override {
+  void do_rmsnorm_fwd(const Tensor& x, const Tensor& w, double eps, Tensor& y,
+                      Tensor& rstd) override {
     const char* op = "rmsnorm_fwd";
-    check_ndim(op, "x", x, 2);
+    check_float(op, "x", x);
     const int64_t m = x.dim(0), d = x.dim(1);
-    HP_CHECK(d > 0 && eps >= 0, op, ": needs a positive width and eps >= 0, got x ", x.desc());
-    check_float(op, "w", w, {d});
-    check_tensor(op, "y", y, x.dtype(), {m, d});
-    check_tensor(op, "rstd", rstd, DType::kF32, {m});
+    check_float(op, "w", w);
+    check_dtype(op, "y", y, x.dtype());
+    check_dtype(op, "rstd", rstd, DType::kF32);
     cuda::launch_rmsnorm_fwd(x.raw(), x.dtype(), w.raw(), w.dtype(), static_cast<float>(eps),
                              y.raw(), rstd.data<float>(), m, d, cur_stream());
   }
 
-  void rmsnorm_bwd(const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dy,
-                   Tensor& dx, Tensor& dw, bool accumulate_dx) override {
+  void do_rmsnorm_bwd(const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dy,
+                      Tensor& dx, Tensor& dw, bool accumulate_dx) override {
     const char* op = "rmsnorm_bwd";
-    check_ndim(op, "x", x, 2);
+    check_float(op, "x", x);
     const int64_t m = x.dim(0), d = x.dim(1);
-    check_float(op, "w", w, {d});
-    check_tensor(op, "rstd", rstd, DType::kF32, {m});
-    check_tensor(op, "dy", dy, x.dtype(), {m, d});
-    check_tensor(op, "dx", dx, x.dtype(), {m, d});
-    check_tensor(op, "dw", dw, DType::kF32, {d});
+    check_float(op, "w", w);
+    check_dtype(op, "rstd", rstd, DType::kF32);
+    check_dtype(op, "dy", dy, x.dtype());
+    check_dtype(op, "dx", dx, x.dtype());
+    check_dtype(op, "dw", dw, DType::kF32);
     cuda::launch_rmsnorm_bwd(x.raw(), x.dtype(), w.raw(), w.dtype(), rstd.data<float>(), dy.raw(),
                              dx.raw(), dw.data<float>(), m, d, accumulate_dx, *alloc_,
                              cur_stream());
   }
 
-  void rope(Tensor& x, int n_rot_heads, const Tensor& positions, const RopeTable& table,
-            bool inverse) override {
+  void do_rope(Tensor& x, int n_rot_heads, const Tensor& positions, const RopeTable& table,
+               bool inverse) override {
     const char* op = "rope";
-    check_ndim(op, "x", x, 3);
+    check_float(op, "x", x);
     const int64_t n = x.dim(0), h = x.dim(1), d = x.dim(2);
-    HP_CHECK(d % 2 == 0 && n_rot_heads >= 0 && n_rot_heads <= h, op,
-             ": needs an even head_dim and 0 <= n_rot_heads <= heads, got x ", x.desc(),
-             ", n_rot_heads ", n_rot_heads);
-    check_i32(op, "positions", positions, n);
-    check_dev(op, "table.cos", table.cos);
-    HP_CHECK(table.cos.ndim() == 2, op, ": table.cos ", table.cos.desc(), " must be 2-d");
+    check_i32(op, "positions", positions);
     const int64_t n_pos = table.cos.dim(0);
-    check_tensor(op, "table.cos", table.cos, DType::kF32, {n_pos, d / 2});
-    check_tensor(op, "table.sin", table.sin, DType::kF32, {n_pos, d / 2});
+    check_dtype(op, "table.cos", table.cos, DType::kF32);
+    check_dtype(op, "table.sin", table.sin, DType::kF32);
     cuda::launch_rope(x.raw(), x.dtype(), n, static_cast<int>(h), n_rot_heads, static_cast<int>(d),
                       positions.data<int32_t>(), table.cos.data<float>(), table.sin.data<float>(),
                       n_pos, inverse, cur_stream());
   }
 
-  void qk_norm_fwd(const Tensor& qkv, const Tensor& qw, const Tensor& kw, int64_t n_heads,
-                   int64_t n_kv_heads, double eps, Tensor& out, Tensor& rstd) override {
+  void do_qk_norm_fwd(const Tensor& qkv, const Tensor& qw, const Tensor& kw, int64_t n_heads,
+                      int64_t n_kv_heads, double eps, Tensor& out, Tensor& rstd) override {
     const char* op = "qk_norm_fwd";
-    check_qk_norm(op, qkv, qw, kw, n_heads, n_kv_heads);
+    check_qk_norm(op, qkv, qw, kw);
     const int64_t n = qkv.dim(0);
-    check_tensor(op, "out", out, qkv.dtype(), qkv.shape());
-    check_tensor(op, "rstd", rstd, DType::kF32, {n, n_heads + n_kv_heads});
+    check_dtype(op, "out", out, qkv.dtype());
+    check_dtype(op, "rstd", rstd, DType::kF32);
     cuda::launch_qk_norm_fwd(qkv.raw(), qkv.dtype(), qw.raw(), kw.raw(), qw.dtype(), n,
                              static_cast<int>(qkv.dim(1)), static_cast<int>(n_heads),
                              static_cast<int>(n_kv_heads), static_cast<int>(qkv.dim(2)),
                              static_cast<float>(eps), out.raw(), rstd.data<float>(), cur_stream());
   }
 
-  void qk_norm_bwd(const Tensor& qkv, const Tensor& qw, const Tensor& kw, int64_t n_heads,
-                   int64_t n_kv_heads, const Tensor& rstd, const Tensor& dout, Tensor& din,
-                   Tensor& dqw, Tensor& dkw) override {
+  void do_qk_norm_bwd(const Tensor& qkv, const Tensor& qw, const Tensor& kw, int64_t n_heads,
+                      int64_t n_kv_heads, const Tensor& rstd, const Tensor& dout, Tensor& din,
+                      Tensor& dqw, Tensor& dkw) override {
     const char* op = "qk_norm_bwd";
-    check_qk_norm(op, qkv, qw, kw, n_heads, n_kv_heads);
+    check_qk_norm(op, qkv, qw, kw);
     const int64_t n = qkv.dim(0), d = qkv.dim(2);
-    check_tensor(op, "rstd", rstd, DType::kF32, {n, n_heads + n_kv_heads});
-    check_tensor(op, "dout", dout, qkv.dtype(), qkv.shape());
-    check_tensor(op, "din", din, qkv.dtype(), qkv.shape());
-    check_tensor(op, "dqw", dqw, DType::kF32, {d});
-    check_tensor(op, "dkw", dkw, DType::kF32, {d});
+    check_dtype(op, "rstd", rstd, DType::kF32);
+    check_dtype(op, "dout", dout, qkv.dtype());
+    check_dtype(op, "din", din, qkv.dtype());
+    check_dtype(op, "dqw", dqw, DType::kF32);
+    check_dtype(op, "dkw", dkw, DType::kF32);
     cuda::launch_qk_norm_bwd(qkv.raw(), qkv.dtype(), qw.raw(), kw.raw(), qw.dtype(), n,
                              static_cast<int>(qkv.dim(1)), static_cast<int>(n_heads),
                              static_cast<int>(n_kv_heads), static_cast<int>(d), rstd.data<float>(),
@@ -885,12 +835,12 @@ class CudaBackend final : public Backend {
   // ---- attention
   // ------------------------------------------------------------------------------------
 
-  void attention_fwd(const Tensor& qkv, const Tensor& sinks, const BatchMeta& meta,
-                     const AttentionShape& shape, Tensor& out, Tensor& lse) override {
+  void do_attention_fwd(const Tensor& qkv, const Tensor& sinks, const BatchMeta& meta,
+                        const AttentionShape& shape, Tensor& out, Tensor& lse) override {
     const char* op = "attention_fwd";
     cuda::AttnArgs args = attention_args(op, qkv, sinks, meta, shape);
-    check_tensor(op, "out", out, DType::kBF16, {args.n_tokens, args.hq, args.head_dim});
-    check_tensor(op, "lse", lse, DType::kF32, {args.n_tokens, args.hq});
+    check_dtype(op, "out", out, DType::kBF16);
+    check_dtype(op, "lse", lse, DType::kF32);
     if (const cuda::CudnnBatch* cb = cudnn_batch(args, meta, {out.raw()})) {
       cudnn_->forward(args, *cb, out.raw(), lse.data<float>(), *alloc_, cur_stream());
     } else if (tensor_core_ok(args, {out.raw()})) {
@@ -900,20 +850,18 @@ class CudaBackend final : public Backend {
     }
   }
 
-  void attention_bwd(const Tensor& qkv, const Tensor& sinks, const BatchMeta& meta,
-                     const AttentionShape& shape, const Tensor& out, const Tensor& lse,
-                     const Tensor& dout, Tensor& dqkv, Tensor& dsinks) override {
+  void do_attention_bwd(const Tensor& qkv, const Tensor& sinks, const BatchMeta& meta,
+                        const AttentionShape& shape, const Tensor& out, const Tensor& lse,
+                        const Tensor& dout, Tensor& dqkv, Tensor& dsinks) override {
     const char* op = "attention_bwd";
     cuda::AttnArgs args = attention_args(op, qkv, sinks, meta, shape);
-    const int64_t n = args.n_tokens;
-    check_tensor(op, "out", out, DType::kBF16, {n, args.hq, args.head_dim});
-    check_tensor(op, "lse", lse, DType::kF32, {n, args.hq});
-    check_tensor(op, "dout", dout, DType::kBF16, {n, args.hq, args.head_dim});
-    check_tensor(op, "dqkv", dqkv, DType::kBF16, qkv.shape());
-    HP_CHECK(dqkv.raw() != qkv.raw(), op, ": dqkv must not alias qkv");
+    check_dtype(op, "out", out, DType::kBF16);
+    check_dtype(op, "lse", lse, DType::kF32);
+    check_dtype(op, "dout", dout, DType::kBF16);
+    check_dtype(op, "dqkv", dqkv, DType::kBF16);
     float* dsinks_p = nullptr;
     if (sinks.defined()) {
-      check_tensor(op, "dsinks", dsinks, DType::kF32, {args.hq});
+      check_dtype(op, "dsinks", dsinks, DType::kF32);
       dsinks_p = dsinks.data<float>();
     }
     const cuda::CudnnBatch* cb = cudnn_batch(args, meta, {out.raw(), dout.raw(), dqkv.raw()});
@@ -935,23 +883,21 @@ class CudaBackend final : public Backend {
 
   // ---- feed-forward activations -----------------------------------------------------------------
 
-  void glu_fwd(const Tensor& h, const GluParams& p, Tensor& a) override {
+  void do_glu_fwd(const Tensor& h, const GluParams& p, Tensor& a) override {
     const char* op = "glu_fwd";
-    check_ndim(op, "h", h, 2);
-    HP_CHECK(h.dim(1) % 2 == 0, op, ": h ", h.desc(), " needs an even width [g | u]");
+    check_float(op, "h", h);
+    check_dtype(op, "a", a, h.dtype());
     const int64_t m = h.dim(0), f = h.dim(1) / 2;
-    check_tensor(op, "a", a, h.dtype(), {m, f});
     cuda::launch_glu_fwd(h.raw(), a.raw(), h.dtype(), m, f, p.kind == GluKind::kGptOss ? 1 : 0,
                          static_cast<float>(p.alpha), static_cast<float>(p.limit), cur_stream());
   }
 
-  void glu_bwd(const Tensor& h, const Tensor& da, const GluParams& p, Tensor& dh) override {
+  void do_glu_bwd(const Tensor& h, const Tensor& da, const GluParams& p, Tensor& dh) override {
     const char* op = "glu_bwd";
-    check_ndim(op, "h", h, 2);
-    HP_CHECK(h.dim(1) % 2 == 0, op, ": h ", h.desc(), " needs an even width [g | u]");
+    check_float(op, "h", h);
+    check_dtype(op, "da", da, h.dtype());
+    check_dtype(op, "dh", dh, h.dtype());
     const int64_t m = h.dim(0), f = h.dim(1) / 2;
-    check_tensor(op, "da", da, h.dtype(), {m, f});
-    check_tensor(op, "dh", dh, h.dtype(), h.shape());
     cuda::launch_glu_bwd(h.raw(), da.raw(), dh.raw(), h.dtype(), m, f,
                          p.kind == GluKind::kGptOss ? 1 : 0, static_cast<float>(p.alpha),
                          static_cast<float>(p.limit), cur_stream());
@@ -960,125 +906,121 @@ class CudaBackend final : public Backend {
   // ---- mixture-of-experts routing
   // -----------------------------------------------------------------
 
-  void router_topk(const Tensor& logits, int k, Tensor& idx, Tensor& w) override {
+  void do_router_topk(const Tensor& logits, int k, Tensor& idx, Tensor& w) override {
     const char* op = "router_topk";
-    check_ndim(op, "logits", logits, 2);
+    check_float(op, "logits", logits);
     const int64_t n = logits.dim(0), e = logits.dim(1);
-    HP_CHECK(k >= 1 && k <= e && k <= 32 && e <= 256, op, ": k = ", k, ", E = ", e,
-             " (need 1 <= k <= min(E, 32), E <= 256)");
-    check_tensor(op, "idx", idx, DType::kI32, {n, k});
-    check_float(op, "w", w, {n, k});
+    HP_CHECK(k <= 32 && e <= 256, op, ": k = ", k, ", E = ", e,
+             " (the kernel takes k <= 32, E <= 256)");
+    check_i32(op, "idx", idx);
+    check_float(op, "w", w);
     cuda::launch_router_topk(logits.raw(), logits.dtype(), n, static_cast<int>(e), k,
                              idx.data<int32_t>(), w.raw(), w.dtype(), cur_stream());
   }
 
-  void router_topk_bwd(const Tensor& idx, const Tensor& w, const Tensor& dw,
-                       Tensor& dlogits) override {
+  void do_router_topk_bwd(const Tensor& idx, const Tensor& w, const Tensor& dw,
+                          Tensor& dlogits) override {
     const char* op = "router_topk_bwd";
-    check_dev(op, "idx", idx);
-    HP_CHECK(idx.dtype() == DType::kI32 && idx.ndim() == 2, op, ": idx ", idx.desc(),
-             " must be i32[N,k]");
+    check_i32(op, "idx", idx);
     const int64_t n = idx.dim(0), k = idx.dim(1);
-    check_float(op, "w", w, {n, k});
-    check_tensor(op, "dw", dw, w.dtype(), {n, k});
-    check_ndim(op, "dlogits", dlogits, 2);
-    HP_CHECK(dlogits.dim(0) == n, op, ": dlogits ", dlogits.desc(), " must have ", n, " rows");
+    check_float(op, "w", w);
+    check_dtype(op, "dw", dw, w.dtype());
+    check_float(op, "dlogits", dlogits);
     cuda::launch_router_topk_bwd(idx.data<int32_t>(), w.raw(), dw.raw(), w.dtype(), n,
                                  static_cast<int>(dlogits.dim(1)), static_cast<int>(k),
                                  dlogits.raw(), dlogits.dtype(), cur_stream());
   }
 
-  void router_aux_loss(const Tensor& logits, const Tensor& counts, int k, double coef, Tensor& loss,
-                       Tensor& dlogits) override {
+  void do_router_aux_loss(const Tensor& logits, const Tensor& counts, int k, double coef,
+                          Tensor& loss, Tensor& dlogits) override {
     const char* op = "router_aux_loss";
-    check_ndim(op, "logits", logits, 2);
+    check_float(op, "logits", logits);
     const int64_t n = logits.dim(0), e = logits.dim(1);
-    HP_CHECK(k >= 1, op, ": k = ", k, " must be positive");
-    check_i32(op, "counts", counts, e);
-    check_tensor(op, "loss", loss, DType::kF32, {1});
-    check_tensor(op, "dlogits", dlogits, logits.dtype(), {n, e});
+    check_i32(op, "counts", counts);
+    check_dtype(op, "loss", loss, DType::kF32);
+    check_dtype(op, "dlogits", dlogits, logits.dtype());
     cuda::launch_router_aux_loss(logits.raw(), logits.dtype(), counts.data<int32_t>(), n,
                                  static_cast<int>(e), k, static_cast<float>(coef),
                                  loss.data<float>(), dlogits.raw(), *alloc_, cur_stream());
   }
 
-  void histogram(const Tensor& ids, int n_bins, Tensor& counts) override {
+  void do_histogram(const Tensor& ids, int n_bins, Tensor& counts) override {
     const char* op = "histogram";
-    check_i32(op, "ids", ids, ids.numel());
-    HP_CHECK(n_bins >= 1, op, ": n_bins = ", n_bins, " must be positive");
-    check_i32(op, "counts", counts, n_bins);
+    check_i32(op, "ids", ids);
+    HP_CHECK(n_bins >= 1, op, ": n_bins = ", n_bins, " must be positive (the kernel's limit)");
+    check_i32(op, "counts", counts);
     cuda::launch_histogram(ids.data<int32_t>(), ids.numel(), n_bins, counts.data<int32_t>(),
                            cur_stream());
   }
 
-  void exclusive_scan(const Tensor& counts, Tensor& offsets) override {
+  void do_exclusive_scan(const Tensor& counts, Tensor& offsets) override {
     const char* op = "exclusive_scan";
-    check_i32(op, "counts", counts, counts.numel());
-    check_i32(op, "offsets", offsets, counts.numel() + 1);
+    check_i32(op, "counts", counts);
+    check_i32(op, "offsets", offsets);
     cuda::launch_exclusive_scan(counts.data<int32_t>(), counts.numel(), offsets.data<int32_t>(),
                                 *alloc_, cur_stream());
   }
 
-  void sort_by_id(const Tensor& ids, const Tensor& offsets, Tensor& sorted_to_assign,
-                  Tensor& assign_to_sorted) override {
+  void do_sort_by_id(const Tensor& ids, const Tensor& offsets, Tensor& sorted_to_assign,
+                     Tensor& assign_to_sorted) override {
     const char* op = "sort_by_id";
     const int64_t m = ids.numel();
-    check_i32(op, "ids", ids, m);
-    check_i32(op, "offsets", offsets, offsets.numel());
-    HP_CHECK(offsets.numel() >= 2, op, ": offsets ", offsets.desc(), " needs n_bins + 1 entries");
-    check_i32(op, "sorted_to_assign", sorted_to_assign, m);
-    check_i32(op, "assign_to_sorted", assign_to_sorted, m);
+    check_i32(op, "ids", ids);
+    check_i32(op, "offsets", offsets);
+    HP_CHECK(offsets.numel() >= 2, op, ": offsets ", offsets.desc(),
+             " needs n_bins >= 1 (the kernel's limit)");
+    check_i32(op, "sorted_to_assign", sorted_to_assign);
+    check_i32(op, "assign_to_sorted", assign_to_sorted);
     cuda::launch_sort_by_id(ids.data<int32_t>(), m, static_cast<int>(offsets.numel() - 1),
                             sorted_to_assign.data<int32_t>(), assign_to_sorted.data<int32_t>(),
                             *alloc_, cur_stream());
   }
 
-  void permute_rows(const Tensor& x, const Tensor& sorted_to_assign, int k, Tensor& out) override {
+  void do_permute_rows(const Tensor& x, const Tensor& sorted_to_assign, int k,
+                       Tensor& out) override {
     const char* op = "permute_rows";
-    check_ndim(op, "x", x, 2);
+    check_float(op, "x", x);
     const int64_t m = sorted_to_assign.numel(), d = x.dim(1);
-    HP_CHECK(k >= 1, op, ": k = ", k, " must be positive");
-    check_i32(op, "sorted_to_assign", sorted_to_assign, m);
-    check_tensor(op, "out", out, x.dtype(), {m, d});
+    check_i32(op, "sorted_to_assign", sorted_to_assign);
+    check_dtype(op, "out", out, x.dtype());
     cuda::launch_permute_rows(x.raw(), x.dtype(), d, sorted_to_assign.data<int32_t>(), m, k,
                               out.raw(), cur_stream());
   }
 
-  void permute_rows_bwd(const Tensor& dout, const Tensor& sorted_to_assign, int k,
-                        Tensor& dx) override {
+  void do_permute_rows_bwd(const Tensor& dout, const Tensor& sorted_to_assign, int k,
+                           Tensor& dx) override {
     const char* op = "permute_rows_bwd";
-    check_ndim(op, "dx", dx, 2);
+    check_float(op, "dx", dx);
     const int64_t n = dx.dim(0), d = dx.dim(1), m = sorted_to_assign.numel();
-    HP_CHECK(k >= 1, op, ": k = ", k, " must be positive");
-    check_i32(op, "sorted_to_assign", sorted_to_assign, m);
-    check_tensor(op, "dout", dout, dx.dtype(), {m, d});
+    check_i32(op, "sorted_to_assign", sorted_to_assign);
+    check_dtype(op, "dout", dout, dx.dtype());
     cuda::launch_permute_rows_bwd(dout.raw(), dout.dtype(), d, sorted_to_assign.data<int32_t>(), m,
                                   k, n, dx.raw(), *alloc_, cur_stream());
   }
 
-  void unpermute_combine(const Tensor& y, const Tensor& assign_to_sorted, const Tensor& w,
-                         Tensor& out) override {
+  void do_unpermute_combine(const Tensor& y, const Tensor& assign_to_sorted, const Tensor& w,
+                            Tensor& out) override {
     const char* op = "unpermute_combine";
-    check_ndim(op, "y", y, 2);
-    check_ndim(op, "w", w, 2);
+    check_float(op, "y", y);
+    check_float(op, "w", w);
     const int64_t m = y.dim(0), d = y.dim(1), n = w.dim(0), k = w.dim(1);
-    check_i32(op, "assign_to_sorted", assign_to_sorted, n * k);
-    check_tensor(op, "out", out, y.dtype(), {n, d});
+    check_i32(op, "assign_to_sorted", assign_to_sorted);
+    check_dtype(op, "out", out, y.dtype());
     cuda::launch_unpermute_combine(y.raw(), y.dtype(), d, assign_to_sorted.data<int32_t>(), m,
                                    w.raw(), w.dtype(), n, static_cast<int>(k), out.raw(),
                                    cur_stream());
   }
 
-  void unpermute_combine_bwd(const Tensor& dout, const Tensor& y, const Tensor& assign_to_sorted,
-                             const Tensor& w, Tensor& dy, Tensor& dw) override {
+  void do_unpermute_combine_bwd(const Tensor& dout, const Tensor& y, const Tensor& assign_to_sorted,
+                                const Tensor& w, Tensor& dy, Tensor& dw) override {
     const char* op = "unpermute_combine_bwd";
-    check_ndim(op, "y", y, 2);
-    check_ndim(op, "w", w, 2);
+    check_float(op, "y", y);
+    check_float(op, "w", w);
     const int64_t m = y.dim(0), d = y.dim(1), n = w.dim(0), k = w.dim(1);
-    check_i32(op, "assign_to_sorted", assign_to_sorted, n * k);
-    check_tensor(op, "dout", dout, y.dtype(), {n, d});
-    check_tensor(op, "dy", dy, y.dtype(), {m, d});
-    check_tensor(op, "dw", dw, w.dtype(), {n, k});
+    check_i32(op, "assign_to_sorted", assign_to_sorted);
+    check_dtype(op, "dout", dout, y.dtype());
+    check_dtype(op, "dy", dy, y.dtype());
+    check_dtype(op, "dw", dw, w.dtype());
     fill(dy, 0.0);  // rows of y no assignment reads get a zero gradient
     cuda::launch_unpermute_combine_bwd(dout.raw(), y.raw(), y.dtype(), d,
                                        assign_to_sorted.data<int32_t>(), m, w.raw(), w.dtype(), n,
@@ -1088,35 +1030,33 @@ class CudaBackend final : public Backend {
   // ---- embedding and loss
   // -------------------------------------------------------------------------
 
-  void embedding_fwd(const Tensor& table, const Tensor& ids, Tensor& out) override {
+  void do_embedding_fwd(const Tensor& table, const Tensor& ids, Tensor& out) override {
     const char* op = "embedding_fwd";
-    check_ndim(op, "table", table, 2);
+    check_float(op, "table", table);
     const int64_t v = table.dim(0), d = table.dim(1), n = ids.numel();
-    check_i32(op, "ids", ids, n);
-    check_float(op, "out", out, {n, d});
+    check_i32(op, "ids", ids);
+    check_float(op, "out", out);
     cuda::launch_embedding_fwd(table.raw(), table.dtype(), v, ids.data<int32_t>(), n, d, out.raw(),
                                out.dtype(), cur_stream());
   }
 
-  void embedding_bwd(const Tensor& dout, const Tensor& ids, Tensor& dtable) override {
+  void do_embedding_bwd(const Tensor& dout, const Tensor& ids, Tensor& dtable) override {
     const char* op = "embedding_bwd";
-    check_dev(op, "dtable", dtable);
-    HP_CHECK(dtable.dtype() == DType::kF32 && dtable.ndim() == 2, op, ": dtable ", dtable.desc(),
-             " must be f32[V,D]");
+    check_dtype(op, "dtable", dtable, DType::kF32);
     const int64_t v = dtable.dim(0), d = dtable.dim(1), n = ids.numel();
-    check_i32(op, "ids", ids, n);
-    check_float(op, "dout", dout, {n, d});
+    check_i32(op, "ids", ids);
+    check_float(op, "dout", dout);
     cuda::launch_embedding_bwd(dout.raw(), dout.dtype(), ids.data<int32_t>(), n, d, v,
                                dtable.data<float>(), *alloc_, cur_stream());
   }
 
-  void cross_entropy(Tensor& logits, const Tensor& targets, double grad_scale,
-                     Tensor& loss) override {
+  void do_cross_entropy(Tensor& logits, const Tensor& targets, double grad_scale,
+                        Tensor& loss) override {
     const char* op = "cross_entropy";
-    check_ndim(op, "logits", logits, 2);
+    check_float(op, "logits", logits);
     const int64_t n = logits.dim(0), v = logits.dim(1);
-    check_i32(op, "targets", targets, n);
-    check_tensor(op, "loss", loss, DType::kF32, {1});
+    check_i32(op, "targets", targets);
+    check_dtype(op, "loss", loss, DType::kF32);
     HP_CHECK(n <= std::numeric_limits<int32_t>::max(), op, ": too many rows");
     cuda::launch_cross_entropy(logits.raw(), logits.dtype(), targets.data<int32_t>(), n, v,
                                static_cast<float>(grad_scale), loss.data<float>(), *alloc_,
@@ -1126,32 +1066,25 @@ class CudaBackend final : public Backend {
   // ---- optimizer
   // ----------------------------------------------------------------------------------
 
-  void sum_squares(const Tensor& x, Tensor& acc) override {
+  void do_sum_squares(const Tensor& x, Tensor& acc) override {
     check_float("sum_squares", "x", x);
-    check_tensor("sum_squares", "acc", acc, DType::kF32, {1});
+    check_dtype("sum_squares", "acc", acc, DType::kF32);
     cuda::launch_sum_squares(x.raw(), x.dtype(), x.numel(), acc.data<float>(), *alloc_,
                              cur_stream());
   }
 
-  void adamw(Tensor& master, const Tensor& grad, Tensor& m, Tensor& v, const AdamWParams& p,
-             Tensor& working) override {
+  void do_adamw(Tensor& master, const Tensor& grad, Tensor& m, Tensor& v, const AdamWParams& p,
+                Tensor& working) override {
     const char* op = "adamw";
     const int64_t n = master.numel();
-    check_tensor(op, "master", master, DType::kF32, master.shape());
-    check_dev(op, "grad", grad);
-    check_dev(op, "m", m);
-    check_dev(op, "v", v);
-    HP_CHECK(grad.dtype() == DType::kF32 && m.dtype() == DType::kF32 && v.dtype() == DType::kF32 &&
-                 grad.numel() == n && m.numel() == n && v.numel() == n,
-             op, ": grad ", grad.desc(), ", m ", m.desc(), " and v ", v.desc(),
-             " must be f32 with the numel of master ", master.desc());
-    HP_CHECK(p.step >= 1, op, ": step ", p.step, " must be >= 1");
+    check_dtype(op, "master", master, DType::kF32);
+    check_dtype(op, "grad", grad, DType::kF32);
+    check_dtype(op, "m", m, DType::kF32);
+    check_dtype(op, "v", v, DType::kF32);
     if (p.check_flag != nullptr) {
       // Check only: the same arithmetic, nothing written but the flag.
       Tensor& flag = *p.check_flag;
-      check_dev(op, "check_flag", flag);
-      HP_CHECK(flag.dtype() == DType::kF32 && flag.numel() >= 1, op, ": check_flag ", flag.desc(),
-               " must be f32 with at least one element");
+      check_dtype(op, "check_flag", flag, DType::kF32);
       const DType wt = working.defined() ? working.dtype() : DType::kF32;
       HP_CHECK(wt == DType::kF32 || wt == DType::kBF16, op, ": working ", working.desc(),
                " must be f32 or bf16");
@@ -1163,8 +1096,6 @@ class CudaBackend final : public Backend {
     void* work = nullptr;
     if (working.defined() && !(working.raw() == master.raw() && working.dtype() == DType::kF32)) {
       check_float(op, "working", working);
-      HP_CHECK(working.numel() == n, op, ": working ", working.desc(), " must have ", n,
-               " elements");
       work = working.raw();
     }
     cuda::launch_adamw(master.data<float>(), grad.data<float>(), m.data<float>(), v.data<float>(),
@@ -1370,38 +1301,23 @@ class CudaBackend final : public Backend {
     return ws;
   }
 
-  void check_qk_norm(const char* op, const Tensor& qkv, const Tensor& qw, const Tensor& kw,
-                     int64_t n_heads, int64_t n_kv_heads) const {
-    check_ndim(op, "qkv", qkv, 3);
-    HP_CHECK(n_heads >= 0 && n_kv_heads >= 0 && qkv.dim(1) >= n_heads + n_kv_heads, op, ": qkv ",
-             qkv.desc(), " does not hold n_heads + n_kv_heads = ", n_heads, " + ", n_kv_heads,
-             " heads");
-    check_float(op, "qw", qw, {qkv.dim(2)});
-    check_tensor(op, "kw", kw, qw.dtype(), {qkv.dim(2)});
+  static void check_qk_norm(const char* op, const Tensor& qkv, const Tensor& qw, const Tensor& kw) {
+    check_float(op, "qkv", qkv);
+    check_float(op, "qw", qw);
+    check_dtype(op, "kw", kw, qw.dtype());
   }
 
   cuda::AttnArgs attention_args(const char* op, const Tensor& qkv, const Tensor& sinks,
                                 const BatchMeta& meta, const AttentionShape& shape) const {
-    HP_CHECK(shape.n_heads > 0 && shape.n_kv_heads > 0 && shape.n_heads % shape.n_kv_heads == 0 &&
-                 shape.head_dim > 0 && shape.head_dim <= 256 && shape.window >= 0 &&
-                 std::isfinite(shape.scale),
-             op, ": bad shape n_heads=", shape.n_heads, " n_kv_heads=", shape.n_kv_heads,
-             " head_dim=", shape.head_dim, " (<= 256) window=", shape.window,
-             " scale=", shape.scale);
-    check_dev(op, "qkv", qkv);
-    HP_CHECK(qkv.dtype() == DType::kBF16 && qkv.ndim() == 3 &&
-                 qkv.dim(1) == shape.n_heads + 2 * shape.n_kv_heads && qkv.dim(2) == shape.head_dim,
-             op, ": qkv ", qkv.desc(), " must be bf16[N, ", shape.n_heads, " + 2*",
-             shape.n_kv_heads, ", ", shape.head_dim, "]");
+    HP_CHECK(shape.head_dim <= 256, op, ": head_dim ", shape.head_dim, " exceeds the kernels' 256");
+    check_dtype(op, "qkv", qkv, DType::kBF16);
     const auto* extra = static_cast<const CudaBatchExtra*>(meta.backend_extra.get());
     HP_CHECK(extra != nullptr && extra->magic == kBatchExtraMagic && extra->device == device_, op,
              ": the BatchMeta was not made by this backend's upload_batch/rebuild_metadata");
-    HP_CHECK(meta.cu_seqlens.defined() && meta.positions.numel() == qkv.dim(0), op,
-             ": the batch has ", meta.positions.numel(), " tokens, qkv ", qkv.desc());
     cuda::AttnArgs a;
     a.qkv = qkv.raw();
     if (sinks.defined()) {
-      check_float(op, "sinks", sinks, {shape.n_heads});
+      check_float(op, "sinks", sinks);
       a.sinks = sinks.raw();
       a.sinks_t = sinks.dtype();
     }
