@@ -161,7 +161,6 @@ class Reader:
         self.delimiter = None if a.delimiter is None else unescape(a.delimiter)
         if self.delimiter == "":
             fail("--delimiter is empty: give the string between documents (e.g. '\\n\\n')")
-        self.kinds = collections.Counter()
 
     def full(self):
         return len(self.errors) >= MAX_REPORTED
@@ -175,7 +174,6 @@ class Reader:
             if self.full():
                 return
             kind = kind_of(path, self.a.format)
-            self.kinds[kind] += 1
             if kind == "jsonl":
                 yield from self.jsonl(path)
             elif kind == "parquet":
