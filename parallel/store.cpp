@@ -105,8 +105,8 @@ void PollBackoff::sleep() {
 
 void Store::check_value_size(const std::string& key, size_t bytes) const {
   if (bytes <= kMaxValueBytes) return;
-  HP_FAIL(ErrorKind::kInternal, "rank ", rank_, ": store ", where_, ": value of key '", key, "' is ",
-          bytes, " bytes, over the store's bound of ", kMaxValueBytes,
+  HP_FAIL(ErrorKind::kInternal, "rank ", rank_, ": store ", where_, ": value of key '", key,
+          "' is ", bytes, " bytes, over the store's bound of ", kMaxValueBytes,
           " bytes: the store carries control messages, never tensors (tensors move over NCCL or "
           "MPI)");
 }

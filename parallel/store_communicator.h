@@ -18,9 +18,10 @@
 // error naming the peer instead of wrong data. split() needs no message beyond the colour
 // exchange: the members derive the child's prefix (P/s.c<colour>) from the call number.
 //
-// Cleanup: a value that several ranks read is erased by its writer once it has heard from every rank in a later call,
-// because a rank that has written call s has finished reading every earlier call; so the store
-// holds a bounded number of values per communicator, whatever the number of calls.
+// Cleanup: a value that several ranks read is erased by its writer once it has heard from every
+// rank in a later call, because a rank that has written call s has finished reading every earlier
+// call; so the store holds a bounded number of values per communicator, whatever the number of
+// calls.
 //
 // Failures: every wait polls the store until the call's deadline and a timeout names the ranks
 // not heard from ("rank 0: all_reduce on 'world' timed out after 5 s waiting for rank 3").

@@ -392,7 +392,9 @@ SavePlan plan_save(const RunState& run, const std::string& dir, const std::vecto
   };
   plan.state.push_back(i64("/state/step", {step}));
   plan.state.push_back(i64("/state/tokens_seen", {run.position.tokens_seen}));
-  plan.state.push_back(i64("/state/loader", run.loader.state().to_vector()));
+  plan.state.push_back(
+      i64("/state/loader",
+          (run.loader_state != nullptr ? *run.loader_state : run.loader.state()).to_vector()));
   plan.state.push_back(i64("/state/seed", {static_cast<int64_t>(o.run.seed)}));
   SaveValues lr;
   lr.name = "/state/lr_schedule";
@@ -581,8 +583,8 @@ SaveStats save_checkpoint(const RunState& run, const std::string& dir, int64_t k
   if (!plan.parallel && plan.writes)
     for (const SaveTensor& t : plan.tensors)
       if (t.local.device() != Device::kCPU)
-        staged = std::max(staged, static_cast<size_t>(shape_numel(t.global_shape)) *
-                                      dtype_size(plan.dtype));
+        staged = std::max(
+            staged, static_cast<size_t>(shape_numel(t.global_shape)) * dtype_size(plan.dtype));
   Staging staging(run.backend, staged);
 
   remove_stale_tmp(plan, ctx);

@@ -78,6 +78,9 @@ struct RunState {
   // of a CUDA run of several ranks, the host groups otherwise. A save without MPI gathers its
   // shards over them. Null: ctx.groups.
   const ProcessGroups* tensor_groups = nullptr;
+  // The data position a save records when the loader has already loaded batches past the run's
+  // position (the Trainer loads the next step's batch ahead). Null: loader.state().
+  const LoaderState* loader_state = nullptr;
 };
 
 struct SaveStats {

@@ -111,10 +111,14 @@ RunState Trainer::run_state() {
              {}};
   if (zero1_) r.params_loaded = [this] { zero1_->gather_params(); };
   r.tensor_groups = &tensor_groups_;
+  if (next_batch_) r.loader_state = &ahead_state_;
   return r;
 }
 
+bool Trainer::preempted() const { return ctx_.world() > 1 ? preempted_ : preemption_requested(); }
+
 void Trainer::set_position(const RunPosition& p) {
+  next_batch_.reset();
   step_ = p.step;
   tokens_seen_ = p.tokens_seen;
   skipped_ = p.skipped_steps;
@@ -155,20 +159,35 @@ StepStats Trainer::step() {
   if (copy_arbiter_) copy_arbiter_->begin_step();
 
   // ---- batch: this rank's rows of global batch `step`, metadata uploaded once ----
-  PackedBatch batch = loader_->next();
-  BatchMeta meta = be.upload_batch(batch);
   // The loss is a mean over the global batch: the count of valid targets is summed over ranks
   // on the host (known from the packed metadata, no device sync), and with it the document
   // tokens and their FLOPs, which the step's throughput and MFU count (integers, exact in f64).
-  Tensor counts = Tensor::host_from(
-      std::vector<double>{static_cast<double>(batch.num_valid_targets),
-                          static_cast<double>(batch.num_doc_tokens),
-                          step_model_flops(o_.model, batch)},
-      DType::kF64);
-  if (ctx_.world() > 1) ctx_.groups.world->all_reduce(counts, ReduceOp::kSum);
-  st.valid_targets = static_cast<int64_t>(counts.data<double>()[0]);
-  st.tokens = static_cast<int64_t>(counts.data<double>()[1]);
-  st.model_flops = counts.data<double>()[2];
+  // Several ranks: the batch was loaded, and its counts summed, in the previous step's host
+  // collective; only the first step after a start or a load sums them on its own.
+  const auto counts_of = [&](const PackedBatch& b) {
+    return std::vector<double>{static_cast<double>(b.num_valid_targets),
+                               static_cast<double>(b.num_doc_tokens),
+                               step_model_flops(o_.model, b)};
+  };
+  PackedBatch batch;
+  std::vector<double> counts;
+  if (next_batch_) {
+    batch = std::move(*next_batch_);
+    next_batch_.reset();
+    counts = next_counts_;
+  } else {
+    batch = loader_->next();
+    counts = counts_of(batch);
+    if (ctx_.world() > 1) {
+      Tensor sums = Tensor::host_from(counts, DType::kF64);
+      ctx_.groups.world->all_reduce(sums, ReduceOp::kSum);
+      std::copy(sums.data<double>(), sums.data<double>() + counts.size(), counts.begin());
+    }
+  }
+  BatchMeta meta = be.upload_batch(batch);
+  st.valid_targets = static_cast<int64_t>(counts[0]);
+  st.tokens = static_cast<int64_t>(counts[1]);
+  st.model_flops = counts[2];
   st.positions = batch.num_tokens() * ctx_.world();
   const double grad_scale =
       st.valid_targets > 0 ? 1.0 / static_cast<double>(st.valid_targets) : 0.0;
@@ -229,8 +248,17 @@ StepStats Trainer::step() {
     double nonfinite_ranks =
         std::all_of(s.begin(), s.end(), [](double v) { return std::isfinite(v); }) ? 0.0 : 1.0;
     if (ctx_.world() > 1) {
+      // The step's one host collective (one more under nonfinite=skip, which needs the clip
+      // coefficient that these sums give): with the sums ride the next batch's counts and the
+      // ranks that received a preemption signal. Each element is summed on its own, so the
+      // riders change no bit of the sums.
+      ahead_state_ = loader_->state();
+      next_batch_ = loader_->next();
+      const std::vector<double> next = counts_of(*next_batch_);
       Tensor world_sums = Tensor::host_from(
-          std::vector<double>{s[0], s[1], nonfinite_ranks, s[2], s[3]}, DType::kF64);
+          std::vector<double>{s[0], s[1], nonfinite_ranks, s[2], s[3], next[0], next[1], next[2],
+                              preemption_requested() ? 1.0 : 0.0},
+          DType::kF64);
       ctx_.groups.world->all_reduce(world_sums, ReduceOp::kSum);
       const double* w = world_sums.data<double>();
       s[0] = w[0];
@@ -238,6 +266,8 @@ StepStats Trainer::step() {
       nonfinite_ranks = w[2];
       s[2] = w[3];
       s[3] = w[4];
+      next_counts_.assign(w + 5, w + 8);
+      preempted_ = w[8] > 0;
     }
     st.loss = st.valid_targets > 0 ? s[0] / static_cast<double>(st.valid_targets) : 0.0;
     st.aux_loss = s[1];
@@ -414,7 +444,7 @@ int run_train(const TrainOptions& o, const RankContext& ctx) {
                     ") or grad_clip, or resume from an earlier checkpoint");
     }
     // ---- checkpoint cadence and preemption (all ranks agree on the signal) ----
-    const bool preempted = preemption_agreed(ctx);
+    const bool preempted = trainer.preempted();  // agreed in the step's host collective
     const bool periodic = o.checkpoint.every > 0 && s.step % o.checkpoint.every == 0;
     if (!o.checkpoint.dir.empty() && (periodic || preempted)) save();
     if (preempted) {

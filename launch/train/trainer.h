@@ -4,6 +4,8 @@
 #pragma once
 
 #include <memory>
+#include <optional>
+#include <vector>
 
 #include "framework/backend/backend.h"
 #include "framework/backend/copy_arbiter.h"
@@ -51,7 +53,11 @@ class Trainer {
   const RankContext& context() const { return ctx_; }
   // What a checkpoint saves and restores (launch/train/run_checkpoint.h).
   RunState run_state();
+  // Also drops the batch loaded ahead (the loader has been restored: it is no longer next).
   void set_position(const RunPosition& p);
+  // A preemption signal reached some rank before the last step's host collective, which agreed
+  // on it (several ranks); one rank: whether this process has received one.
+  bool preempted() const;
 
  private:
   // nonfinite=skip: runs this rank's AdamW update (its shards under zero1) in check-only mode,
@@ -86,6 +92,14 @@ class Trainer {
   // [1] on the device (nonfinite=skip): the flag of update_is_finite's check.
   Tensor check_flag_;
   bool update_overflowed_ = false;
+  // Several ranks: the next step's batch, loaded during this step so that its global counts
+  // (valid targets, document tokens, FLOPs; needed before its loss) ride in this step's one host
+  // collective. next_counts_ are those sums; ahead_state_ is the loader's position before the
+  // batch was loaded, which is what a checkpoint records. Empty at the start and after a load.
+  std::optional<PackedBatch> next_batch_;
+  std::vector<double> next_counts_;
+  LoaderState ahead_state_;
+  bool preempted_ = false;  // agreed in the last step's host collective
 };
 
 // `hotpath train`: the whole run. Collective over the world. Returns the exit status (0, or

@@ -1,8 +1,8 @@
 // The checkpoint of a launch without MPI, on the CPU: two ranks as threads, each with the two
-// kinds of communicators such a launch has. Control messages (the agreements, barriers and the
-// commit of the save, the choice of checkpoint on resume) go through a StoreCommunicator over one
-// store; tensors (gradient sums, the expert exchange, zero1's gathers, the checkpoint's gathers)
-// go through ThreadCommunicator, the in-process stand-in for the NCCL groups of a GPU run
+// kinds of communicators such a launch has. The save's control messages (its agreements,
+// barriers and commit) go through a StoreCommunicator over one store; tensors (gradient sums, the
+// expert exchange, zero1's gathers, the checkpoint's gathers) and the training steps' scalars go
+// through ThreadCommunicator, the in-process stand-in for the NCCL groups of a GPU run
 // (tests/parallel/thread_comm.h). The save takes the same path as on GPUs: plan, gathers over the
 // tensor groups, rank 0 writes alone, commit. The test checks that every tensor byte the save
 // moved went through the tensor groups (the exact count of a 2-rank gather), that the file holds
@@ -83,8 +83,8 @@ Rank make_rank(int r, const std::shared_ptr<test::ThreadCommunicator>& world,
 // trainer's tensor groups (the ThreadCommunicator ones).
 RunState control_state(Trainer& t, const RankContext& control) {
   RunState s = t.run_state();
-  RunState c{s.options,  control,    s.backend,       s.model,        s.loader,
-             s.schedule, s.position, s.params_loaded, s.tensor_groups};
+  RunState c{s.options,  control,    s.backend,       s.model,         s.loader,
+             s.schedule, s.position, s.params_loaded, s.tensor_groups, s.loader_state};
   return c;
 }
 
@@ -217,6 +217,54 @@ TEST(NonMpiCheckpoint, GathersOverTheTensorGroupsAndResumesBitwise) {
         << "rank " << r << ": step 3 after the resume differs from the uninterrupted run";
   }
   EXPECT_GT(third_loss[0], 0.0);
+}
+
+// The step's host scalars go in one all-reduce of 9 doubles (loss sums, non-finite flag, gradient
+// sums of squares, the next batch's counts, the preemption flag); only the first step also sums
+// its own counts (3 doubles) first. Gradients are f32 here, so no gradient reduction has either
+// size. (That the losses are those of counting each step on its own: the mpi tests comparing 2
+// and 4 ranks with one, and the resume tests.)
+TEST(HostCollectives, OnePerStepAfterTheFirst) {
+  TrainOptions o = moe_run();
+  o.optimizer.sharding = OptimizerSharding::kNone;
+  o.run.steps = 4;
+  auto mailbox = std::make_shared<test::Mailbox>();
+  CommOptions co;
+  co.timeout = 60s;
+  auto worlds = test::ThreadCommunicator::world(2, mailbox, co);
+  std::vector<std::vector<int>> scalars(2), counts(2);
+  std::vector<std::string> errors(2);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        RankContext ctx;
+        ctx.groups = make_process_groups(worlds[static_cast<size_t>(r)], 2);
+        Trainer t(o, ctx);
+        const auto& g = worlds[static_cast<size_t>(r)]->gathers();
+        for (int step = 0; step < 4; ++step) {
+          const size_t before = g.size();
+          t.step();
+          int n9 = 0, n3 = 0;
+          for (size_t i = before; i < g.size(); ++i) {
+            n9 += g[i] == 9 * sizeof(double);
+            n3 += g[i] == 3 * sizeof(double);
+          }
+          scalars[static_cast<size_t>(r)].push_back(n9);
+          counts[static_cast<size_t>(r)].push_back(n3);
+        }
+      } catch (const std::exception& e) {
+        errors[static_cast<size_t>(r)] = e.what();
+        worlds[static_cast<size_t>(r)]->abort(e.what());
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_EQ(errors[static_cast<size_t>(r)], "") << "rank " << r;
+    EXPECT_EQ(scalars[static_cast<size_t>(r)], (std::vector<int>{1, 1, 1, 1})) << "rank " << r;
+    EXPECT_EQ(counts[static_cast<size_t>(r)], (std::vector<int>{1, 0, 0, 0})) << "rank " << r;
+  }
 }
 
 }  // namespace

@@ -649,8 +649,8 @@ TEST(TcpThreads, ControlMessages) {
       for (int64_t n : {0, 1, 5, 1000}) {
         Tensor t = make_data(dt, n, 40 + static_cast<uint64_t>(n), c->rank());
         c->all_reduce(t, ReduceOp::kSum);
-        EXPECT_TRUE(same_bits(t, expected_reduction(dt, n, 40 + static_cast<uint64_t>(n),
-                                                    c->size(), ReduceOp::kSum)))
+        EXPECT_TRUE(same_bits(
+            t, expected_reduction(dt, n, 40 + static_cast<uint64_t>(n), c->size(), ReduceOp::kSum)))
             << where(*c) << ": all_reduce of " << n << " " << dtype_name(dt);
       }
     }

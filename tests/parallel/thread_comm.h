@@ -83,6 +83,10 @@ class ThreadCommunicator final : public HostCommunicator {
     return out;
   }
 
+  // The per-rank byte count of every all-gather this communicator ran, in order (the small
+  // all_reduce, barrier and split go through it): what tests count host collectives by.
+  const std::vector<size_t>& gathers() const { return gathers_; }
+
   void abort(const std::string& reason) noexcept override {
     mark_broken(str_cat("aborted: ", reason));
     mailbox_->abort();
@@ -111,6 +115,7 @@ class ThreadCommunicator final : public HostCommunicator {
                      const std::vector<size_t>& recv_bytes,
                      const std::vector<size_t>& recv_displs) override {
     const uint64_t s = seq_++;
+    gathers_.push_back(bytes);
     for (int p = 0; p < size(); ++p)
       if (p != rank()) mailbox_->put(key(s, rank(), p), send, bytes);
     if (bytes) std::memcpy(recv + recv_displs[static_cast<size_t>(rank())], send, bytes);
@@ -181,6 +186,7 @@ class ThreadCommunicator final : public HostCommunicator {
   std::string prefix_;
   uint64_t seq_ = 0;
   std::vector<uint64_t> sent_, received_;
+  std::vector<size_t> gathers_;
 };
 
 // Runs fn on n ranks, one thread each with its ThreadCommunicator world; expects no rank to throw.
