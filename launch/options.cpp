@@ -278,6 +278,16 @@ po::options_description describe_options(TrainOptions& o, RawEnums& raw) {
       "dump_logits", po::value(&o.eval.dump_logits)->default_value(o.eval.dump_logits),
       "eval: write the logits of every position of the evaluated batches to this safetensors "
       "file (\"logits\" F32 [tokens, vocab], \"targets\" and the mean loss in its metadata)")(
+      "eval_json", po::value(&o.eval.json)->default_value(o.eval.json),
+      "eval: also write the result here as one JSON object (step, eval_loss, eval_tokens, "
+      "eval_targets, ...)")(
+      "eval_data", po::value(&o.held_out.data)->default_value(o.held_out.data),
+      "train: held-out data (a spec like `data`) whose loss is evaluated during the run; empty: "
+      "no evaluation")(
+      "eval_every", po::value(&o.held_out.every)->default_value(o.held_out.every),
+      "train: evaluate eval_data after every N-th step's update (0: after the last step only)")(
+      "eval_batches", po::value(&o.held_out.batches)->default_value(o.held_out.batches),
+      "train: global batches from the start of eval_data (in file order) per evaluation")(
       "init_from", po::value(&o.checkpoint.init_from)->default_value(o.checkpoint.init_from),
       "start from these weights with fresh optimizer state: a checkpoint (file or directory) "
       "or a Hugging Face directory (config.json + safetensors); resume wins when it finds one");
@@ -631,6 +641,13 @@ void validate_train_options(const TrainOptions& o, int world) {
   require(ck.resume.kind != ResumeSpec::Kind::kAuto || !ck.dir.empty(), "resume",
           "auto needs checkpoint_dir (the directory to resume from)");
   require(o.eval.batches >= 1, "batches", "must be >= 1");
+  const HeldOutOptions& ho = o.held_out;
+  require(ho.every >= 0, "eval_every",
+          str_cat("must be >= 0 (0: evaluate after the last step only), got ", ho.every));
+  require(ho.every == 0 || !ho.data.empty(), "eval_every",
+          str_cat("=", ho.every, " needs eval_data (the held-out data to evaluate): set "
+                  "eval_data, or eval_every=0"));
+  require(ho.batches >= 1, "eval_batches", str_cat("must be >= 1, got ", ho.batches));
   require(o.plan_world >= 0 && o.plan_world <= (1 << 20), "plan_world",
           str_cat("must be in [0, 1048576], got ", o.plan_world));
   require(o.bench.warmup >= 0 && o.bench.steps >= 1, "bench_steps",

@@ -155,6 +155,14 @@ struct EvalOptions {
   int64_t batches = 10;     // --batches: global batches from the start of the data
   std::string dump_logits;  // --dump_logits: write every position's logits here (safetensors)
   bool force = false;       // --force: --dump_logits may replace an existing file
+  std::string json;         // --eval_json: also write the result as one JSON object here
+};
+
+// The held-out loss during training (launch/train/evaluation.h).
+struct HeldOutOptions {
+  std::string data;     // key eval_data: a data spec like `data` ("": no evaluation)
+  int64_t every = 0;    // key eval_every: steps between evaluations (0: after the last step only)
+  int64_t batches = 8;  // key eval_batches: global batches of eval_data per evaluation
 };
 
 struct BenchOptions {
@@ -180,6 +188,7 @@ struct TrainOptions {
   ParallelOptions parallel;
   CheckpointOptions checkpoint;
   EvalOptions eval;
+  HeldOutOptions held_out;
   BenchOptions bench;
 };
 

@@ -8,9 +8,12 @@
 #include <filesystem>
 #include <vector>
 
+#include "framework/checkpoint/checkpoint.h"
 #include "framework/core/error.h"
 #include "launch/hf/safetensors.h"
+#include "launch/json.h"
 #include "launch/tools/tools.h"
+#include "launch/train/evaluation.h"
 #include "launch/train/run_checkpoint.h"
 #include "launch/train/trainer.h"
 
@@ -97,6 +100,9 @@ int run_eval(const TrainOptions& o, const RankContext& ctx) {
   // Before the model is built or anything evaluated: an output that cannot be written fails now.
   LogitsDump dump_file(o.eval.dump_logits, o.eval.force);
   Trainer t(o, ctx);
+  // The first --batches global batches of `data` in file order: the batches a training run's
+  // evaluation reads from eval_data (launch/train/evaluation.h).
+  HeldOutData data(o, o.data.source, "data", ctx.rank(), ctx.world());
   const std::string path = resolve_checkpoint_arg(o.eval.checkpoint);
   std::string error;
   RunPosition loaded;
@@ -104,59 +110,51 @@ int run_eval(const TrainOptions& o, const RankContext& ctx) {
     HP_USER_ERROR(ErrorKind::kData, "hotpath eval: checkpoint ", path, " cannot be loaded: ",
                   error.empty() ? "it failed on another rank (see its message)" : error);
   Backend& be = t.backend();
-  Tensor acc = be.zeros({2}, be.master_dtype());
-  Tensor host = Tensor::host({2}, be.master_dtype());
-  double lm = 0;
-  int64_t valid = 0;
-  const bool dump = dump_file.enabled();
   std::vector<float> logits, targets;
-  for (int64_t b = 0; b < o.eval.batches; ++b) {
-    PackedBatch batch = t.loader().next();
-    BatchMeta meta = be.upload_batch(batch);
-    be.fill(acc, 0.0);
-    t.model().evaluate(meta, LossSums{acc.slice(0, 1), acc.slice(1, 2)});
-    be.read_to_host(acc, host, SyncCause::kLoss);
-    lm += to_double_vector(host)[0];
-    valid += batch.num_valid_targets;
-    if (dump) {
+  EvalBatchHook dump_batch;
+  if (dump_file.enabled())
+    dump_batch = [&](const PackedBatch& batch, const BatchMeta& meta) {
       const Tensor l = t.model().logits(meta);
       Tensor h = Tensor::host(l.shape(), l.dtype());
       be.read_to_host(l, h, SyncCause::kOther);
       const std::vector<double> v = to_double_vector(h);
       logits.insert(logits.end(), v.begin(), v.end());
       targets.insert(targets.end(), batch.targets.begin(), batch.targets.end());
-    }
-  }
-  if (ctx.world() > 1) {
-    Tensor s = Tensor::host_from(std::vector<double>{lm}, DType::kF64);
-    ctx.groups.world->all_reduce(s, ReduceOp::kSum);
-    lm = s.data<double>()[0];
-    Tensor n = Tensor::host_from(std::vector<int64_t>{valid}, DType::kI64);
-    ctx.groups.world->all_reduce(n, ReduceOp::kSum);
-    valid = n.data<int64_t>()[0];
-  }
-  const double loss = valid > 0 ? lm / static_cast<double>(valid) : 0.0;
-  if (dump) {
+    };
+  const EvalStats e = evaluate_held_out(t, data, o.eval.batches, dump_batch);
+  if (e.targets == 0)
+    HP_USER_ERROR(ErrorKind::kData, "hotpath eval: the data has no targets to evaluate");
+  if (dump_file.enabled()) {
     const int64_t n = static_cast<int64_t>(targets.size());
     char loss_text[64];
-    std::snprintf(loss_text, sizeof loss_text, "%.17g", loss);
+    std::snprintf(loss_text, sizeof loss_text, "%.17g", e.loss);
     write_safetensors(
         dump_file.staged(),
         {{"logits", {n, o.model.vocab_size}, logits.data()}, {"targets", {n}, targets.data()}},
-        "F32", {{"loss", loss_text}, {"tokens", std::to_string(valid)}});
+        "F32", {{"loss", loss_text}, {"tokens", std::to_string(e.targets)}});
     dump_file.commit();
   }
-  if (ctx.rank() == 0)
-    std::printf("eval_loss=%.6f tokens=%lld\n", loss, static_cast<long long>(valid));
+  if (ctx.rank() == 0) {
+    std::printf("eval_loss=%.6f tokens=%lld\n", e.loss, static_cast<long long>(e.targets));
+    if (!o.eval.json.empty()) {
+      Json j = Json::object();
+      j["checkpoint"] = path;
+      j["step"] = CheckpointReader(path).int_attr("step");
+      j["batches"] = o.eval.batches;
+      j["eval_loss"] = json_number(e.loss);
+      j["eval_tokens"] = e.tokens;
+      j["eval_targets"] = e.targets;
+      j["eval_ms"] = json_number(e.ms);
+      write_json_file(o.eval.json, j, "eval_json");
+    }
+  }
   std::fflush(stdout);
   // Every rank holds the same sums: all of them fail together.
-  if (!std::isfinite(loss))
+  if (!std::isfinite(e.loss))
     HP_USER_ERROR(ErrorKind::kData, "hotpath eval: the loss of checkpoint ", path,
-                  " is not finite (", loss,
+                  " is not finite (", e.loss,
                   "): its parameters or this config make the model "
                   "diverge");
-  if (valid == 0)
-    HP_USER_ERROR(ErrorKind::kData, "hotpath eval: the data has no targets to evaluate");
   return 0;
 }
 

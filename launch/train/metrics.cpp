@@ -68,7 +68,8 @@ std::string step_log_line(const StepStats& s, bool moe) {
                  " pad=", fmt_sig(100 * s.padding, 3), "%", " ms=", fmt_sig(s.ms, 4), s.mfu > 0 ? " mfu=" + fmt_sig(100 * s.mfu, 3) + "%" : "",
                  " syncs=", s.syncs.total(),
                  s.skipped_steps > 0 ? str_cat(" skipped=", s.skipped_steps) : "",
-                 s.copies ? copies_log_fields(*s.copies) : "");
+                 s.copies ? copies_log_fields(*s.copies) : "",
+                 s.eval ? " eval_loss=" + fmt_sig(s.eval->loss, 6) : "");
 }
 
 std::string step_json(const StepStats& s, bool moe) {
@@ -87,6 +88,12 @@ std::string step_json(const StepStats& s, bool moe) {
   j["tokens"] = s.tokens;
   j["positions"] = s.positions;
   j["padding"] = number(s.padding);
+  j["flops"] = number(s.model_flops);
+  if (s.eval) {
+    j["eval_loss"] = number(s.eval->loss);
+    j["eval_tokens"] = s.eval->tokens;
+    j["eval_ms"] = number(s.eval->ms);
+  }
   j["syncs"] = syncs_json(s.syncs);
   Json opt = Json::object();
   opt["dense"] = s.optimizer_state_bytes_dense;

@@ -2,8 +2,9 @@
 // and one JSON object per step in the metrics file (metrics_path, JSON Lines).
 //
 // The JSON object: step, loss, aux_loss (MoE only), lr, grad_norm, tokens_per_s, mfu (GPU only),
-// ms, tokens, positions, padding, syncs {metadata, routing, offload, loss, other},
-// optimizer_state_bytes {dense, expert} (this
+// ms, tokens, positions, padding, flops (the step's model FLOPs, StepStats::model_flops), on
+// evaluated steps eval_loss, eval_tokens and eval_ms (EvalStats), syncs {metadata, routing,
+// offload, loss, other}, optimizer_state_bytes {dense, expert} (this
 // rank's fp32 masters and AdamW moments, counted from their allocations: with
 // optimizer_sharding=zero1 its shards), and with offload a `lane` object (the copy arbiter's
 // stats, CopyArbiterStats). A step whose loss or gradient norm is not finite is
@@ -21,6 +22,14 @@
 #include "framework/core/sync_counter.h"
 
 namespace hp {
+
+// One held-out evaluation (launch/train/evaluation.h).
+struct EvalStats {
+  double loss = 0;      // mean -log p over the valid targets of the held-out global batches
+  int64_t tokens = 0;   // global document tokens evaluated
+  int64_t targets = 0;  // global valid targets (the mean's denominator)
+  double ms = 0;        // wall time of the evaluation
+};
 
 struct StepStats {
   int64_t step = 0;
@@ -53,11 +62,14 @@ struct StepStats {
   int64_t optimizer_state_bytes_expert = 0;
   // The offload copies of this rank through the copy arbiter over the step (offload != none).
   std::optional<CopyArbiterStats> copies;
+  // eval_data: the held-out loss of the parameters after this step's update, on the steps that
+  // evaluate (eval_every, and the last step of the run). Its time is not in `ms`.
+  std::optional<EvalStats> eval;
 };
 
 // The step line of the log: "step=3 loss=... lr=... grad_norm=... tok/s=... pad=P% ms=...
 // syncs=N" (tok/s: document tokens; + aux_loss for MoE, + mfu=P% on a GPU, + the copy arbiter's
-// compact fields with offload).
+// compact fields with offload, + eval_loss=X on evaluated steps, last).
 std::string step_log_line(const StepStats& s, bool moe);
 
 // The JSON object of one step, on one line (no newline).

@@ -125,6 +125,7 @@ void check_outputs_writable(const TrainOptions& o, const std::string& command, i
     probe_file("metrics_path", o.run.metrics_path);
   if (command.rfind("bench", 0) == 0 && !o.bench.json.empty())
     probe_file("bench_json", o.bench.json);
+  if (command == "eval" && !o.eval.json.empty()) probe_file("eval_json", o.eval.json);
 }
 
 }  // namespace hp

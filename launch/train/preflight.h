@@ -4,7 +4,8 @@
 //
 // Outputs: checked Called before the job's ranks meet (no collective):
 // every rank checks checkpoint_dir (all of them write checkpoint files under MPI), rank 0 also
-// metrics_path and bench_json. Missing directories are created; nothing else is left behind.
+// metrics_path, bench_json and eval_json. Missing directories are created; nothing else is
+// left behind.
 #pragma once
 
 #include "launch/options.h"

@@ -5,10 +5,12 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <optional>
 #include <vector>
 
 #include "framework/backend/profile.h"
 #include "framework/core/log.h"
+#include "launch/train/evaluation.h"
 #include "launch/train/fault_injection.h"
 #include "launch/train/memory_plan.h"
 #include "launch/train/preemption.h"
@@ -116,6 +118,10 @@ RunState Trainer::run_state() {
 }
 
 bool Trainer::preempted() const { return ctx_.world() > 1 ? preempted_ : preemption_requested(); }
+
+void Trainer::wait_params() {
+  if (zero1_) zero1_->wait_params();
+}
 
 void Trainer::set_position(const RunPosition& p) {
   next_batch_.reset();
@@ -378,8 +384,19 @@ int run_train(const TrainOptions& o, const RankContext& ctx) {
     return true;
   };
   if (preempted_before_training("during start-up")) return kRequeueExitCode;
+  // Held-out data (eval_data), opened before the model is built: a file that cannot be used
+  // stops the run before any work, naming the key.
+  std::unique_ptr<HeldOutData> held_out;
+  if (!o.held_out.data.empty())
+    held_out = std::make_unique<HeldOutData>(o, o.held_out.data, "eval_data", ctx.rank(),
+                                             ctx.world());
   Trainer trainer(o, ctx);
   log_run_header(o, ctx, trainer);
+  if (held_out)
+    log_info("eval: ", held_out->describe(), "; ", o.held_out.batches,
+             " global batches from its start after ",
+             o.held_out.every > 0 ? str_cat("every ", o.held_out.every, " steps and ") : "",
+             "the last step");
   // ---- init_from: start from given weights; a checkpoint found by resume wins ----
   init_from_options(trainer.run_state());
   // ---- resume: --resume=none|auto|PATH ----
@@ -405,12 +422,21 @@ int run_train(const TrainOptions& o, const RankContext& ctx) {
   int64_t last_applied = 0;      // the last step of this run whose update was applied (0: none)
   int64_t skipped_in_a_row = 0;  // nonfinite=skip: skipped steps since the last applied one
   int64_t tokens = 0;
+  std::optional<EvalStats> last_eval;  // the evaluation after the last step, when it ran
   while (trainer.steps_done() < last_step) {
     // ---- one training step ----
-    const StepStats s = trainer.step();
+    StepStats s = trainer.step();
     // ---------------------------
+    // ---- held-out loss of the parameters after this step's update (a step that stops the run
+    // as diverged is not evaluated); before the record and the checkpoint, which it changes not
+    if (held_out && (s.finite || s.skipped) &&
+        ((o.held_out.every > 0 && s.step % o.held_out.every == 0) || s.step == last_step)) {
+      s.eval = evaluate_held_out(trainer, *held_out, o.held_out.batches);
+      if (s.step == last_step) last_eval = s.eval;
+    }
     metrics.write(s, moe);
-    if (s.step % o.run.log_every == 0 || s.step == o.run.steps || s.step == 1 || !s.finite)
+    if (s.step % o.run.log_every == 0 || s.step == o.run.steps || s.step == 1 || !s.finite ||
+        s.eval)
       log_info(step_log_line(s, moe));
     if (!s.finite && !s.skipped)
       HP_USER_ERROR(ErrorKind::kUser, "training diverged at step ", s.step,
@@ -482,7 +508,8 @@ int run_train(const TrainOptions& o, const RankContext& ctx) {
   log_info("done: steps=", trainer.steps_done(),
            trainer.skipped_steps() > 0 ? str_cat(" skipped=", trainer.skipped_steps()) : "",
            " final_loss=", final_loss, " mean_loss_last_", recent.size(), "=",
-           recent.empty() ? std::string("none") : fmt_sig(avg), vs_floor, " tokens=", tokens,
+           recent.empty() ? std::string("none") : fmt_sig(avg), vs_floor,
+           last_eval ? str_cat(" eval_loss=", fmt_sig(last_eval->loss, 6)) : "", " tokens=", tokens,
            " time_s=", fmt_sig(secs, 4));
   return 0;
 }

@@ -51,6 +51,9 @@ class Trainer {
   bool last_update_overflowed() const { return update_overflowed_; }
   const TrainOptions& options() const { return o_; }
   const RankContext& context() const { return ctx_; }
+  // Orders compute after the all-gathers of updated parameters still in flight (zero1; nothing
+  // otherwise): a forward outside step(), an evaluation's, calls it first.
+  void wait_params();
   // What a checkpoint saves and restores (launch/train/run_checkpoint.h).
   RunState run_state();
   // Also drops the batch loaded ahead (the loader has been restored: it is no longer next).
@@ -103,7 +106,9 @@ class Trainer {
 };
 
 // `hotpath train`: the whole run. Collective over the world. Returns the exit status (0, or
-// kRequeueExitCode after a preemption).
+// kRequeueExitCode after a preemption). With eval_data, the held-out loss is evaluated after the
+// update of every eval_every-th step and of the run's last step (launch/train/evaluation.h),
+// before that step's record and checkpoint.
 int run_train(const TrainOptions& o, const RankContext& ctx);
 
 // Seconds since this process started (static initialization), for start-up times in logs.

@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <limits>
 #include <nlohmann/json.hpp>
 
@@ -19,6 +20,7 @@ TEST(StepJson, HasTheDocumentedKeysInOrder) {
   s.tokens = 3072;
   s.positions = 4096;
   s.padding = 0.25;
+  s.model_flops = 1.25e12;
   s.syncs.add(SyncCause::kRouting, 4);
   s.syncs.add(SyncCause::kLoss, 1);
   s.optimizer_state_bytes_dense = 1200;
@@ -28,13 +30,16 @@ TEST(StepJson, HasTheDocumentedKeysInOrder) {
   for (auto it = j.begin(); it != j.end(); ++it) keys.push_back(it.key());
   EXPECT_EQ(keys,
             (std::vector<std::string>{"step", "loss", "aux_loss", "lr", "grad_norm", "tokens_per_s",
-                                      "ms", "tokens", "positions", "padding", "syncs",
-                                      "optimizer_state_bytes"}));
+                                      "ms", "tokens", "positions", "padding", "flops",
+                                      "syncs", "optimizer_state_bytes"}));
   EXPECT_EQ(j["step"], 7);
   EXPECT_DOUBLE_EQ(j["loss"].get<double>(), 1.5);
   EXPECT_EQ(j["tokens"], 3072);
   EXPECT_EQ(j["positions"], 4096);
   EXPECT_DOUBLE_EQ(j["padding"].get<double>(), 0.25);
+  EXPECT_EQ(j["flops"].get<double>(), 1.25e12);
+  EXPECT_FALSE(j.contains("eval_loss")) << "not an evaluated step";
+  EXPECT_EQ(step_log_line(s, true).find("eval_loss="), std::string::npos);
   EXPECT_NE(step_log_line(s, true).find(" pad=25% "), std::string::npos) << step_log_line(s, true);
   EXPECT_EQ(j["syncs"]["routing"], 4);
   EXPECT_EQ(j["syncs"]["loss"], 1);
@@ -59,6 +64,33 @@ TEST(StepJson, MfuOnAGpuStep) {
   EXPECT_DOUBLE_EQ(j["mfu"].get<double>(), 0.4567);
   EXPECT_NE(step_log_line(s, true).find(" mfu=45.7% "), std::string::npos)
       << step_log_line(s, true);
+}
+
+// An evaluated step: eval_loss, eval_tokens and eval_ms after flops, the loss exact (round trip),
+// and eval_loss= last on the step line.
+TEST(StepJson, HeldOutEvaluation) {
+  StepStats s;
+  s.step = 4;
+  s.loss = 2.5;
+  s.model_flops = 3e9;
+  s.eval = EvalStats{2.718281828459045, 2048, 2040, 12.5};
+  const nlohmann::ordered_json j = nlohmann::ordered_json::parse(step_json(s, false));
+  std::vector<std::string> keys;
+  for (auto it = j.begin(); it != j.end(); ++it) keys.push_back(it.key());
+  const auto at = std::find(keys.begin(), keys.end(), "flops");
+  ASSERT_NE(at, keys.end());
+  EXPECT_EQ(std::vector<std::string>(at, at + 4),
+            (std::vector<std::string>{"flops", "eval_loss", "eval_tokens", "eval_ms"}));
+  EXPECT_EQ(j["eval_loss"].get<double>(), 2.718281828459045);  // bitwise
+  EXPECT_EQ(j["eval_tokens"], 2048);
+  EXPECT_EQ(j["eval_ms"].get<double>(), 12.5);
+  const std::string line = step_log_line(s, false);
+  EXPECT_EQ(line.substr(line.size() - std::string(" eval_loss=2.71828").size()),
+            " eval_loss=2.71828")
+      << line;
+  // A held-out set without targets has no loss: null, as every non-finite number.
+  s.eval->loss = std::numeric_limits<double>::quiet_NaN();
+  EXPECT_TRUE(nlohmann::json::parse(step_json(s, false))["eval_loss"].is_null());
 }
 
 TEST(StepJson, NonFiniteNumbersAreNull) {
