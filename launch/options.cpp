@@ -28,7 +28,7 @@ struct RawEnums {
   std::string metadata = "cached";
   std::string routing = "bincount";
   std::string offload = "none";
-  std::string lane_arbiter = "off";
+  std::string link_arbiter = "off";
   std::string resume = "none";
   std::string window_layers = "none";
   std::string activation = "swiglu";
@@ -81,8 +81,8 @@ void parse_enums(const RawEnums& raw, TrainOptions& o) {
                                            {{"none", OffloadMode::kNone},
                                             {"single", OffloadMode::kSingle},
                                             {"double", OffloadMode::kDouble}});
-  o.offload.lane_arbiter =
-      parse_enum<bool>("lane_arbiter", raw.lane_arbiter, {{"on", true}, {"off", false}});
+  o.offload.link_arbiter =
+      parse_enum<bool>("link_arbiter", raw.link_arbiter, {{"on", true}, {"off", false}});
   o.optimizer.sharding = parse_enum<OptimizerSharding>(
       "optimizer_sharding", raw.optimizer_sharding,
       {{"none", OptimizerSharding::kNone}, {"zero1", OptimizerSharding::kZero1}});
@@ -233,16 +233,16 @@ po::options_description describe_options(TrainOptions& o, RawEnums& raw) {
       "pinned_pool_mib",
       po::value(&o.offload.pinned_pool_mib)->default_value(o.offload.pinned_pool_mib),
       "pinned host pool for offloaded block inputs in MiB (0: sized from the model and batch)")(
-      "lane_arbiter", po::value(&raw.lane_arbiter)->default_value(raw.lane_arbiter),
-      "offload copies of the ranks of a node share their host links through a lane arbiter: "
+      "link_arbiter", po::value(&raw.link_arbiter)->default_value(raw.link_arbiter),
+      "offload copies of the ranks of a node share their host links through a link arbiter: "
       "on | off (off: every rank copies on its own, the baseline)")(
-      "lane_chunk_mib",
-      po::value(&o.offload.lane_chunk_mib)->default_value(o.offload.lane_chunk_mib),
+      "link_chunk_mib",
+      po::value(&o.offload.link_chunk_mib)->default_value(o.offload.link_chunk_mib),
       "offload copies move in chunks of this many MiB, each with a grant (1 .. 4096)")(
-      "lane_inflight", po::value(&o.offload.lane_inflight)->default_value(o.offload.lane_inflight),
-      "lane_arbiter=on: chunks in flight per host link (1 .. 64)")(
+      "link_inflight", po::value(&o.offload.link_inflight)->default_value(o.offload.link_inflight),
+      "link_arbiter=on: chunks in flight per host link (1 .. 64)")(
       "pcie_groups", po::value(&o.offload.pcie_groups)->default_value(o.offload.pcie_groups),
-      "lane_arbiter=on: which node ranks share a host link: auto (grouped by their GPUs' PCIe "
+      "link_arbiter=on: which node ranks share a host link: auto (grouped by their GPUs' PCIe "
       "root ports; all on one link where one cannot be found), a list like \"0,1;2,3\", or "
       "empty (all ranks of a node on one link)")(
       "bench_warmup", po::value(&o.bench.warmup)->default_value(o.bench.warmup),
@@ -377,6 +377,18 @@ po::options_description describe_options(TrainOptions& o, RawEnums& raw) {
   return all;
 }
 
+// The link arbiter's keys under their former names: refused, naming the key to write instead, on
+// the command line and in a config file alike.
+const char* renamed_key(const std::string& key) {
+  static const std::pair<const char*, const char*> kRenamed[] = {
+      {"lane_arbiter", "link_arbiter"},
+      {"lane_chunk_mib", "link_chunk_mib"},
+      {"lane_inflight", "link_inflight"}};
+  for (const auto& [before, now] : kRenamed)
+    if (key == before) return now;
+  return nullptr;
+}
+
 // The config file: one `key = value` per line. A line whose first non-blank character is '#'
 // or ';' is a comment, and so is a blank line; everything else is taken literally: the value is
 // the rest of the line after the first '=', blanks trimmed at both ends ('#' and ';' inside a
@@ -410,6 +422,9 @@ po::parsed_options parse_ini(const std::string& text, const std::string& path,
     const std::string key = trim(t.substr(0, eq));
     const std::string value = trim(t.substr(eq + 1));
     if (key.empty()) HP_USER_ERROR(ErrorKind::kConfig, where, "no key before '='");
+    if (const char* now = renamed_key(key))
+      HP_USER_ERROR(ErrorKind::kConfig, where, "key '", key, "' is renamed to ", now, "; write ",
+                    now, " = ", value);
     if (keys.find_nothrow(key, false) == nullptr)
       HP_USER_ERROR(ErrorKind::kConfig, where, "unknown key '", key, "' (valid keys: hotpath ",
                     subcommand, " --help)");
@@ -446,6 +461,14 @@ bool parse_train_options(const std::vector<std::string>& args, const std::string
   all.add(cli).add(keys);
 
   for (const std::string& a : args) o.command_line += (o.command_line.empty() ? "" : " ") + a;
+  for (const std::string& a : args) {
+    if (a.rfind("--", 0) != 0) continue;
+    const std::string key = a.substr(2, a.find('=') == std::string::npos ? std::string::npos
+                                                                          : a.find('=') - 2);
+    if (const char* now = renamed_key(key))
+      HP_USER_ERROR(ErrorKind::kConfig, "hotpath ", subcommand, ": --", key, " is renamed to ",
+                    now, "; write --", now, "=VALUE");
+  }
   po::variables_map vm;
   try {
     const po::parsed_options parsed = po::command_line_parser(args).options(all).run();
@@ -629,7 +652,7 @@ void validate_train_options(const TrainOptions& o, int world) {
           str_cat("must be >= 0, got ", off.sim_link_gbps));
   require(off.pinned_pool_mib >= 0, "pinned_pool_mib",
           str_cat("must be >= 0 (0: automatic), got ", off.pinned_pool_mib));
-  make_lane_options(o).validate();
+  make_link_options(o).validate();
   const CheckpointOptions& ck = o.checkpoint;
   require(o.run.max_skipped_steps >= 0, "max_skipped_steps",
           str_cat("must be >= 0 (0: stop at the first skipped step), got ",
@@ -654,11 +677,11 @@ void validate_train_options(const TrainOptions& o, int world) {
           "bench_warmup must be >= 0 and bench_steps >= 1");
 }
 
-LaneOptions make_lane_options(const TrainOptions& o, const Backend* be) {
-  LaneOptions l;
-  l.enabled = o.offload.lane_arbiter;
-  l.chunk_mib = o.offload.lane_chunk_mib;
-  l.inflight = o.offload.lane_inflight;
+LinkOptions make_link_options(const TrainOptions& o, const Backend* be) {
+  LinkOptions l;
+  l.enabled = o.offload.link_arbiter;
+  l.chunk_mib = o.offload.link_chunk_mib;
+  l.inflight = o.offload.link_inflight;
   l.pcie_groups = o.offload.pcie_groups;
   // A grant that takes longer than a collective may is a stuck peer.
   l.timeout =

@@ -5,7 +5,7 @@
 // attention and expert_gemm (checked here, turned into the CUDA backend's enums in
 // framework/backend/cuda/cuda_backend.cpp), device_memory_gib (parsed and checked by
 // planned_device_bytes, launch/train/memory_plan.cpp), and the specs that their users parse:
-// data, synthetic_doc_len (framework/data), pcie_groups (parallel/lane_arbiter.cpp) and
+// data, synthetic_doc_len (framework/data), pcie_groups (parallel/link_arbiter.cpp) and
 // bootstrap (parallel/launch_env.cpp).
 #pragma once
 
@@ -19,7 +19,7 @@
 #include "framework/model/config.h"
 #include "framework/model/expert_exchange.h"
 #include "framework/model/model.h"
-#include "parallel/lane_arbiter.h"
+#include "parallel/link_arbiter.h"
 
 namespace hp {
 
@@ -99,17 +99,17 @@ struct OptimizerOptions {
   DType grad_reduce_dtype = DType::kF32;                  // key grad_reduce_dtype: fp32 | bf16
 };
 
-// Activation offload (framework/model/activation_store.h) and the lane arbiter of its copies
-// (parallel/lane_arbiter.h).
+// Activation offload (framework/model/activation_store.h) and the link arbiter of its copies
+// (parallel/link_arbiter.h).
 struct OffloadSettings {
   OffloadMode mode = OffloadMode::kNone;  // key `offload`: none | single | double
   int buffers = 2;                        // offload_buffers: device staging buffers (>= 2)
   int lookahead = 1;                      // offload_lookahead: 1 .. buffers - 1
   double sim_link_gbps = 0;     // cpu: simulated host link for offload copies, GB/s (0: off)
   int64_t pinned_pool_mib = 0;  // host pool for offloaded inputs (0: sized from model and batch)
-  bool lane_arbiter = false;    // key `lane_arbiter`: on | off (off: the baseline)
-  int64_t lane_chunk_mib = 8;   // copies move in granted chunks of this size
-  int lane_inflight = 1;        // chunks in flight per host link
+  bool link_arbiter = false;    // key `link_arbiter`: on | off (off: the baseline)
+  int64_t link_chunk_mib = 8;   // copies move in granted chunks of this size
+  int link_inflight = 1;        // chunks in flight per host link
   // "auto": ranks grouped by their GPUs' PCIe root ports; "0,1;2,3": node ranks sharing a
   // link; "": the whole node on one link.
   std::string pcie_groups = "auto";
@@ -214,8 +214,8 @@ std::vector<std::string> model_config_differences(const std::string& saved,
 // The value of `key` in a record ("" when absent).
 std::string model_config_value(const std::string& record, const std::string& key);
 
-// The lane arbiter's options from lane_arbiter, lane_chunk_mib, lane_inflight, pcie_groups; with
+// The link arbiter's options from link_arbiter, link_chunk_mib, link_inflight, pcie_groups; with
 // a backend, also this rank's host link (its device's PCIe root port, for pcie_groups=auto).
-LaneOptions make_lane_options(const TrainOptions& o, const Backend* be = nullptr);
+LinkOptions make_link_options(const TrainOptions& o, const Backend* be = nullptr);
 
 }  // namespace hp

@@ -242,8 +242,8 @@ if "pair" in sections:
             print(f"MoE exchange {r['tokens']:6d} tokens: {r['ms']:7.3f} ms, busbw {r['busbw_gbs']:6.1f} GB/s, "
                   f"{100 * r.get('vs_nccl', float('nan')):5.1f}% of NCCL's all-to-all")
     for g in ("auto", "0_1"):
-        for l in (load(f"pair_offload_{g}") or {}).get("lane", []):
-            print(f"offload pcie_groups={g} arbiter {l['lane_arbiter']:3s}: step max/min "
+        for l in (load(f"pair_offload_{g}") or {}).get("link", []):
+            print(f"offload pcie_groups={g} arbiter {l['link_arbiter']:3s}: step max/min "
                   f"{l['step_max_over_min']:.3f}, Jain {l['jain']:.4f}")
 if "node" in sections:
     j = load("node_step_120b")
@@ -251,8 +251,8 @@ if "node" in sections:
         layers = open(os.path.join(d, "node_120b_layers")).read().strip()
         print(f"\n-- GPT-OSS-120b, {layers} layers on {j['world']} GPUs: {j['tokens_per_s'] / j['world']:.0f} "
               f"tok/s/GPU, MFU {100 * j['mfu']:.1f}%")
-    for l in (load("node_offload") or {}).get("lane", []):
-        print(f"offload, every rank, arbiter {l['lane_arbiter']:3s}: step max/min {l['step_max_over_min']:.3f}, "
+    for l in (load("node_offload") or {}).get("link", []):
+        print(f"offload, every rank, arbiter {l['link_arbiter']:3s}: step max/min {l['step_max_over_min']:.3f}, "
               f"Jain {l['jain']:.4f}")
 PY
 exit $failed

@@ -6,8 +6,8 @@
 // counting one sync of its SyncCause (metadata, routing, offload, loss, other) in syncs():
 // read_to_host, synchronize, event_synchronize, rebuild_metadata (reads max_seqlen back) and
 // profile_end (waits for the profiled work). Which of them a training step makes:
-// docs/design.md, "The sync budget of one training step". Under a copy arbiter the driving
-// thread may also wait for a copy-stream event to be issued (set_copy_arbiter); that waits for
+// docs/design.md, "The sync budget of one training step". Under a link arbiter the driving
+// thread may also wait for a copy-stream event to be issued (set_link_arbiter); that waits for
 // no device work and counts none.
 //
 // Conventions for every op below:
@@ -39,8 +39,8 @@
 
 namespace hp {
 
-class CopyArbiter;         // framework/backend/copy_arbiter.h
-enum class CopyDirection;  // framework/backend/copy_arbiter.h
+class LinkArbiter;         // framework/backend/link_arbiter.h
+enum class CopyDirection;  // framework/backend/link_arbiter.h
 
 // The device-resident view of a PackedBatch, uploaded once per batch (no sync) and read by every
 // layer.
@@ -183,7 +183,7 @@ class Backend {
   // While an arbiter is set, only copies and events may go on the copy stream. Setting one
   // (or null, to detach) first waits until the copy stream's work has been issued and has
   // completed; the arbiter must stay alive until it is detached or the backend is destroyed.
-  virtual void set_copy_arbiter(CopyArbiter* arbiter) {}
+  virtual void set_link_arbiter(LinkArbiter* arbiter) {}
   // copy(), labelled with the direction it crosses the host link in (kReload: host -> device):
   // the label an arbiter grants its chunks under. A plain copy() on the copy stream counts as a
   // reload when its destination is device memory, else as an offload (on the cpu backend, whose

@@ -4,7 +4,7 @@
 #include <limits>
 #include <vector>
 
-#include "framework/backend/copy_arbiter.h"
+#include "framework/backend/link_arbiter.h"
 #include "framework/core/log.h"
 
 namespace hp {

@@ -27,8 +27,8 @@
 // compute stream with an event, so the caching allocator's stream-ordered reuse stays safe.
 //
 // Host link: offloads go over it as CopyDirection::kOffload copies, reloads as kReload
-// (Backend::copy_over_link), so a copy arbiter attached to the backend (Backend::set_copy_arbiter,
-// the node lane arbiter of parallel/lane_arbiter.h) grants them chunk by chunk, reloads first,
+// (Backend::copy_over_link), so a link arbiter attached to the backend (Backend::set_link_arbiter,
+// the node link arbiter of parallel/link_arbiter.h) grants them chunk by chunk, reloads first,
 // without the store or its host thread waiting for grants.
 //
 // Memory: host copies go to one host pool (pinned on the GPU) allocated at the first step, sized

@@ -7,11 +7,11 @@
 #include <string>
 #include <vector>
 
-#include "framework/backend/copy_arbiter.h"
+#include "framework/backend/link_arbiter.h"
 #include "framework/model/activation_store.h"
 #include "launch/bench/bench_util.h"
 #include "launch/json.h"
-#include "parallel/lane_arbiter.h"
+#include "parallel/link_arbiter.h"
 
 namespace hp {
 namespace {
@@ -58,26 +58,26 @@ std::pair<double, double> time_copies(Backend& be, const Shape& shape, int block
 }
 
 // One rank's side of the arbiter comparison: its median step and copy rate.
-struct LaneRun {
+struct LinkRun {
   std::string name;                       // "off" | "on"
-  std::string arbiter;                    // what make_copy_arbiter gave: "local" | "node"
+  std::string arbiter;                    // what make_link_arbiter gave: "local" | "node"
   std::vector<double> ms, gbps, wait_ms;  // per world rank (medians over the timed steps)
   std::vector<double> bytes;              // per world rank, of the last timed step
 };
 
 // Every rank offloads at once (offload=double, the ring's first variant): timed steps start
 // together after a world barrier. Per rank: the median step time, the median achieved copy
-// rate (CopyArbiterStats::achieved_gbps: bytes over first request to last release) and grant
+// rate (LinkArbiterStats::achieved_gbps: bytes over first request to last release) and grant
 // wait; gathered over the world by summing per-rank slots.
-LaneRun run_lane_variant(Backend& be, Model& model, const BatchMeta& meta, double scale,
+LinkRun run_link_variant(Backend& be, Model& model, const BatchMeta& meta, double scale,
                          const TrainOptions& o, const RankContext& ctx, bool on, int64_t reps) {
-  LaneOptions lo = make_lane_options(o, &be);
+  LinkOptions lo = make_link_options(o, &be);
   lo.enabled = on;
-  std::unique_ptr<CopyArbiter> arb = make_copy_arbiter(*ctx.groups.node, lo);
-  be.set_copy_arbiter(arb.get());
-  LaneRun r;
+  std::unique_ptr<LinkArbiter> arb = make_link_arbiter(*ctx.groups.node, lo);
+  be.set_link_arbiter(arb.get());
+  LinkRun r;
   r.name = on ? "on" : "off";
-  r.arbiter = dynamic_cast<NodeLaneArbiter*>(arb.get()) ? "node" : "local";
+  r.arbiter = dynamic_cast<NodeLinkArbiter*>(arb.get()) ? "node" : "local";
   for (int64_t i = 0; i < std::max<int64_t>(1, o.bench.warmup); ++i) {
     model.zero_grads();
     model.forward_backward(meta, scale);
@@ -90,12 +90,12 @@ LaneRun run_lane_variant(Backend& be, Model& model, const BatchMeta& meta, doubl
     ctx.groups.world->barrier();
     arb->begin_step();
     ms.push_back(time_ms(be, [&] { model.forward_backward(meta, scale); }));
-    const CopyArbiterStats st = arb->stats();
+    const LinkArbiterStats st = arb->stats();
     gbps.push_back(st.achieved_gbps());
     wait.push_back(1e3 * (st.wait_s[0] + st.wait_s[1]));
     bytes = static_cast<double>(st.bytes[0] + st.bytes[1]);
   }
-  be.set_copy_arbiter(nullptr);
+  be.set_link_arbiter(nullptr);
   const int w = ctx.world(), me = ctx.rank();
   Tensor all = Tensor::host({4 * w}, DType::kF64);
   double* a = all.data<double>();
@@ -174,14 +174,14 @@ int run_bench_offload(const TrainOptions& o, const RankContext& ctx) {
   const double moved = block_bytes * blocks;
   const double t_copy = copy_ms.first + copy_ms.second;
   const double t_none = vs[0].ms;
-  // Ranks sharing host links: the same offloading step with the lane arbiter off, then on.
-  std::vector<LaneRun> lanes;
+  // Ranks sharing host links: the same offloading step with the link arbiter off, then on.
+  std::vector<LinkRun> link_runs;
   std::string links;  // the node's links as pcie_groups resolves them
   if (ctx.world() > 1) {
-    links = resolve_pcie_groups(*ctx.groups.node, make_lane_options(o, be.get()));
+    links = resolve_pcie_groups(*ctx.groups.node, make_link_options(o, be.get()));
     model.set_offload(vs[2].opts);
     for (bool on : {false, true})
-      lanes.push_back(run_lane_variant(*be, model, meta, scale, o, ctx, on, reps));
+      link_runs.push_back(run_link_variant(*be, model, meta, scale, o, ctx, on, reps));
   }
   if (ctx.rank() != 0) return 0;
 
@@ -230,16 +230,16 @@ int run_bench_offload(const TrainOptions& o, const RankContext& ctx) {
                                 {"device_bytes", json_number(dev)}});
   }
   std::printf("double L=1 vs single: %.2f%% faster step\n", 100.0 * (vs[1].ms / vs[2].ms - 1.0));
-  if (!lanes.empty()) {
+  if (!link_runs.empty()) {
     std::printf(
-        "lane arbiter off vs on: %d ranks offloading at once (double L=1), chunk %lld MiB, "
+        "link arbiter off vs on: %d ranks offloading at once (double L=1), chunk %lld MiB, "
         "inflight %d, pcie_groups='%s' (links: %s)%s\n",
-        ctx.world(), static_cast<long long>(o.offload.lane_chunk_mib), o.offload.lane_inflight,
+        ctx.world(), static_cast<long long>(o.offload.link_chunk_mib), o.offload.link_inflight,
         o.offload.pcie_groups.c_str(), links.empty() ? "every node rank on one" : links.c_str(),
         be->device() == Device::kCPU ? " (cpu: each rank simulates its own link)" : "");
-    std::printf("%-5s %-6s %5s %10s %10s %10s %10s\n", "lane", "grants", "rank", "step ms",
+    std::printf("%-5s %-6s %5s %10s %10s %10s %10s\n", "link", "grants", "rank", "step ms",
                 "copy GB/s", "wait ms", "MiB");
-    for (const LaneRun& l : lanes) {
+    for (const LinkRun& l : link_runs) {
       for (int r = 0; r < ctx.world(); ++r) {
         std::printf("%-5s %-6s %5d %10.3f %10.3f %10.3f %10.2f\n", l.name.c_str(),
                     l.arbiter.c_str(), r, l.ms[static_cast<size_t>(r)],
@@ -247,16 +247,16 @@ int run_bench_offload(const TrainOptions& o, const RankContext& ctx) {
                     l.bytes[static_cast<size_t>(r)] / 1048576.0);
       }
     }
-    std::printf("%-5s %14s %16s %12s\n", "lane", "GB/s max/min", "step max/min", "jain(GB/s)");
+    std::printf("%-5s %14s %16s %12s\n", "link", "GB/s max/min", "step max/min", "jain(GB/s)");
     json["pcie_groups"] = o.offload.pcie_groups;
     json["pcie_links"] = links;
-    json["lane"] = Json::array();
-    for (size_t i = 0; i < lanes.size(); ++i) {
-      const LaneRun& l = lanes[i];
+    json["link"] = Json::array();
+    for (size_t i = 0; i < link_runs.size(); ++i) {
+      const LinkRun& l = link_runs[i];
       const double bw = max_over_min(l.gbps), spread = max_over_min(l.ms);
       const double jain = jain_fairness(l.gbps);
       std::printf("%-5s %14.3f %16.3f %12.4f\n", l.name.c_str(), bw, spread, jain);
-      json["lane"].push_back({{"lane_arbiter", l.name},
+      json["link"].push_back({{"link_arbiter", l.name},
                               {"grants", l.arbiter},
                               {"step_ms", json_numbers(l.ms)},
                               {"gbps", json_numbers(l.gbps)},

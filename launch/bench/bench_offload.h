@@ -11,8 +11,8 @@ namespace hp {
 // double with lookahead 1 and 2; the achieved D2H and H2D bandwidth of the block inputs' copies
 // alone; overlap efficiency = hidden copy time / min(T_copy, T_compute), where hidden = T_copy -
 // (T_variant - T_none); offload syncs per step; device memory held for block inputs against none.
-// On 2 or more ranks, all offloading at once (double, lookahead 1): the lane arbiter off vs on
-// (lane_chunk_mib, lane_inflight, pcie_groups): per-rank step time, achieved copy GB/s and grant
+// On 2 or more ranks, all offloading at once (double, lookahead 1): the link arbiter off vs on
+// (link_chunk_mib, link_inflight, pcie_groups): per-rank step time, achieved copy GB/s and grant
 // wait, the max/min ratios of copy rate and step time across ranks, Jain's index of the rates.
 int run_bench_offload(const TrainOptions& o, const RankContext& ctx);
 

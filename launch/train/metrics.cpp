@@ -23,7 +23,7 @@ Json syncs_json(const SyncCounter& c) {
   return j;
 }
 
-Json copies_json(const CopyArbiterStats& c) {
+Json copies_json(const LinkArbiterStats& c) {
   Json j = Json::object();
   j["arbiter"] = c.shared() ? "node" : "local";
   for (int d = 0; d < 2; ++d) {
@@ -43,12 +43,12 @@ Json copies_json(const CopyArbiterStats& c) {
   return j;
 }
 
-std::string copies_log_fields(const CopyArbiterStats& c) {
-  std::string out = str_cat(" lane_mib=r", fmt_sig(c.bytes[0] / 1048576.0, 4), "/o",
+std::string copies_log_fields(const LinkArbiterStats& c) {
+  std::string out = str_cat(" link_mib=r", fmt_sig(c.bytes[0] / 1048576.0, 4), "/o",
                             fmt_sig(c.bytes[1] / 1048576.0, 4),
-                            " lane_wait_ms=", fmt_sig(1e3 * (c.wait_s[0] + c.wait_s[1]), 3), "/max",
+                            " link_wait_ms=", fmt_sig(1e3 * (c.wait_s[0] + c.wait_s[1]), 3), "/max",
                             fmt_sig(1e3 * std::max(c.max_wait_s[0], c.max_wait_s[1]), 3),
-                            " lane_gbps=", fmt_sig(c.achieved_gbps(), 3));
+                            " link_gbps=", fmt_sig(c.achieved_gbps(), 3));
   if (c.shared()) out += " jain=" + fmt_sig(c.link_jain, 4);
   return out;
 }
@@ -99,7 +99,7 @@ std::string step_json(const StepStats& s, bool moe) {
   opt["dense"] = s.optimizer_state_bytes_dense;
   opt["expert"] = s.optimizer_state_bytes_expert;
   j["optimizer_state_bytes"] = opt;
-  if (s.copies) j["lane"] = copies_json(*s.copies);
+  if (s.copies) j["link"] = copies_json(*s.copies);
   return j.dump();
 }
 

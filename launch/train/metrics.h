@@ -6,8 +6,8 @@
 // evaluated steps eval_loss, eval_tokens and eval_ms (EvalStats), syncs {metadata, routing,
 // offload, loss, other}, optimizer_state_bytes {dense, expert} (this
 // rank's fp32 masters and AdamW moments, counted from their allocations: with
-// optimizer_sharding=zero1 its shards), and with offload a `lane` object (the copy arbiter's
-// stats, CopyArbiterStats). A step whose loss or gradient norm is not finite is
+// optimizer_sharding=zero1 its shards), and with offload a `link` object (the link arbiter's
+// stats, LinkArbiterStats). A step whose loss or gradient norm is not finite is
 // written with "finite":false and its non-finite numbers as null, so every line of the file
 // stays valid JSON. Under nonfinite=skip such a step also has "skipped":true, and every line
 // from the first skipped step on carries "skipped_steps" (the run's count so far).
@@ -18,7 +18,7 @@
 #include <optional>
 #include <string>
 
-#include "framework/backend/copy_arbiter.h"
+#include "framework/backend/link_arbiter.h"
 #include "framework/core/sync_counter.h"
 
 namespace hp {
@@ -60,15 +60,15 @@ struct StepStats {
   // Bytes of fp32 masters and AdamW moments this rank holds (dense and expert parameters).
   int64_t optimizer_state_bytes_dense = 0;
   int64_t optimizer_state_bytes_expert = 0;
-  // The offload copies of this rank through the copy arbiter over the step (offload != none).
-  std::optional<CopyArbiterStats> copies;
+  // The offload copies of this rank through the link arbiter over the step (offload != none).
+  std::optional<LinkArbiterStats> copies;
   // eval_data: the held-out loss of the parameters after this step's update, on the steps that
   // evaluate (eval_every, and the last step of the run). Its time is not in `ms`.
   std::optional<EvalStats> eval;
 };
 
 // The step line of the log: "step=3 loss=... lr=... grad_norm=... tok/s=... pad=P% ms=...
-// syncs=N" (tok/s: document tokens; + aux_loss for MoE, + mfu=P% on a GPU, + the copy arbiter's
+// syncs=N" (tok/s: document tokens; + aux_loss for MoE, + mfu=P% on a GPU, + the link arbiter's
 // compact fields with offload, + eval_loss=X on evaluated steps, last).
 std::string step_log_line(const StepStats& s, bool moe);
 

@@ -14,7 +14,7 @@
 #include "launch/train/fault_injection.h"
 #include "launch/train/memory_plan.h"
 #include "launch/train/preemption.h"
-#include "parallel/lane_arbiter.h"
+#include "parallel/link_arbiter.h"
 #include "parallel/moe_exchange.h"
 #if HOTPATH_HAVE_CUDA
 #include "framework/backend/cuda/cuda_backend.h"
@@ -81,10 +81,10 @@ Trainer::Trainer(const TrainOptions& o, const RankContext& ctx)
     exchange = std::make_shared<CommExpertExchange>(tensor_groups.ep, tensor_groups.world);
   model_ = std::make_unique<Model>(o_.model, make_model_options(o_), *be_, exchange);
   if (o_.offload.mode != OffloadMode::kNone) {
-    // Over the ranks of this host (collective over the node group); lane_arbiter=off gives a
+    // Over the ranks of this host (collective over the node group); link_arbiter=off gives a
     // local arbiter that grants at once but still counts the copies for the step stats.
-    copy_arbiter_ = make_copy_arbiter(*ctx_.groups.node, make_lane_options(o_, be_.get()));
-    be_->set_copy_arbiter(copy_arbiter_.get());
+    link_arbiter_ = make_link_arbiter(*ctx_.groups.node, make_link_options(o_, be_.get()));
+    be_->set_link_arbiter(link_arbiter_.get());
   }
   model_->init_params(o_.run.seed);
   // zero1: each rank keeps the masters and moments of its shard only (parallel/zero1.h).
@@ -162,7 +162,7 @@ StepStats Trainer::step() {
   StepStats st;
   st.step = step_ + 1;
   maybe_inject_step_fault(ctx_.rank(), st.step, o_.parallel.collective_timeout_s);
-  if (copy_arbiter_) copy_arbiter_->begin_step();
+  if (link_arbiter_) link_arbiter_->begin_step();
 
   // ---- batch: this rank's rows of global batch `step`, metadata uploaded once ----
   // The loss is a mean over the global batch: the count of valid targets is summed over ranks
@@ -318,7 +318,7 @@ StepStats Trainer::step() {
   st.optimizer_state_bytes_expert = state_bytes_.expert;
   // Every copy of the step has completed (backward waited for the last reload, which follows
   // the step's offloads on the copy stream) and released its grants.
-  if (copy_arbiter_) st.copies = copy_arbiter_->stats();
+  if (link_arbiter_) st.copies = link_arbiter_->stats();
   st.ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
   st.tokens_per_s = st.tokens / (st.ms / 1000.0);
   st.padding = st.positions > 0 ? 1.0 - static_cast<double>(st.tokens) / st.positions : 0.0;
@@ -354,14 +354,14 @@ void log_run_header(const TrainOptions& o, const RankContext& ctx, Trainer& trai
            o.optimizer.sharding == OptimizerSharding::kZero1 ? "zero1" : "none",
            " grad_reduce_dtype=", o.optimizer.grad_reduce_dtype == DType::kBF16 ? "bf16" : "fp32",
            " masters+moments on this rank: dense=", sb.dense, " B expert=", sb.expert, " B");
-  if (CopyArbiter* a = trainer.copy_arbiter()) {
-    const CopyArbiterStats s = a->stats();
+  if (LinkArbiter* a = trainer.link_arbiter()) {
+    const LinkArbiterStats s = a->stats();
     std::string link;
     for (int r : s.link_ranks) link += (link.empty() ? "" : ",") + std::to_string(r);
     log_info(
-        "offload copies: lane_arbiter=", s.shared() || o.offload.lane_arbiter ? "on" : "off",
+        "offload copies: link_arbiter=", s.shared() || o.offload.link_arbiter ? "on" : "off",
         s.shared() ? "" : " (local grants)", " chunk=", a->chunk_bytes() >> 20, " MiB",
-        s.shared() ? str_cat(" inflight=", o.offload.lane_inflight, " link ranks=", link) : "");
+        s.shared() ? str_cat(" inflight=", o.offload.link_inflight, " link ranks=", link) : "");
   }
   log_info(trainer.loader().describe(), " seq_len=", o.data.seq_len,
            " batch_tokens=", o.data.batch_tokens, " steps=", o.run.steps);

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "framework/backend/backend.h"
-#include "framework/backend/copy_arbiter.h"
+#include "framework/backend/link_arbiter.h"
 #include "framework/data/loader.h"
 #include "framework/model/model.h"
 #include "launch/options.h"
@@ -37,7 +37,7 @@ class Trainer {
   Backend& backend() { return *be_; }
   DataLoader& loader() { return *loader_; }
   // The arbiter of the offload copies (null with offload=none).
-  CopyArbiter* copy_arbiter() { return copy_arbiter_.get(); }
+  LinkArbiter* link_arbiter() { return link_arbiter_.get(); }
   int64_t steps_done() const { return step_; }
   // This rank's fp32 masters and AdamW moments (shards with optimizer_sharding=zero1).
   const OptimizerStateBytes& optimizer_state_bytes() const { return state_bytes_; }
@@ -71,7 +71,7 @@ class Trainer {
   TrainOptions o_;
   RankContext ctx_;
   // Declared before be_: the backend keeps a pointer to it until the backend is gone.
-  std::unique_ptr<CopyArbiter> copy_arbiter_;
+  std::unique_ptr<LinkArbiter> link_arbiter_;
   std::unique_ptr<Backend> be_;
   std::unique_ptr<Model> model_;
   std::unique_ptr<DataLoader> loader_;

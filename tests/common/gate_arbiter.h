@@ -1,4 +1,4 @@
-// A copy arbiter for tests that grants nothing until opened: shows which thread waits for
+// A link arbiter for tests that grants nothing until opened: shows which thread waits for
 // grants, and counts what was requested and released. Shared by the CPU and CUDA offload tests.
 #pragma once
 
@@ -7,42 +7,42 @@
 #include <mutex>
 #include <vector>
 
-#include "framework/backend/copy_arbiter.h"
+#include "framework/backend/link_arbiter.h"
 
 namespace hp::test {
 
-class GateArbiter final : public CopyArbiter {
+class GateArbiter final : public LinkArbiter {
  public:
   explicit GateArbiter(int64_t chunk) : chunk_(chunk) {}
   int64_t chunk_bytes() const override { return chunk_; }
-  CopyTicket request(CopyDirection dir, int64_t bytes) override {
+  LinkTicket request(CopyDirection dir, int64_t bytes) override {
     std::lock_guard<std::mutex> lock(mu_);
-    CopyTicket t;
+    LinkTicket t;
     t.dir = dir;
     t.bytes = bytes;
     t.index = ++requested_;
     dirs_.push_back(dir);
     return t;
   }
-  bool granted(CopyTicket& t) override {
+  bool granted(LinkTicket& t) override {
     std::lock_guard<std::mutex> lock(mu_);
     if (open_) t.grant_seq = t.index;
     return open_;
   }
-  void wait(CopyTicket& t) override {
+  void wait(LinkTicket& t) override {
     std::unique_lock<std::mutex> lock(mu_);
     ++waiting_;
     cv_.notify_all();
     cv_.wait(lock, [&] { return open_; });
     t.grant_seq = t.index;
   }
-  void release(CopyTicket& t) override {
+  void release(LinkTicket& t) override {
     std::lock_guard<std::mutex> lock(mu_);
     ++released_;
     released_bytes_ += t.bytes;
   }
   void begin_step() override {}
-  CopyArbiterStats stats() const override { return CopyArbiterStats(); }
+  LinkArbiterStats stats() const override { return LinkArbiterStats(); }
 
   void open() {
     std::lock_guard<std::mutex> lock(mu_);

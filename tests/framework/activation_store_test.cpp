@@ -2,7 +2,7 @@
 // simulated link: losses and gradients bitwise identical for offload none / single / double,
 // both fallbacks (pageable host memory, chunked reloads), no offload syncs in the steady state,
 // reloads never reading a host copy before its offload finished, and the copy queue's events.
-// With a copy arbiter on the backend: the same bits, every chunk granted and counted, and grant
+// With a link arbiter on the backend: the same bits, every chunk granted and counted, and grant
 // waits on the copy worker, never on the host thread.
 #include "framework/model/activation_store.h"
 
@@ -14,7 +14,7 @@
 #include <mutex>
 #include <thread>
 
-#include "framework/backend/copy_arbiter.h"
+#include "framework/backend/link_arbiter.h"
 #include "framework/backend/cpu/cpu_copy_queue.h"
 #include "framework/core/error.h"
 #include "framework/data/loader.h"
@@ -70,13 +70,13 @@ struct Outcome {
   std::vector<uint32_t> bits;
   OffloadStats stats;  // of the last step
   int64_t last_step_offload_syncs = 0;
-  CopyArbiterStats copies;  // the arbiter's, of the last step
+  LinkArbiterStats copies;  // the arbiter's, of the last step
 };
 
 Outcome run_steps(const ModelConfig& cfg, const OffloadOptions& off, int steps = 2,
-                  CopyArbiter* arbiter = nullptr) {
+                  LinkArbiter* arbiter = nullptr) {
   auto be = make_cpu_backend(DType::kF32);
-  if (arbiter) be->set_copy_arbiter(arbiter);
+  if (arbiter) be->set_link_arbiter(arbiter);
   ModelOptions mo;
   mo.checkpoint_activations = true;
   mo.offload = off;
@@ -273,7 +273,7 @@ TEST(ActivationStore, OptionsNameTheKey) {
 TEST(CpuCopyStream, EventsCompleteWhenTheQueueReachesThem) {
   auto be = make_cpu_backend(DType::kF32);
   test::GateArbiter gate(int64_t{1} << 20);
-  be->set_copy_arbiter(&gate);
+  be->set_link_arbiter(&gate);
   Tensor src = be->empty({10000}, DType::kF32);
   fill_block(src, 3);
   Tensor dst = Tensor::host({10000}, DType::kF32);
@@ -295,7 +295,7 @@ TEST(CpuCopyStream, EventsCompleteWhenTheQueueReachesThem) {
   EXPECT_EQ(be->syncs().total(), 0);
   be->event_synchronize(*done, SyncCause::kOffload);
   EXPECT_EQ(be->syncs().get(SyncCause::kOffload), 1);
-  be->set_copy_arbiter(nullptr);
+  be->set_link_arbiter(nullptr);
   // Compute-stream events are complete when recorded; synchronize drains the copy queue.
   be->set_simulated_link_gbps(0);
   be->set_stream(SK::kCopy);
@@ -336,7 +336,7 @@ TEST(ActivationStoreArbiter, LocalArbiterChangesNoBitsAndGrantsEveryChunk) {
   const ModelConfig cfg = moe_config();
   for (OffloadMode m : {OffloadMode::kSingle, OffloadMode::kDouble}) {
     const Outcome plain = run_steps(cfg, offload(m));
-    LocalCopyArbiter arbiter(1000);
+    LocalLinkArbiter arbiter(1000);
     const Outcome on = run_steps(cfg, offload(m), 2, &arbiter);
     expect_same_bits(plain, on, offload_mode_name(m));
     EXPECT_EQ(on.last_step_offload_syncs, 0) << offload_mode_name(m);
@@ -361,7 +361,7 @@ TEST(ActivationStoreArbiter, ChunkedReloadFallbackWithArbiter) {
   OffloadOptions o = offload(OffloadMode::kDouble);
   o.staging_bytes = 3000;
   const Outcome plain = run_steps(cfg, o);
-  LocalCopyArbiter arbiter(1024);
+  LocalLinkArbiter arbiter(1024);
   const Outcome on = run_steps(cfg, o, 2, &arbiter);
   expect_same_bits(plain, on, "chunked reloads");
   EXPECT_GT(on.stats.chunked_blocks, 0);
@@ -378,7 +378,7 @@ TEST(ActivationStoreArbiter, ChunkedReloadFallbackWithArbiter) {
 TEST(ActivationStoreArbiter, HostThreadNeverWaitsForAGrant) {
   test::GateArbiter gate(1024);
   auto be = make_cpu_backend(DType::kF32);
-  be->set_copy_arbiter(&gate);
+  be->set_link_arbiter(&gate);
   Tensor src = Tensor::host({1000}, DType::kF32);
   Tensor dst = Tensor::host({1000}, DType::kF32);
   for (int i = 0; i < 1000; ++i) {
@@ -404,30 +404,30 @@ TEST(ActivationStoreArbiter, HostThreadNeverWaitsForAGrant) {
   ASSERT_EQ(dirs.size(), 8u);
   EXPECT_EQ(dirs.front(), CopyDirection::kReload);
   EXPECT_EQ(dirs.back(), CopyDirection::kOffload);
-  be->set_copy_arbiter(nullptr);
+  be->set_link_arbiter(nullptr);
 }
 
 // A grant that never comes (a stuck peer) fails the copy stream with the arbiter's error.
-class FailingArbiter final : public CopyArbiter {
+class FailingArbiter final : public LinkArbiter {
  public:
   int64_t chunk_bytes() const override { return 1 << 20; }
-  CopyTicket request(CopyDirection dir, int64_t bytes) override {
-    CopyTicket t;
+  LinkTicket request(CopyDirection dir, int64_t bytes) override {
+    LinkTicket t;
     t.dir = dir;
     t.bytes = bytes;
     return t;
   }
-  bool granted(CopyTicket&) override { return false; }
-  void wait(CopyTicket&) override { HP_FAIL(ErrorKind::kComm, "grant not received (test)"); }
-  void release(CopyTicket&) override {}
+  bool granted(LinkTicket&) override { return false; }
+  void wait(LinkTicket&) override { HP_FAIL(ErrorKind::kComm, "grant not received (test)"); }
+  void release(LinkTicket&) override {}
   void begin_step() override {}
-  CopyArbiterStats stats() const override { return CopyArbiterStats(); }
+  LinkArbiterStats stats() const override { return LinkArbiterStats(); }
 };
 
 TEST(ActivationStoreArbiter, ArbiterFailureReachesTheHostThread) {
   FailingArbiter failing;  // outlives the backend that points to it
   auto be = make_cpu_backend(DType::kF32);
-  be->set_copy_arbiter(&failing);
+  be->set_link_arbiter(&failing);
   Tensor src = Tensor::host({16}, DType::kF32), dst = Tensor::host({16}, DType::kF32);
   be->set_stream(SK::kCopy);
   be->copy_over_link(src, dst, CopyDirection::kOffload);

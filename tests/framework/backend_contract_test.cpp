@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "framework/backend/backend.h"
-#include "framework/backend/copy_arbiter.h"
+#include "framework/backend/link_arbiter.h"
 #include "framework/core/error.h"
 
 namespace hp {

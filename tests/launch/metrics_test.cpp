@@ -111,7 +111,7 @@ TEST(StepJson, NonFiniteNumbersAreNull) {
 
 TEST(StepJson, CopyArbiterStatsOfASharedLink) {
   StepStats s;
-  CopyArbiterStats c;
+  LinkArbiterStats c;
   c.bytes[0] = 3 << 20;
   c.bytes[1] = 1 << 20;
   c.chunks[0] = 3;
@@ -121,17 +121,17 @@ TEST(StepJson, CopyArbiterStatsOfASharedLink) {
   c.link_jain = 1.0;
   s.copies = c;
   const nlohmann::json j = nlohmann::json::parse(step_json(s, false));
-  ASSERT_TRUE(j.contains("lane"));
-  EXPECT_EQ(j["lane"]["arbiter"], "node");
-  EXPECT_EQ(j["lane"]["reload_bytes"], 3 << 20);
-  EXPECT_EQ(j["lane"]["offload_chunks"], 1);
-  EXPECT_EQ(j["lane"]["link_ranks"], nlohmann::json({0, 1}));
-  EXPECT_EQ(j["lane"]["jain"], 1.0);
+  ASSERT_TRUE(j.contains("link"));
+  EXPECT_EQ(j["link"]["arbiter"], "node");
+  EXPECT_EQ(j["link"]["reload_bytes"], 3 << 20);
+  EXPECT_EQ(j["link"]["offload_chunks"], 1);
+  EXPECT_EQ(j["link"]["link_ranks"], nlohmann::json({0, 1}));
+  EXPECT_EQ(j["link"]["jain"], 1.0);
   s.copies->link_ranks.clear();
   const nlohmann::json local = nlohmann::json::parse(step_json(s, false));
-  EXPECT_EQ(local["lane"]["arbiter"], "local");
-  EXPECT_FALSE(local["lane"].contains("jain"));
-  EXPECT_NE(step_log_line(s, false).find(" lane_mib=r3/o1"), std::string::npos)
+  EXPECT_EQ(local["link"]["arbiter"], "local");
+  EXPECT_FALSE(local["link"].contains("jain"));
+  EXPECT_NE(step_log_line(s, false).find(" link_mib=r3/o1"), std::string::npos)
       << step_log_line(s, false);
 }
 

@@ -350,7 +350,7 @@ class CpuBackend final : public Backend {
 
   void set_simulated_link_gbps(double gbps) override { copy_queue_.set_link_gbps(gbps); }
   // The copy worker asks for the grants: the host thread never waits for one.
-  void set_copy_arbiter(CopyArbiter* arbiter) override { copy_queue_.set_arbiter(arbiter); }
+  void set_link_arbiter(LinkArbiter* arbiter) override { copy_queue_.set_arbiter(arbiter); }
 
   // ---- packed batch metadata ------------------------------------------------------------------
 

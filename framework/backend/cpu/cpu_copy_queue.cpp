@@ -22,7 +22,7 @@ void CpuCopyQueue::set_link_gbps(double gbps) {
   gbps_ = gbps;
 }
 
-void CpuCopyQueue::set_arbiter(CopyArbiter* arbiter) {
+void CpuCopyQueue::set_arbiter(LinkArbiter* arbiter) {
   // Chunks of queued copies are released to the arbiter that granted them.
   drain();
   std::lock_guard<std::mutex> lock(mu_);
@@ -66,13 +66,13 @@ void CpuCopyQueue::wait(uint64_t ticket) {
   rethrow_locked();
 }
 
-void CpuCopyQueue::move(const Task& t, double gbps, CopyArbiter* arbiter) {
+void CpuCopyQueue::move(const Task& t, double gbps, LinkArbiter* arbiter) {
   const int64_t bytes = static_cast<int64_t>(t.src.nbytes());
   const bool same = t.src.raw() == t.dst.raw();
   const int64_t step = arbiter ? arbiter->chunk_bytes() : std::max<int64_t>(bytes, 1);
   for (int64_t off = 0; off < bytes; off += step) {
     const int64_t n = std::min(step, bytes - off);
-    CopyTicket grant;
+    LinkTicket grant;
     if (arbiter) {
       grant = arbiter->request(t.dir, n);
       arbiter->wait(grant);
@@ -102,7 +102,7 @@ void CpuCopyQueue::run() {
     Task t = std::move(tasks_.front());
     tasks_.pop_front();
     const double gbps = gbps_;
-    CopyArbiter* arbiter = arbiter_;
+    LinkArbiter* arbiter = arbiter_;
     const bool failed = error_ != nullptr;
     lock.unlock();
     std::exception_ptr error;

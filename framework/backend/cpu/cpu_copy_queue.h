@@ -5,7 +5,7 @@
 // Tickets stand for positions in the queue: enqueue_copy returns the ticket of its copy;
 // ticket t is complete once every entry up to and including t has run. Ticket 0 is always
 // complete. The queue keeps the storages of queued copies alive until they have run.
-// With a copy arbiter (set_arbiter), the worker cuts each copy into chunks of the arbiter's
+// With a link arbiter (set_arbiter), the worker cuts each copy into chunks of the arbiter's
 // chunk size and moves a chunk only with a grant of the copy's direction, releasing it once the
 // chunk is done (after its simulated link time): grant waits happen on the worker, never on the
 // enqueuing thread. An arbiter error (a grant timeout) fails the queue: the entries still
@@ -22,7 +22,7 @@
 #include <mutex>
 #include <thread>
 
-#include "framework/backend/copy_arbiter.h"
+#include "framework/backend/link_arbiter.h"
 #include "framework/core/tensor.h"
 
 namespace hp {
@@ -38,7 +38,7 @@ class CpuCopyQueue {
   void set_link_gbps(double gbps);
   // Null: copies move whole, ungranted. Drains the queue first; the arbiter must outlive its
   // use (until replaced or the queue is destroyed).
-  void set_arbiter(CopyArbiter* arbiter);
+  void set_arbiter(LinkArbiter* arbiter);
   // Copies src's bytes to dst (same byte count, host memory) after every earlier entry; `dir`
   // is the direction grants are asked for under an arbiter.
   uint64_t enqueue_copy(const Tensor& src, const Tensor& dst,
@@ -58,7 +58,7 @@ class CpuCopyQueue {
   };
   void run();
   // Moves `t` (worker only, without the lock): whole, or chunk by chunk with grants.
-  void move(const Task& t, double gbps, CopyArbiter* arbiter);
+  void move(const Task& t, double gbps, LinkArbiter* arbiter);
   void rethrow_locked() const;
 
   mutable std::mutex mu_;
@@ -67,7 +67,7 @@ class CpuCopyQueue {
   uint64_t issued_ = 0;
   uint64_t completed_ = 0;
   double gbps_ = 0;
-  CopyArbiter* arbiter_ = nullptr;
+  LinkArbiter* arbiter_ = nullptr;
   std::exception_ptr error_;  // the first arbiter failure; fails the queue from then on
   bool stop_ = false;
   std::thread worker_;                               // started by the first copy

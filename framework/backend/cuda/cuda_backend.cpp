@@ -16,7 +16,6 @@
 #include <thread>
 #include <vector>
 
-#include "framework/backend/copy_arbiter.h"
 #include "framework/backend/cuda/cuda_allocator.h"
 #include "framework/backend/cuda/cuda_check.h"
 #include "framework/backend/cuda/cuda_kernels.h"
@@ -24,6 +23,7 @@
 #include "framework/backend/cuda/cudnn_attention.h"
 #include "framework/backend/cuda/lt_gemm.h"
 #include "framework/backend/cuda/mark_written.h"
+#include "framework/backend/link_arbiter.h"
 
 namespace hp {
 
@@ -220,10 +220,10 @@ class CudaBackend final : public Backend {
     stop_issuer();
     for (cudaStream_t s : streams_) cudaStreamSynchronize(s);
     cublasDestroy(cublas_);
-    for (Lane& l : lanes_) {
-      if (l.stream) cudaStreamSynchronize(l.stream);
-      if (l.stream) cudaStreamDestroy(l.stream);
-      if (l.done) cudaEventDestroy(l.done);
+    for (SideStream& ss : side_streams_) {
+      if (ss.stream) cudaStreamSynchronize(ss.stream);
+      if (ss.stream) cudaStreamDestroy(ss.stream);
+      if (ss.done) cudaEventDestroy(ss.done);
     }
     if (fork_) cudaEventDestroy(fork_);
     for (cudaStream_t s : streams_) cudaStreamDestroy(s);
@@ -383,7 +383,7 @@ class CudaBackend final : public Backend {
     enqueue_issue(IssueOp::kCopy, src, dst, dir);
   }
 
-  void set_copy_arbiter(CopyArbiter* arbiter) override {
+  void set_link_arbiter(LinkArbiter* arbiter) override {
     if (arbiter == arbiter_) return;
     // Every chunk of the old arbiter has been issued and (its release callback having run once
     // the copy stream is idle) released before the new one takes over.
@@ -614,41 +614,42 @@ class CudaBackend final : public Backend {
     if (options_.expert_gemm == ExpertGemmImpl::kGrouped &&
         cublas_grouped(ps, dims, trans_a, trans_b, beta))
       return;
-    gemm_group_on_lanes(ps, dims, trans_a, trans_b, beta);
+    gemm_group_on_side_streams(ps, dims, trans_a, trans_b, beta);
   }
 
-  // The problems of a group spread round-robin over the compute stream and kGemmLanes - 1 side
+  // The problems of a group spread round-robin over the compute stream and kGemmStreams - 1 side
   // streams forked from it and joined back, so the partial last wave of one product overlaps the
-  // next. Each lane has its own cuBLASLt workspace; a product cuBLASLt cannot take runs on the
-  // compute stream after the join.
-  void gemm_group_on_lanes(const std::vector<GemmProblem>& ps, const std::vector<GemmDims>& dims,
-                           bool trans_a, bool trans_b, double beta) {
-    if (!lanes_[0].stream) {
-      for (Lane& l : lanes_) {
-        CUDA_CHECK(cudaStreamCreateWithFlags(&l.stream, cudaStreamNonBlocking));
-        CUDA_CHECK(cudaEventCreateWithFlags(&l.done, cudaEventDisableTiming));
-        l.workspace = new_cublas_workspace();
+  // next. Each side stream has its own cuBLASLt workspace; a product cuBLASLt cannot take runs on
+  // the compute stream after the join.
+  void gemm_group_on_side_streams(const std::vector<GemmProblem>& ps,
+                                  const std::vector<GemmDims>& dims, bool trans_a, bool trans_b,
+                                  double beta) {
+    if (!side_streams_[0].stream) {
+      for (SideStream& ss : side_streams_) {
+        CUDA_CHECK(cudaStreamCreateWithFlags(&ss.stream, cudaStreamNonBlocking));
+        CUDA_CHECK(cudaEventCreateWithFlags(&ss.done, cudaEventDisableTiming));
+        ss.workspace = new_cublas_workspace();
       }
       CUDA_CHECK(cudaEventCreateWithFlags(&fork_, cudaEventDisableTiming));
     }
     const cudaStream_t main = cur_stream();
     CUDA_CHECK(cudaEventRecord(fork_, main));
-    for (Lane& l : lanes_) CUDA_CHECK(cudaStreamWaitEvent(l.stream, fork_, 0));
+    for (SideStream& ss : side_streams_) CUDA_CHECK(cudaStreamWaitEvent(ss.stream, fork_, 0));
     std::vector<size_t> later;
     for (size_t i = 0; i < ps.size(); ++i) {
       const GemmProblem& p = ps[i];
       if (dims[i].m == 0 || dims[i].n == 0) continue;
-      const size_t lane = i % kGemmLanes;
-      const cudaStream_t s = lane == 0 ? main : lanes_[lane - 1].stream;
-      const Tensor& ws = lane == 0 ? cublas_workspace_ : lanes_[lane - 1].workspace;
+      const size_t which = i % kGemmStreams;
+      const cudaStream_t s = which == 0 ? main : side_streams_[which - 1].stream;
+      const Tensor& ws = which == 0 ? cublas_workspace_ : side_streams_[which - 1].workspace;
       Tensor c = p.c;
       if (!lt_gemm(p.a, trans_a, p.b, trans_b, c, dims[i], 1.f, static_cast<float>(beta),
                    p.bias.defined() ? &p.bias : nullptr, s, ws, false))
         later.push_back(i);
     }
-    for (Lane& l : lanes_) {
-      CUDA_CHECK(cudaEventRecord(l.done, l.stream));
-      CUDA_CHECK(cudaStreamWaitEvent(main, l.done, 0));
+    for (SideStream& ss : side_streams_) {
+      CUDA_CHECK(cudaEventRecord(ss.done, ss.stream));
+      CUDA_CHECK(cudaStreamWaitEvent(main, ss.done, 0));
     }
     for (size_t i : later) {
       const GemmProblem& p = ps[i];
@@ -1120,7 +1121,7 @@ class CudaBackend final : public Backend {
   struct CudaEvent final : Event, std::enable_shared_from_this<CudaEvent> {
     cudaEvent_t event = nullptr;
     StreamKind stream = StreamKind::kCompute;
-    // Under a copy arbiter, a copy-stream event is recorded by the copy issuer: the position of
+    // Under a link arbiter, a copy-stream event is recorded by the copy issuer: the position of
     // that record among the issuer's operations (0: recorded when made).
     uint64_t issue_seq = 0;
     ~CudaEvent() override {
@@ -1134,7 +1135,7 @@ class CudaBackend final : public Backend {
     return *c;
   }
 
-  // ---- copy-stream issue under a copy arbiter ----------------------------------------------
+  // ---- copy-stream issue under a link arbiter ----------------------------------------------
   // With an arbiter, the driving thread queues the copy stream's operations (copies, event
   // records, waits for other streams' events) to one issuer thread, which issues them in order.
   // Before a copy's first chunk it waits on the host for the events the copy stream was told to
@@ -1149,8 +1150,8 @@ class CudaBackend final : public Backend {
     uint64_t seq = 0;
   };
   struct PendingRelease {
-    CopyArbiter* arbiter;
-    CopyTicket ticket;
+    LinkArbiter* arbiter;
+    LinkTicket ticket;
   };
 
   static void CUDART_CB release_chunk(void* p) {
@@ -1212,7 +1213,7 @@ class CudaBackend final : public Backend {
       if (issue_q_.empty()) return;  // stopped with nothing left
       IssueOp op = std::move(issue_q_.front());
       issue_q_.pop_front();
-      CopyArbiter* arbiter = arbiter_;
+      LinkArbiter* arbiter = arbiter_;
       const bool failed = issue_error_ != nullptr;
       lock.unlock();
       error = nullptr;
@@ -1232,7 +1233,7 @@ class CudaBackend final : public Backend {
     }
   }
 
-  void issue(IssueOp& op, CopyArbiter* arbiter, std::vector<std::shared_ptr<CudaEvent>>& gates) {
+  void issue(IssueOp& op, LinkArbiter* arbiter, std::vector<std::shared_ptr<CudaEvent>>& gates) {
     cudaStream_t stream = streams_[static_cast<int>(StreamKind::kCopy)];
     switch (op.kind) {
       case IssueOp::kRecord:
@@ -1257,7 +1258,7 @@ class CudaBackend final : public Backend {
     const int64_t step = arbiter->chunk_bytes();
     for (int64_t off = 0; off < bytes; off += step) {
       const int64_t n = std::min(step, bytes - off);
-      auto release = std::make_unique<PendingRelease>(PendingRelease{arbiter, CopyTicket{}});
+      auto release = std::make_unique<PendingRelease>(PendingRelease{arbiter, LinkTicket{}});
       release->ticket = arbiter->request(op.dir, n);
       arbiter->wait(release->ticket);  // throws after the arbiter's timeout
       cudaError_t st = cudaMemcpyAsync(static_cast<char*>(op.dst.raw()) + off,
@@ -1370,19 +1371,19 @@ class CudaBackend final : public Backend {
   cudaStream_t streams_[3] = {};  // indexed by StreamKind: compute, copy, comm
   cublasHandle_t cublas_ = nullptr;
   Tensor cublas_workspace_;
-  // Side streams of gemm_group_on_lanes (made at its first use).
-  static constexpr size_t kGemmLanes = 4;
-  struct Lane {
+  // Side streams of gemm_group_on_side_streams (made at its first use).
+  static constexpr size_t kGemmStreams = 4;
+  struct SideStream {
     cudaStream_t stream = nullptr;
     cudaEvent_t done = nullptr;
     Tensor workspace;
   };
-  Lane lanes_[kGemmLanes - 1];
+  SideStream side_streams_[kGemmStreams - 1];
   cudaEvent_t fork_ = nullptr;
   PinnedStaging staging_;
   int32_t* info_host_ = nullptr;
-  // The copy issuer (see IssueOp): started by the first set_copy_arbiter with an arbiter.
-  CopyArbiter* arbiter_ = nullptr;  // read by the driving thread; changed only when drained
+  // The copy issuer (see IssueOp): started by the first set_link_arbiter with an arbiter.
+  LinkArbiter* arbiter_ = nullptr;  // read by the driving thread; changed only when drained
   std::mutex issue_mu_;
   std::condition_variable issue_cv_, issued_cv_;
   std::deque<IssueOp> issue_q_;

@@ -1,17 +1,17 @@
-// CopyArbiter: who may move the next chunk of host<->device bytes over a host link that several
+// LinkArbiter: who may move the next chunk of host<->device bytes over a host link that several
 // ranks share (one rank's offload must not starve another rank's reload: docs/architecture.md,
 // "Rule 2: the host link is shared fairly").
 //
 // A rank cuts each copy into chunks of at most chunk_bytes() and issues a chunk only while it
 // holds a grant for it:
-//   CopyTicket t = arbiter.request(CopyDirection::kReload, bytes);   // never blocks
+//   LinkTicket t = arbiter.request(CopyDirection::kReload, bytes);   // never blocks
 //   arbiter.wait(t);                                                // blocks this thread only
 //   ... issue the chunk's copy, let it complete ...
 //   arbiter.release(t);
 // Reloads (host->device, on backward's critical path) are granted before pending offloads
 // (device->host, needed only by the next backward). Which ranks compete, in which order, and how
-// many chunks may be in flight per link is the implementation's to say (parallel/lane_arbiter.h
-// for ranks sharing a node; LocalCopyArbiter below for a single rank).
+// many chunks may be in flight per link is the implementation's to say (parallel/link_arbiter.h
+// for ranks sharing a node; LocalLinkArbiter below for a single rank).
 //
 // Threads: request() and granted() never block beyond a short critical section, so the thread
 // driving the compute stream may call them. wait() blocks the calling thread until the grant
@@ -34,7 +34,7 @@ enum class CopyDirection { kReload = 0, kOffload = 1 };  // kReload: host->devic
 
 const char* copy_direction_name(CopyDirection d);
 
-struct CopyTicket {
+struct LinkTicket {
   CopyDirection dir = CopyDirection::kOffload;
   int64_t bytes = 0;
   int64_t index = 0;  // 1-based position among this rank's requests of `dir`
@@ -45,7 +45,7 @@ struct CopyTicket {
 };
 
 // Per step (reset by begin_step()); index [d] is CopyDirection d.
-struct CopyArbiterStats {
+struct LinkArbiterStats {
   int64_t bytes[2] = {0, 0};   // released chunks' bytes
   int64_t chunks[2] = {0, 0};  // released chunks
   double wait_s[2] = {0, 0};   // summed request->grant time
@@ -62,58 +62,58 @@ struct CopyArbiterStats {
   double achieved_gbps() const;
 };
 
-class CopyArbiter {
+class LinkArbiter {
  public:
-  virtual ~CopyArbiter() = default;
+  virtual ~LinkArbiter() = default;
   // Largest chunk a grant covers.
   virtual int64_t chunk_bytes() const = 0;
   // Registers a request for one chunk of `bytes` (1..chunk_bytes()).
-  virtual CopyTicket request(CopyDirection dir, int64_t bytes) = 0;
+  virtual LinkTicket request(CopyDirection dir, int64_t bytes) = 0;
   // True once `t` is granted (fills t.grant_seq and t.granted_at then).
-  virtual bool granted(CopyTicket& t) = 0;
+  virtual bool granted(LinkTicket& t) = 0;
   // Blocks the calling thread until `t` is granted; throws hp::Error (kComm) after the
   // implementation's timeout.
-  virtual void wait(CopyTicket& t) = 0;
+  virtual void wait(LinkTicket& t) = 0;
   // The chunk of `t` is done: its link capacity passes to the next request.
-  virtual void release(CopyTicket& t) = 0;
+  virtual void release(LinkTicket& t) = 0;
   virtual void begin_step() = 0;
-  virtual CopyArbiterStats stats() const = 0;
+  virtual LinkArbiterStats stats() const = 0;
 };
 
 // The counting half every implementation shares: per-step stats of this rank.
-class CopyStatsRecorder {
+class LinkStatsRecorder {
  public:
   void reset();
-  void on_request(const CopyTicket& t);
-  void on_grant(const CopyTicket& t);
-  void on_release(const CopyTicket& t);
-  CopyArbiterStats get() const;
+  void on_request(const LinkTicket& t);
+  void on_grant(const LinkTicket& t);
+  void on_release(const LinkTicket& t);
+  LinkArbiterStats get() const;
 
  private:
   mutable std::mutex mu_;
-  CopyArbiterStats stats_;
+  LinkArbiterStats stats_;
   bool any_ = false;
   std::chrono::steady_clock::time_point first_request_, last_release_;
 };
 
 // One rank, its own link: every request is granted at once; the stats are still counted.
-class LocalCopyArbiter final : public CopyArbiter {
+class LocalLinkArbiter final : public LinkArbiter {
  public:
-  explicit LocalCopyArbiter(int64_t chunk_bytes);
+  explicit LocalLinkArbiter(int64_t chunk_bytes);
   int64_t chunk_bytes() const override { return chunk_bytes_; }
-  CopyTicket request(CopyDirection dir, int64_t bytes) override;
-  bool granted(CopyTicket& t) override;
-  void wait(CopyTicket& t) override { granted(t); }
-  void release(CopyTicket& t) override;
+  LinkTicket request(CopyDirection dir, int64_t bytes) override;
+  bool granted(LinkTicket& t) override;
+  void wait(LinkTicket& t) override { granted(t); }
+  void release(LinkTicket& t) override;
   void begin_step() override { recorder_.reset(); }
-  CopyArbiterStats stats() const override { return recorder_.get(); }
+  LinkArbiterStats stats() const override { return recorder_.get(); }
 
  private:
   int64_t chunk_bytes_;
   std::mutex mu_;
   int64_t requested_[2] = {0, 0};
   int64_t seq_ = 0;
-  CopyStatsRecorder recorder_;
+  LinkStatsRecorder recorder_;
 };
 
 }  // namespace hp

@@ -1,4 +1,4 @@
-#include "parallel/lane_arbiter.h"
+#include "parallel/link_arbiter.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -34,7 +34,7 @@ static_assert(std::atomic<uint32_t>::is_always_lock_free, "shared-memory atomics
 
 // Plain fields of a Link change only under its lock; the lock's acquire/release orders them
 // between processes as between threads. Counters read without the lock are atomics.
-struct NodeLaneArbiter::Shared {
+struct NodeLinkArbiter::Shared {
   struct alignas(64) Link {
     std::atomic<uint32_t> lock;
     int32_t n = 0;
@@ -57,7 +57,7 @@ struct NodeLaneArbiter::Shared {
 
 namespace {
 
-using Shared = NodeLaneArbiter::Shared;
+using Shared = NodeLinkArbiter::Shared;
 
 class LinkLock {
  public:
@@ -101,13 +101,13 @@ std::string shm_error(const char* what, const std::string& name) {
 
 }  // namespace
 
-void LaneOptions::validate() const {
+void LinkOptions::validate() const {
   if (chunk_mib < 1 || chunk_mib > 4096) {
-    HP_USER_ERROR(ErrorKind::kConfig, "config key 'lane_chunk_mib': must be in [1, 4096], got ",
+    HP_USER_ERROR(ErrorKind::kConfig, "config key 'link_chunk_mib': must be in [1, 4096], got ",
                   chunk_mib);
   }
   if (inflight < 1 || inflight > kRing) {
-    HP_USER_ERROR(ErrorKind::kConfig, "config key 'lane_inflight': must be in [1, ", kRing,
+    HP_USER_ERROR(ErrorKind::kConfig, "config key 'link_inflight': must be in [1, ", kRing,
                   "], got ", inflight);
   }
   if (!pcie_groups.empty() && pcie_groups != "auto") {
@@ -171,7 +171,7 @@ double jain_fairness(const std::vector<double>& x) {
   return sum * sum / (static_cast<double>(x.size()) * sq);
 }
 
-NodeLaneArbiter::NodeLaneArbiter(Communicator& node, const LaneOptions& options)
+NodeLinkArbiter::NodeLinkArbiter(Communicator& node, const LinkOptions& options)
     : rank_(node.rank()),
       inflight_(options.inflight),
       chunk_bytes_(options.chunk_bytes()),
@@ -179,7 +179,7 @@ NodeLaneArbiter::NodeLaneArbiter(Communicator& node, const LaneOptions& options)
   options.validate();
   const int n = node.size();
   if (n > kMaxRanks) {
-    HP_USER_ERROR(ErrorKind::kConfig, "lane_arbiter=on supports at most ", kMaxRanks,
+    HP_USER_ERROR(ErrorKind::kConfig, "link_arbiter=on supports at most ", kMaxRanks,
                   " ranks per node, this node has ", n);
   }
   const std::vector<std::vector<int>> links = parse_pcie_groups(options.pcie_groups, n);
@@ -190,7 +190,7 @@ NodeLaneArbiter::NodeLaneArbiter(Communicator& node, const LaneOptions& options)
   key.data<int64_t>()[1] = Clock::now().time_since_epoch().count();
   node.broadcast(key, 0);
   const std::string name =
-      str_cat("/hotpath_lane_", key.data<int64_t>()[0], "_", key.data<int64_t>()[1]);
+      str_cat("/hotpath_link_", key.data<int64_t>()[0], "_", key.data<int64_t>()[1]);
   shared_bytes_ = sizeof(Shared);
 
   int fd = -1;
@@ -232,7 +232,7 @@ NodeLaneArbiter::NodeLaneArbiter(Communicator& node, const LaneOptions& options)
   // Every rank has mapped the segment and rank 0 filled it: the name is no longer needed.
   node.barrier();
   if (rank_ == 0) shm_unlink(name.c_str());
-  HP_CHECK(shared_->magic == kMagic && shared_->n_ranks == n, "lane arbiter segment '", name,
+  HP_CHECK(shared_->magic == kMagic && shared_->n_ranks == n, "link arbiter segment '", name,
            "' not initialised");
   for (size_t i = 0; i < links.size(); ++i) {
     for (int r : links[i]) {
@@ -244,17 +244,17 @@ NodeLaneArbiter::NodeLaneArbiter(Communicator& node, const LaneOptions& options)
   }
 }
 
-NodeLaneArbiter::~NodeLaneArbiter() {
+NodeLinkArbiter::~NodeLinkArbiter() {
   if (shared_) munmap(shared_, shared_bytes_);
 }
 
-CopyTicket NodeLaneArbiter::request(CopyDirection dir, int64_t bytes) {
+LinkTicket NodeLinkArbiter::request(CopyDirection dir, int64_t bytes) {
   HP_CHECK(bytes > 0 && bytes <= chunk_bytes_, "copy chunk of ", bytes, " bytes outside [1, ",
            chunk_bytes_, "]");
   const int d = static_cast<int>(dir);
   Shared::Rank& me = shared_->ranks[rank_];
   Shared::Link& l = shared_->links[link_];
-  CopyTicket t;
+  LinkTicket t;
   t.dir = dir;
   t.bytes = bytes;
   t.requested_at = Clock::now();
@@ -272,7 +272,7 @@ CopyTicket NodeLaneArbiter::request(CopyDirection dir, int64_t bytes) {
   return t;
 }
 
-bool NodeLaneArbiter::granted(CopyTicket& t) {
+bool NodeLinkArbiter::granted(LinkTicket& t) {
   if (t.grant_seq > 0) return true;
   const int d = static_cast<int>(t.dir);
   Shared::Rank& me = shared_->ranks[rank_];
@@ -283,13 +283,13 @@ bool NodeLaneArbiter::granted(CopyTicket& t) {
   return true;
 }
 
-void NodeLaneArbiter::wait(CopyTicket& t) {
+void NodeLinkArbiter::wait(LinkTicket& t) {
   const Clock::time_point deadline = t.requested_at + timeout_;
   // Short sleeps: a grant is seen within ~50 us without holding a core, which matters when
   // ranks outnumber cores.
   while (!granted(t)) {
     if (Clock::now() > deadline) {
-      HP_FAIL(ErrorKind::kComm, "rank ", rank_, " of node: lane arbiter ",
+      HP_FAIL(ErrorKind::kComm, "rank ", rank_, " of node: link arbiter ",
               copy_direction_name(t.dir), " grant not received after ", timeout_.count(),
               " ms (a rank on the same link stopped releasing)");
     }
@@ -297,8 +297,8 @@ void NodeLaneArbiter::wait(CopyTicket& t) {
   }
 }
 
-void NodeLaneArbiter::release(CopyTicket& t) {
-  HP_CHECK(t.grant_seq > 0, "releasing a lane ticket that was not granted");
+void NodeLinkArbiter::release(LinkTicket& t) {
+  HP_CHECK(t.grant_seq > 0, "releasing a link ticket that was not granted");
   Shared::Link& l = shared_->links[link_];
   {
     LinkLock lock(l);
@@ -309,13 +309,13 @@ void NodeLaneArbiter::release(CopyTicket& t) {
   recorder_.on_release(t);
 }
 
-void NodeLaneArbiter::begin_step() {
+void NodeLinkArbiter::begin_step() {
   recorder_.reset();
   link_bytes_at_step_ = link_bytes();
 }
 
-CopyArbiterStats NodeLaneArbiter::stats() const {
-  CopyArbiterStats s = recorder_.get();
+LinkArbiterStats NodeLinkArbiter::stats() const {
+  LinkArbiterStats s = recorder_.get();
   s.link_ranks = link_ranks_;
   s.link_bytes = link_bytes();
   std::vector<double> share;
@@ -327,13 +327,13 @@ CopyArbiterStats NodeLaneArbiter::stats() const {
   return s;
 }
 
-std::vector<int64_t> NodeLaneArbiter::link_bytes() const {
+std::vector<int64_t> NodeLinkArbiter::link_bytes() const {
   std::vector<int64_t> out;
   for (int r : link_ranks_) out.push_back(shared_->ranks[r].bytes.load());
   return out;
 }
 
-int64_t NodeLaneArbiter::link_pending(CopyDirection dir) const {
+int64_t NodeLinkArbiter::link_pending(CopyDirection dir) const {
   const int d = static_cast<int>(dir);
   int64_t n = 0;
   for (int r : link_ranks_) {
@@ -408,22 +408,22 @@ std::vector<std::string> gather_link_ids(Communicator& node, const std::string& 
 }
 }  // namespace
 
-std::string resolve_pcie_groups(Communicator& node, const LaneOptions& options) {
+std::string resolve_pcie_groups(Communicator& node, const LinkOptions& options) {
   if (options.pcie_groups != "auto") return options.pcie_groups;
   return node.size() > 1 ? pcie_groups_from_link_ids(gather_link_ids(node, options.link_id))
                          : std::string();
 }
 
-std::unique_ptr<CopyArbiter> make_copy_arbiter(Communicator& node, const LaneOptions& options) {
+std::unique_ptr<LinkArbiter> make_link_arbiter(Communicator& node, const LinkOptions& options) {
   options.validate();
-  LaneOptions o = options;
+  LinkOptions o = options;
   if (o.enabled) o.pcie_groups = resolve_pcie_groups(node, o);
   // A node of one rank needs no coordination, but its pcie_groups must still name the node.
   if (o.enabled) parse_pcie_groups(o.pcie_groups, node.size());
   if (!o.enabled || node.size() == 1) {
-    return std::make_unique<LocalCopyArbiter>(o.chunk_bytes());
+    return std::make_unique<LocalLinkArbiter>(o.chunk_bytes());
   }
-  return std::make_unique<NodeLaneArbiter>(node, o);
+  return std::make_unique<NodeLinkArbiter>(node, o);
 }
 
 }  // namespace hp

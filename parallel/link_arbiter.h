@@ -1,4 +1,4 @@
-// NodeLaneArbiter: the CopyArbiter (framework/backend/copy_arbiter.h) of the ranks of one node.
+// NodeLinkArbiter: the LinkArbiter (framework/backend/link_arbiter.h) of the ranks of one node.
 //
 // The ranks of the node group share one block of POSIX shared memory (named by node rank 0 and
 // broadcast over the node communicator, unlinked once every rank has mapped it). It holds, per
@@ -16,7 +16,7 @@
 //
 // Ownership: the arbiter keeps the node communicator only during construction (a collective over
 // it); the shared memory lives until the last rank's arbiter is destroyed.
-// Thread safety: as CopyArbiter. If a rank dies holding a grant, its link stalls: the others'
+// Thread safety: as LinkArbiter. If a rank dies holding a grant, its link stalls: the others'
 // wait() then times out.
 #pragma once
 
@@ -26,15 +26,15 @@
 #include <string>
 #include <vector>
 
-#include "framework/backend/copy_arbiter.h"
+#include "framework/backend/link_arbiter.h"
 #include "parallel/communicator.h"
 
 namespace hp {
 
-struct LaneOptions {
-  bool enabled = false;     // lane_arbiter=on|off; off: LocalCopyArbiter (the baseline)
-  int64_t chunk_mib = 8;    // lane_chunk_mib
-  int inflight = 1;         // lane_inflight: chunks in flight per link
+struct LinkOptions {
+  bool enabled = false;     // link_arbiter=on|off; off: LocalLinkArbiter (the baseline)
+  int64_t chunk_mib = 8;    // link_chunk_mib
+  int inflight = 1;         // link_inflight: chunks in flight per link
   std::string pcie_groups;  // pcie_groups: "0,1;2,3" (node ranks), "" = one link per node,
                             // "auto" = ranks grouped by link_id
   // This rank's host link (host_link_of_pci_device of its GPU; "" where unknown), for
@@ -67,22 +67,22 @@ std::string pcie_groups_from_link_ids(const std::vector<std::string>& ids);
 // equal, 1/n when one takes everything; 1 for an empty or all-zero list.
 double jain_fairness(const std::vector<double>& x);
 
-class NodeLaneArbiter final : public CopyArbiter {
+class NodeLinkArbiter final : public LinkArbiter {
  public:
   // Collective over `node` (every rank of the node, same options).
-  NodeLaneArbiter(Communicator& node, const LaneOptions& options);
-  ~NodeLaneArbiter() override;
-  NodeLaneArbiter(const NodeLaneArbiter&) = delete;
-  NodeLaneArbiter& operator=(const NodeLaneArbiter&) = delete;
+  NodeLinkArbiter(Communicator& node, const LinkOptions& options);
+  ~NodeLinkArbiter() override;
+  NodeLinkArbiter(const NodeLinkArbiter&) = delete;
+  NodeLinkArbiter& operator=(const NodeLinkArbiter&) = delete;
 
   int64_t chunk_bytes() const override { return chunk_bytes_; }
-  CopyTicket request(CopyDirection dir, int64_t bytes) override;
-  bool granted(CopyTicket& t) override;
-  void wait(CopyTicket& t) override;
-  void release(CopyTicket& t) override;
+  LinkTicket request(CopyDirection dir, int64_t bytes) override;
+  bool granted(LinkTicket& t) override;
+  void wait(LinkTicket& t) override;
+  void release(LinkTicket& t) override;
   void begin_step() override;
   // With link_ranks, link_bytes (since begin_step) and link_jain filled in.
-  CopyArbiterStats stats() const override;
+  LinkArbiterStats stats() const override;
 
   // This rank's link: its node ranks, and the bytes each has released since construction (both
   // directions), in the same order. jain_fairness over differences of these gives a window's
@@ -92,7 +92,7 @@ class NodeLaneArbiter final : public CopyArbiter {
   // Requests of `dir` on this rank's link not granted yet (for tests and diagnostics).
   int64_t link_pending(CopyDirection dir) const;
 
-  struct Shared;  // the layout in shared memory (lane_arbiter.cpp)
+  struct Shared;  // the layout in shared memory (link_arbiter.cpp)
 
  private:
   Shared* shared_ = nullptr;
@@ -104,18 +104,18 @@ class NodeLaneArbiter final : public CopyArbiter {
   std::chrono::milliseconds timeout_;
   std::vector<int> link_ranks_;
   std::vector<int64_t> link_bytes_at_step_;  // link_bytes() at begin_step()
-  CopyStatsRecorder recorder_;
+  LinkStatsRecorder recorder_;
 };
 
 // The links the node's ranks share, as a pcie_groups string: options.pcie_groups itself, or for
 // "auto" the groups found from every rank's link_id (collective over `node`; "" for a node of
 // one rank). "" puts the whole node on one link.
-std::string resolve_pcie_groups(Communicator& node, const LaneOptions& options);
+std::string resolve_pcie_groups(Communicator& node, const LinkOptions& options);
 
-// lane_arbiter=off (or a node of one rank): LocalCopyArbiter; otherwise NodeLaneArbiter over
+// link_arbiter=off (or a node of one rank): LocalLinkArbiter; otherwise NodeLinkArbiter over
 // `node` (collective over it; pcie_groups=auto is resolved there from every rank's link_id).
-// Options are validated first, and with lane_arbiter=on pcie_groups against the node's size, also
+// Options are validated first, and with link_arbiter=on pcie_groups against the node's size, also
 // for a node of one rank.
-std::unique_ptr<CopyArbiter> make_copy_arbiter(Communicator& node, const LaneOptions& options);
+std::unique_ptr<LinkArbiter> make_link_arbiter(Communicator& node, const LinkOptions& options);
 
 }  // namespace hp

@@ -1,4 +1,4 @@
-// Activation offload on the CUDA backend through a copy arbiter (Backend::set_copy_arbiter):
+// Activation offload on the CUDA backend through a link arbiter (Backend::set_link_arbiter):
 // losses and gradients bitwise identical to the same store without one, every copy cut into
 // granted chunks (counted), no offload syncs in the steady state, and grant waits on the
 // backend's copy issuer, never on the thread that drives the backend. Skips without a GPU.
@@ -8,8 +8,8 @@
 #include <cstring>
 #include <mutex>
 
-#include "framework/backend/copy_arbiter.h"
 #include "framework/backend/cuda/cuda_backend.h"
+#include "framework/backend/link_arbiter.h"
 #include "framework/data/loader.h"
 #include "framework/model/activation_store.h"
 #include "framework/model/model.h"
@@ -28,7 +28,7 @@ using SK = Backend::StreamKind;
 struct Outcome {
   std::vector<uint32_t> bits;  // losses and gradients (f32) of every step
   OffloadStats stats;          // of the last step
-  CopyArbiterStats copies;     // of the last step
+  LinkArbiterStats copies;     // of the last step
   int64_t last_step_offload_syncs = 0;
 };
 
@@ -40,9 +40,9 @@ void append_bits(Backend& be, const Tensor& t, std::vector<uint32_t>& out) {
   std::memcpy(out.data() + n, h.raw(), h.nbytes());
 }
 
-Outcome run_steps(const ModelConfig& cfg, OffloadOptions off, CopyArbiter* arbiter, int steps = 3) {
+Outcome run_steps(const ModelConfig& cfg, OffloadOptions off, LinkArbiter* arbiter, int steps = 3) {
   auto be = gpu_test::deterministic_cuda_backend();
-  if (arbiter) be->set_copy_arbiter(arbiter);
+  if (arbiter) be->set_link_arbiter(arbiter);
   off.poison_released = true;
   ModelOptions mo;
   mo.checkpoint_activations = true;
@@ -66,7 +66,7 @@ Outcome run_steps(const ModelConfig& cfg, OffloadOptions off, CopyArbiter* arbit
     if (arbiter) out.copies = arbiter->stats();
   }
   out.stats = model.activation_store().stats();
-  be->set_copy_arbiter(nullptr);
+  be->set_link_arbiter(nullptr);
   return out;
 }
 
@@ -86,7 +86,7 @@ void expect_same_bits(const Outcome& ref, const Outcome& got, const std::string&
                       << " loss/gradient values differ with the arbiter on";
 }
 
-TEST(CudaLaneOffload, ArbiterChangesNoBitsAndNeedsNoOffloadSyncs) {
+TEST(CudaLinkOffload, ArbiterChangesNoBitsAndNeedsNoOffloadSyncs) {
   HP_REQUIRE_GPU();
   // Not a divisor of any block input: every copy ends in a partial chunk.
   constexpr int64_t kChunk = 1500000;
@@ -96,7 +96,7 @@ TEST(CudaLaneOffload, ArbiterChangesNoBitsAndNeedsNoOffloadSyncs) {
       const std::string what =
           str_cat("d_model=", cfg.d_model, " ", offload_mode_name(o.mode), " L=", o.lookahead);
       const Outcome plain = run_steps(cfg, o, nullptr);
-      LocalCopyArbiter arbiter(kChunk);
+      LocalLinkArbiter arbiter(kChunk);
       const Outcome on = run_steps(cfg, o, &arbiter);
       expect_same_bits(plain, on, what);
       EXPECT_EQ(on.last_step_offload_syncs, 0) << what;
@@ -111,24 +111,24 @@ TEST(CudaLaneOffload, ArbiterChangesNoBitsAndNeedsNoOffloadSyncs) {
   }
 }
 
-TEST(CudaLaneOffload, ChunkedReloadFallbackWithArbiter) {
+TEST(CudaLinkOffload, ChunkedReloadFallbackWithArbiter) {
   HP_REQUIRE_GPU();
   const ModelConfig cfg = offload_dense_config();
   OffloadOptions o = mode(OffloadMode::kDouble, 2, 1);
   o.staging_bytes = 1 << 20;
   const Outcome plain = run_steps(cfg, o, nullptr);
-  LocalCopyArbiter arbiter(300000);
+  LocalLinkArbiter arbiter(300000);
   const Outcome on = run_steps(cfg, o, &arbiter);
   expect_same_bits(plain, on, "chunked reloads");
   EXPECT_GT(on.stats.chunked_blocks, 0);
   EXPECT_EQ(on.last_step_offload_syncs, 0);
 }
 
-TEST(CudaLaneOffload, DrivingThreadNeverWaitsForAGrant) {
+TEST(CudaLinkOffload, DrivingThreadNeverWaitsForAGrant) {
   HP_REQUIRE_GPU();
   test::GateArbiter gate(1 << 16);
   auto be = gpu_test::deterministic_cuda_backend();
-  be->set_copy_arbiter(&gate);
+  be->set_link_arbiter(&gate);
   const int64_t n = 100000;  // 400000 bytes: 7 chunks of 64 KiB
   std::shared_ptr<Storage> pinned = be->pinned_host_storage(static_cast<size_t>(n) * 4);
   ASSERT_TRUE(pinned);
@@ -153,7 +153,7 @@ TEST(CudaLaneOffload, DrivingThreadNeverWaitsForAGrant) {
   be->synchronize(SyncCause::kOther);
   EXPECT_EQ(gate.released(), 7);
   EXPECT_EQ(be->syncs().get(SyncCause::kOffload), 0);
-  be->set_copy_arbiter(nullptr);
+  be->set_link_arbiter(nullptr);
 }
 
 }  // namespace

@@ -1,13 +1,13 @@
-// The node lane arbiter (parallel/lane_arbiter.h) and the single-rank LocalCopyArbiter.
+// The node link arbiter (parallel/link_arbiter.h) and the single-rank LocalLinkArbiter.
 //
-// LaneArbiterUnit.* run in one process. LaneArbiterMulti.* need a launch of 2 or more ranks on
+// LinkArbiterUnit.* run in one process. LinkArbiterMulti.* need a launch of 2 or more ranks on
 // one host; CTest runs each under mpirun on the rank counts of its HP_MPI_TEST line (label mpi;
 // started alone, they skip). They simulate a shared host link: a granted chunk "takes"
 // bytes / kLinkGbps of sleep while its grant is held. What they assert is counted, never timed:
 // chunks per rank, grant sequence numbers (the order the link's grants were given in), bytes,
 // and the order of grants against releases (monotonic clock stamps, which all processes of one
 // host share: a grant must not come before the previous chunk's release).
-#include "parallel/lane_arbiter.h"
+#include "parallel/link_arbiter.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -23,7 +23,7 @@
 #include <thread>
 #include <vector>
 
-#include "framework/backend/copy_arbiter.h"
+#include "framework/backend/link_arbiter.h"
 #include "framework/core/error.h"
 #include "framework/data/loader.h"
 #include "framework/model/model.h"
@@ -55,8 +55,8 @@ struct Held {
   int64_t seq = 0, granted_ns = 0, released_ns = 0, waited_ns = 0, dir = 0;
 };
 
-Held move_chunk(CopyArbiter& a, CopyDirection dir, int64_t bytes) {
-  CopyTicket t = a.request(dir, bytes);
+Held move_chunk(LinkArbiter& a, CopyDirection dir, int64_t bytes) {
+  LinkTicket t = a.request(dir, bytes);
   a.wait(t);
   std::this_thread::sleep_for(chunk_time(bytes));
   Held h;
@@ -96,7 +96,7 @@ std::vector<std::vector<Held>> gather(Communicator& c, const std::vector<Held>& 
   return all;
 }
 
-// Holds of a link sorted by grant order; with lane_inflight 1 none may overlap the next.
+// Holds of a link sorted by grant order; with link_inflight 1 none may overlap the next.
 void expect_serialized(std::vector<Held> holds) {
   std::sort(holds.begin(), holds.end(), [](const Held& a, const Held& b) { return a.seq < b.seq; });
   for (size_t i = 1; i < holds.size(); ++i) {
@@ -108,7 +108,7 @@ void expect_serialized(std::vector<Held> holds) {
 
 // ---- one process --------------------------------------------------------------------------------
 
-TEST(LaneArbiterUnit, ParsesPcieGroups) {
+TEST(LinkArbiterUnit, ParsesPcieGroups) {
   EXPECT_EQ(parse_pcie_groups("", 3), (std::vector<std::vector<int>>{{0, 1, 2}}));
   EXPECT_EQ(parse_pcie_groups("0,1;2,3", 4), (std::vector<std::vector<int>>{{0, 1}, {2, 3}}));
   EXPECT_EQ(parse_pcie_groups(" 3 ; 0, 2;1", 4), (std::vector<std::vector<int>>{{3}, {0, 2}, {1}}));
@@ -122,16 +122,16 @@ TEST(LaneArbiterUnit, ParsesPcieGroups) {
   }
 }
 
-TEST(LaneArbiterUnit, ValidatesOptions) {
-  LaneOptions o;
+TEST(LinkArbiterUnit, ValidatesOptions) {
+  LinkOptions o;
   EXPECT_NO_THROW(o.validate());
   EXPECT_EQ(o.chunk_bytes(), 8 << 20);
   o.inflight = 0;
   EXPECT_THROW(o.validate(), UserError);
-  o = LaneOptions{};
+  o = LinkOptions{};
   o.chunk_mib = 0;
   EXPECT_THROW(o.validate(), UserError);
-  o = LaneOptions{};
+  o = LinkOptions{};
   o.pcie_groups = "0-1";
   EXPECT_THROW(o.validate(), UserError);
   o.pcie_groups = "auto";
@@ -140,7 +140,7 @@ TEST(LaneArbiterUnit, ValidatesOptions) {
 
 // A PCI tree like sysfs's: two root ports, two GPUs behind a switch on the first, one on the
 // second; the device directory lists symlinks into it, as /sys/bus/pci/devices does.
-TEST(LaneArbiterUnit, HostLinkOfPciDeviceIsItsRootPort) {
+TEST(LinkArbiterUnit, HostLinkOfPciDeviceIsItsRootPort) {
   namespace fs = std::filesystem;
   const fs::path root = fs::temp_directory_path() / ("hp_pci_" + std::to_string(::getpid()));
   fs::remove_all(root);
@@ -172,20 +172,20 @@ TEST(LaneArbiterUnit, HostLinkOfPciDeviceIsItsRootPort) {
   EXPECT_EQ(pcie_groups_from_link_ids({lc}), "0");
 }
 
-TEST(LaneArbiterUnit, JainFairness) {
+TEST(LinkArbiterUnit, JainFairness) {
   EXPECT_DOUBLE_EQ(jain_fairness({5, 5, 5}), 1.0);
   EXPECT_DOUBLE_EQ(jain_fairness({1, 0, 0, 0}), 0.25);
   EXPECT_DOUBLE_EQ(jain_fairness({}), 1.0);
   EXPECT_NEAR(jain_fairness({4, 1}), 25.0 / 34.0, 1e-12);
 }
 
-TEST(LaneArbiterUnit, LocalGrantsAtOnceAndCounts) {
-  LocalCopyArbiter a(1 << 20);
+TEST(LinkArbiterUnit, LocalGrantsAtOnceAndCounts) {
+  LocalLinkArbiter a(1 << 20);
   const auto start = std::chrono::steady_clock::now();
   a.begin_step();
   EXPECT_EQ(a.stats().active_s, 0.0);
-  CopyTicket r = a.request(CopyDirection::kReload, 1000);
-  CopyTicket o = a.request(CopyDirection::kOffload, 1 << 20);
+  LinkTicket r = a.request(CopyDirection::kReload, 1000);
+  LinkTicket o = a.request(CopyDirection::kOffload, 1 << 20);
   EXPECT_TRUE(a.granted(r));
   EXPECT_TRUE(a.granted(o));
   EXPECT_LT(r.grant_seq, o.grant_seq);
@@ -194,7 +194,7 @@ TEST(LaneArbiterUnit, LocalGrantsAtOnceAndCounts) {
   a.release(r);
   const double elapsed =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  CopyArbiterStats s = a.stats();
+  LinkArbiterStats s = a.stats();
   EXPECT_EQ(s.bytes[0], 1000);
   EXPECT_EQ(s.bytes[1], 1 << 20);
   EXPECT_EQ(s.chunks[0] + s.chunks[1], 2);
@@ -212,7 +212,7 @@ TEST(LaneArbiterUnit, LocalGrantsAtOnceAndCounts) {
 
 // ---- one rank per process -----------------------------------------------------------------------
 
-CommPtr lane_world() {
+CommPtr link_world() {
   static CommPtr world = []() -> CommPtr {
     CommOptions options;
     options.timeout = 60s;
@@ -226,14 +226,14 @@ CommPtr lane_world() {
 }
 
 // The ranks of this host; the tests need every rank on it.
-#define HP_LANE_NODE(var)                                                                 \
-  CommPtr world_ = lane_world();                                                          \
+#define HP_LINK_NODE(var)                                                                 \
+  CommPtr world_ = link_world();                                                          \
   if (!world_ || world_->size() < 2) GTEST_SKIP() << "needs a launch of 2 or more ranks"; \
   CommPtr var = world_->split_by_host("node");                                            \
   if (var->size() != world_->size()) GTEST_SKIP() << "needs every rank on one host"
 
-LaneOptions lane_options(const std::string& groups = "") {
-  LaneOptions o;
+LinkOptions link_options(const std::string& groups = "") {
+  LinkOptions o;
   o.enabled = true;
   o.chunk_mib = 8;
   o.inflight = 1;
@@ -244,20 +244,20 @@ LaneOptions lane_options(const std::string& groups = "") {
 
 // pcie_groups=auto gathers every rank's link: even node ranks behind one root port, odd ones
 // behind another; an explicit list stays as it is, and nothing is gathered for it.
-HP_MPI_TEST(LaneArbiterMulti, AutoGroupsComeFromEveryRanksLink, 2, 3) {
-  HP_LANE_NODE(node);
-  LaneOptions o = lane_options("auto");
+HP_MPI_TEST(LinkArbiterMulti, AutoGroupsComeFromEveryRanksLink, 2, 3) {
+  HP_LINK_NODE(node);
+  LinkOptions o = link_options("auto");
   o.link_id = node->rank() % 2 == 0 ? "pci0000:17/0000:17:01.0" : "pci0000:3a/0000:3a:02.0";
   EXPECT_EQ(resolve_pcie_groups(*node, o), node->size() == 2 ? "0;1" : "0,2;1");
   o.pcie_groups = "0,1";
   EXPECT_EQ(resolve_pcie_groups(*node, o), "0,1");
 }
 
-HP_MPI_TEST(LaneArbiterMulti, EqualDemandsShareTheLinkFairly, 2, 3) {
-  HP_LANE_NODE(node);
-  std::unique_ptr<CopyArbiter> a = make_copy_arbiter(*node, lane_options());
-  auto* lane = dynamic_cast<NodeLaneArbiter*>(a.get());
-  ASSERT_NE(lane, nullptr);
+HP_MPI_TEST(LinkArbiterMulti, EqualDemandsShareTheLinkFairly, 2, 3) {
+  HP_LINK_NODE(node);
+  std::unique_ptr<LinkArbiter> a = make_link_arbiter(*node, link_options());
+  auto* node_arbiter = dynamic_cast<NodeLinkArbiter*>(a.get());
+  ASSERT_NE(node_arbiter, nullptr);
   const int64_t chunk = a->chunk_bytes();
   // Every rank moves the same number of chunks, back to back. While all of them still have
   // chunks to move, the link must be shared evenly: count each rank's grants up to the last
@@ -284,7 +284,7 @@ HP_MPI_TEST(LaneArbiterMulti, EqualDemandsShareTheLinkFairly, 2, 3) {
   EXPECT_GE(jain, 0.95) << "grants per rank up to grant " << first_done << ": "
                         << ::testing::PrintToString(shares);
   // The shared counters agree with the ranks' own records.
-  std::vector<int64_t> bytes = lane->link_bytes();
+  std::vector<int64_t> bytes = node_arbiter->link_bytes();
   ASSERT_EQ(bytes.size(), all.size());
   for (size_t r = 0; r < all.size(); ++r) EXPECT_EQ(bytes[r], chunk * (int64_t)all[r].size());
   EXPECT_EQ(a->stats().chunks[1], static_cast<int64_t>(mine.size()));
@@ -292,29 +292,29 @@ HP_MPI_TEST(LaneArbiterMulti, EqualDemandsShareTheLinkFairly, 2, 3) {
   EXPECT_GT(a->stats().achieved_gbps(), 0.0);
   expect_serialized(holds);
   if (node->rank() == 0) {
-    std::printf("[lane] %d ranks, one link: grants per rank up to grant %lld %s, Jain %.4f\n",
+    std::printf("[link] %d ranks, one link: grants per rank up to grant %lld %s, Jain %.4f\n",
                 node->size(), static_cast<long long>(first_done),
                 ::testing::PrintToString(shares).c_str(), jain);
   }
 }
 
-HP_MPI_TEST(LaneArbiterMulti, LightRankWaitsAtMostOneChunk, 2, 3) {
-  HP_LANE_NODE(node);
+HP_MPI_TEST(LinkArbiterMulti, LightRankWaitsAtMostOneChunk, 2, 3) {
+  HP_LINK_NODE(node);
   const int n = node->size();
   // Ranks 0 (light) and 1 (heavy) share a link; any further ranks are heavy on a second link,
   // which must not slow the first.
   std::string groups = "0,1";
   for (int r = 2; r < n; ++r) groups += (r == 2 ? ";" : ",") + std::to_string(r);
-  std::unique_ptr<CopyArbiter> a = make_copy_arbiter(*node, lane_options(groups));
-  auto* lane = dynamic_cast<NodeLaneArbiter*>(a.get());
-  ASSERT_NE(lane, nullptr);
+  std::unique_ptr<LinkArbiter> a = make_link_arbiter(*node, link_options(groups));
+  auto* node_arbiter = dynamic_cast<NodeLinkArbiter*>(a.get());
+  ASSERT_NE(node_arbiter, nullptr);
   const int64_t chunk = a->chunk_bytes();
   const bool light = node->rank() == 0;
   const int chunks = light ? 8 : 32;  // the heavy ranks move 4x the bytes
   // For each light chunk: how many chunks the heavy rank had released right after the request.
   size_t heavy_at = 0;
   if (light) {
-    const std::vector<int>& lr = lane->link_ranks();
+    const std::vector<int>& lr = node_arbiter->link_ranks();
     ASSERT_EQ(lr, (std::vector<int>{0, 1}));
     heavy_at = 1;
   }
@@ -322,8 +322,8 @@ HP_MPI_TEST(LaneArbiterMulti, LightRankWaitsAtMostOneChunk, 2, 3) {
   node->barrier();
   std::vector<Held> mine;
   for (int i = 0; i < chunks; ++i) {
-    CopyTicket t = a->request(CopyDirection::kOffload, chunk);
-    if (light) heavy_released.push_back(lane->link_bytes()[heavy_at] / chunk);
+    LinkTicket t = a->request(CopyDirection::kOffload, chunk);
+    if (light) heavy_released.push_back(node_arbiter->link_bytes()[heavy_at] / chunk);
     a->wait(t);
     std::this_thread::sleep_for(chunk_time(chunk));
     Held h;
@@ -356,7 +356,7 @@ HP_MPI_TEST(LaneArbiterMulti, LightRankWaitsAtMostOneChunk, 2, 3) {
       EXPECT_LE(behind, 1) << "light request " << i + 1 << " (grant " << g << ") waited for "
                            << behind << " heavy chunks";
     }
-    std::printf("[lane] light rank: %lld of 8 requests waited, for at most %lld heavy chunk(s)\n",
+    std::printf("[link] light rank: %lld of 8 requests waited, for at most %lld heavy chunk(s)\n",
                 static_cast<long long>(waited), static_cast<long long>(worst));
   }
   int64_t my_max_wait = 0;
@@ -367,22 +367,22 @@ HP_MPI_TEST(LaneArbiterMulti, LightRankWaitsAtMostOneChunk, 2, 3) {
   expect_serialized(first_link);
 }
 
-HP_MPI_TEST(LaneArbiterMulti, ReloadsBeforePendingOffloads, 2, 3) {
-  HP_LANE_NODE(node);
+HP_MPI_TEST(LinkArbiterMulti, ReloadsBeforePendingOffloads, 2, 3) {
+  HP_LINK_NODE(node);
   const int n = node->size(), me = node->rank();
-  std::unique_ptr<CopyArbiter> a = make_copy_arbiter(*node, lane_options());
-  auto* lane = dynamic_cast<NodeLaneArbiter*>(a.get());
-  ASSERT_NE(lane, nullptr);
+  std::unique_ptr<LinkArbiter> a = make_link_arbiter(*node, link_options());
+  auto* node_arbiter = dynamic_cast<NodeLinkArbiter*>(a.get());
+  ASSERT_NE(node_arbiter, nullptr);
   const int64_t chunk = a->chunk_bytes();
   auto until = [&](CopyDirection d, int64_t want) {
     const Clock::time_point deadline = Clock::now() + 20s;
-    while (lane->link_pending(d) != want && Clock::now() < deadline) {
+    while (node_arbiter->link_pending(d) != want && Clock::now() < deadline) {
       std::this_thread::sleep_for(100us);
     }
-    EXPECT_EQ(lane->link_pending(d), want) << copy_direction_name(d);
+    EXPECT_EQ(node_arbiter->link_pending(d), want) << copy_direction_name(d);
   };
   // Rank 0 holds the link with an offload chunk.
-  CopyTicket held;
+  LinkTicket held;
   if (me == 0) {
     held = a->request(CopyDirection::kOffload, chunk);
     ASSERT_TRUE(a->granted(held));
@@ -406,8 +406,8 @@ HP_MPI_TEST(LaneArbiterMulti, ReloadsBeforePendingOffloads, 2, 3) {
   if (me == 0) a->release(held);
   for (auto& t : threads) t.join();
   node->barrier();
-  EXPECT_EQ(lane->link_pending(CopyDirection::kReload), 0);
-  EXPECT_EQ(lane->link_pending(CopyDirection::kOffload), 0);
+  EXPECT_EQ(node_arbiter->link_pending(CopyDirection::kReload), 0);
+  EXPECT_EQ(node_arbiter->link_pending(CopyDirection::kOffload), 0);
   std::vector<std::vector<Held>> all = gather(*node, mine);
   int64_t last_reload = 0, first_offload = INT64_MAX;
   int reloads = 0, offloads = 0;
@@ -428,7 +428,7 @@ HP_MPI_TEST(LaneArbiterMulti, ReloadsBeforePendingOffloads, 2, 3) {
   // Grants 2..2n: n reloads, then n-1 offloads, one at a time (grant 1 was rank 0's offload).
   expect_serialized(holds);
   if (me == 0) {
-    std::printf("[lane] %d reloads granted as %lld..%lld before %d pending offloads from %lld\n",
+    std::printf("[link] %d reloads granted as %lld..%lld before %d pending offloads from %lld\n",
                 reloads, static_cast<long long>(last_reload - reloads + 1),
                 static_cast<long long>(last_reload), offloads,
                 static_cast<long long>(first_offload));
@@ -438,7 +438,7 @@ HP_MPI_TEST(LaneArbiterMulti, ReloadsBeforePendingOffloads, 2, 3) {
 // ---- the activation store through the node arbiter ---------------------------------------------
 
 // Block inputs of 1536 tokens x 256 f32 = 1.5 MiB: two 1 MiB chunks per copy.
-ModelConfig lane_model_config() {
+ModelConfig link_model_config() {
   ModelConfig c;
   c.vocab_size = 64;
   c.d_model = 256;
@@ -454,14 +454,14 @@ ModelConfig lane_model_config() {
 struct StoreRun {
   std::vector<uint32_t> bits;  // losses and gradients of every step
   OffloadStats offload;        // of the last step
-  CopyArbiterStats copies;     // of the last step
+  LinkArbiterStats copies;     // of the last step
   int64_t offload_syncs = 0;   // of the last step
 };
 
-StoreRun run_store(CopyArbiter* arbiter, Communicator& node) {
-  const ModelConfig cfg = lane_model_config();
+StoreRun run_store(LinkArbiter* arbiter, Communicator& node) {
+  const ModelConfig cfg = link_model_config();
   auto be = make_cpu_backend(DType::kF32);
-  if (arbiter) be->set_copy_arbiter(arbiter);
+  if (arbiter) be->set_link_arbiter(arbiter);
   ModelOptions mo;
   mo.checkpoint_activations = true;
   mo.offload.mode = OffloadMode::kDouble;
@@ -491,20 +491,20 @@ StoreRun run_store(CopyArbiter* arbiter, Communicator& node) {
   return out;
 }
 
-HP_MPI_TEST(LaneArbiterMulti, OffloadThroughTheArbiterChangesNoBits, 2, 3) {
-  HP_LANE_NODE(node);
+HP_MPI_TEST(LinkArbiterMulti, OffloadThroughTheArbiterChangesNoBits, 2, 3) {
+  HP_LINK_NODE(node);
   const StoreRun plain = run_store(nullptr, *node);
-  LaneOptions o = lane_options();
+  LinkOptions o = link_options();
   o.chunk_mib = 1;
-  std::unique_ptr<CopyArbiter> a = make_copy_arbiter(*node, o);
-  auto* lane = dynamic_cast<NodeLaneArbiter*>(a.get());
-  ASSERT_NE(lane, nullptr);
-  const std::vector<int64_t> before = lane->link_bytes();
+  std::unique_ptr<LinkArbiter> a = make_link_arbiter(*node, o);
+  auto* node_arbiter = dynamic_cast<NodeLinkArbiter*>(a.get());
+  ASSERT_NE(node_arbiter, nullptr);
+  const std::vector<int64_t> before = node_arbiter->link_bytes();
   const StoreRun on = run_store(a.get(), *node);
-  test::expect_same_bits(plain.bits, on.bits, "lane_arbiter=on (reference: no arbiter)");
+  test::expect_same_bits(plain.bits, on.bits, "link_arbiter=on (reference: no arbiter)");
   EXPECT_EQ(on.offload_syncs, 0);
   // Every copy went through grants, chunk by chunk.
-  ASSERT_EQ(on.offload.offloaded_blocks, lane_model_config().n_layers - 1);
+  ASSERT_EQ(on.offload.offloaded_blocks, link_model_config().n_layers - 1);
   const int64_t block = on.offload.d2h_bytes / on.offload.offloaded_blocks;
   const int64_t per_copy = (block + a->chunk_bytes() - 1) / a->chunk_bytes();
   EXPECT_EQ(per_copy, 2);
@@ -516,12 +516,12 @@ HP_MPI_TEST(LaneArbiterMulti, OffloadThroughTheArbiterChangesNoBits, 2, 3) {
   EXPECT_EQ(on.copies.bytes[1], on.offload.d2h_bytes);
   // Every rank moved the same bytes over the link: a perfectly fair share.
   node->barrier();
-  const std::vector<int64_t> after = lane->link_bytes();
+  const std::vector<int64_t> after = node_arbiter->link_bytes();
   std::vector<double> moved;
   for (size_t i = 0; i < after.size(); ++i) {
     moved.push_back(static_cast<double>(after[i] - before[i]));
     EXPECT_EQ(after[i] - before[i], 2 * (on.offload.d2h_bytes + on.offload.h2d_bytes))
-        << "link rank " << lane->link_ranks()[i];
+        << "link rank " << node_arbiter->link_ranks()[i];
   }
   EXPECT_EQ(jain_fairness(moved), 1.0);
   node->barrier();

@@ -1,4 +1,4 @@
-#include "framework/backend/copy_arbiter.h"
+#include "framework/backend/link_arbiter.h"
 
 #include <algorithm>
 
@@ -16,23 +16,23 @@ const char* copy_direction_name(CopyDirection d) {
   return d == CopyDirection::kReload ? "reload" : "offload";
 }
 
-double CopyArbiterStats::achieved_gbps() const {
+double LinkArbiterStats::achieved_gbps() const {
   return active_s > 0 ? static_cast<double>(bytes[0] + bytes[1]) / active_s / 1e9 : 0.0;
 }
 
-void CopyStatsRecorder::reset() {
+void LinkStatsRecorder::reset() {
   std::lock_guard<std::mutex> lock(mu_);
-  stats_ = CopyArbiterStats{};
+  stats_ = LinkArbiterStats{};
   any_ = false;
 }
 
-void CopyStatsRecorder::on_request(const CopyTicket& t) {
+void LinkStatsRecorder::on_request(const LinkTicket& t) {
   std::lock_guard<std::mutex> lock(mu_);
   if (!any_) first_request_ = t.requested_at;
   any_ = true;
 }
 
-void CopyStatsRecorder::on_grant(const CopyTicket& t) {
+void LinkStatsRecorder::on_grant(const LinkTicket& t) {
   std::lock_guard<std::mutex> lock(mu_);
   const int d = static_cast<int>(t.dir);
   const double w = seconds(t.granted_at - t.requested_at);
@@ -40,7 +40,7 @@ void CopyStatsRecorder::on_grant(const CopyTicket& t) {
   stats_.max_wait_s[d] = std::max(stats_.max_wait_s[d], w);
 }
 
-void CopyStatsRecorder::on_release(const CopyTicket& t) {
+void LinkStatsRecorder::on_release(const LinkTicket& t) {
   std::lock_guard<std::mutex> lock(mu_);
   const int d = static_cast<int>(t.dir);
   stats_.bytes[d] += t.bytes;
@@ -52,19 +52,19 @@ void CopyStatsRecorder::on_release(const CopyTicket& t) {
   stats_.active_s = seconds(last_release_ - first_request_);
 }
 
-CopyArbiterStats CopyStatsRecorder::get() const {
+LinkArbiterStats LinkStatsRecorder::get() const {
   std::lock_guard<std::mutex> lock(mu_);
   return stats_;
 }
 
-LocalCopyArbiter::LocalCopyArbiter(int64_t chunk_bytes) : chunk_bytes_(chunk_bytes) {
+LocalLinkArbiter::LocalLinkArbiter(int64_t chunk_bytes) : chunk_bytes_(chunk_bytes) {
   HP_CHECK(chunk_bytes > 0, "copy chunk must be > 0 bytes, got ", chunk_bytes);
 }
 
-CopyTicket LocalCopyArbiter::request(CopyDirection dir, int64_t bytes) {
+LinkTicket LocalLinkArbiter::request(CopyDirection dir, int64_t bytes) {
   HP_CHECK(bytes > 0 && bytes <= chunk_bytes_, "copy chunk of ", bytes, " bytes outside [1, ",
            chunk_bytes_, "]");
-  CopyTicket t;
+  LinkTicket t;
   t.dir = dir;
   t.bytes = bytes;
   {
@@ -79,11 +79,11 @@ CopyTicket LocalCopyArbiter::request(CopyDirection dir, int64_t bytes) {
   return t;
 }
 
-bool LocalCopyArbiter::granted(CopyTicket& t) {
+bool LocalLinkArbiter::granted(LinkTicket& t) {
   HP_CHECK(t.grant_seq > 0, "ticket not made by this arbiter");
   return true;
 }
 
-void LocalCopyArbiter::release(CopyTicket& t) { recorder_.on_release(t); }
+void LocalLinkArbiter::release(LinkTicket& t) { recorder_.on_release(t); }
 
 }  // namespace hp
