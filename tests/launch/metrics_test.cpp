@@ -109,7 +109,7 @@ TEST(StepJson, NonFiniteNumbersAreNull) {
   EXPECT_EQ(j["finite"], false);
 }
 
-TEST(StepJson, CopyArbiterStatsOfASharedLink) {
+TEST(StepJson, LinkArbiterStatsOfASharedLink) {
   StepStats s;
   LinkArbiterStats c;
   c.bytes[0] = 3 << 20;
