@@ -8,8 +8,9 @@
 # Environment: HOTPATH (the hotpath program; default build/cpu/bin/hotpath), PYTHON (a python3
 # with tokenizers, h5py and numpy; default python3), TEXT_DIR (default /usr/share/common-licenses:
 # every file in it is read, documents split at blank lines). WORKDIR receives tokenizer.json,
-# tokens/, run/ (checkpoints), metrics.jsonl, hf/ (the export, with tokenizer.json) and
-# hf.h5; the demo replaces what an earlier run of it wrote there and nothing else.
+# tokens/, run/ (checkpoints), metrics.jsonl, hf/ (the export, with tokenizer.json), hf.h5 and
+# hf.ini (the export imported back) and hf_eval.json (its held-out loss); the demo replaces what
+# an earlier run of it wrote there and nothing else.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -27,53 +28,32 @@ die() { echo "[text_demo] error: $*" >&2; exit 2; }
 "$PY" -c 'import tokenizers, h5py, numpy' 2>/dev/null ||
   die "$PY lacks tokenizers, h5py or numpy (pip install tokenizers h5py numpy), or set PYTHON"
 [ -d "$TEXT_DIR" ] && [ -n "$(ls -A "$TEXT_DIR")" ] || die "TEXT_DIR $TEXT_DIR: no such directory, or empty"
+grep -q -- '--eval_data' <<< "$("$HP" train --help 2>&1)" ||
+  die "$HP has no eval_data key (held-out evaluation during training): rebuild it"
 
 mkdir -p "$W"
-rm -rf "$W/tokenizer.json" "$W/tokens" "$W/run" "$W/metrics.jsonl" "$W/held_out.tsv" "$W/hf" \
-  "$W/hf.h5" "$W/hf.ini" "$W/hf_eval.txt"
-
-# Held-out evaluation during training needs the eval_data key (eval_loss in the metrics).
-EVAL=()
-if grep -q -- '--eval_data' <<< "$("$HP" train --help 2>&1)"; then
-  EVAL=(--eval_every=25 --eval_batches=8)
-else
-  say "this hotpath has no eval_data key: the held-out loss is measured by 'hotpath eval' of checkpoints"
-fi
+rm -rf "$W/tokenizer.json" "$W/tokens" "$W/run" "$W/metrics.jsonl" "$W/hf" \
+  "$W/hf.h5" "$W/hf.ini" "$W/hf_eval.json"
 
 say "1/5 a byte-level BPE tokenizer of 512 entries from $TEXT_DIR"
 "$PY" "$CORPUS" bpe --in "$TEXT_DIR/*" --delimiter '\n\n' --vocab_size 512 \
-    --out "$W/tokenizer.json" 2>/dev/null
+    --out "$W/tokenizer.json"
 
 say "2/5 token files: 100 held-out paragraphs (seed 0), the rest for training"
 "$PY" "$CORPUS" tokenize --in "$TEXT_DIR/*" --delimiter '\n\n' --tokenizer "$W/tokenizer.json" \
-    --out "$W/tokens" --val_docs 100 --seed 0 --workers 2 --progress_every 0 2>/dev/null
+    --out "$W/tokens" --val_docs 100 --seed 0 --workers 2 --progress_every 0
 
 say "3/5 training $(basename "$INI") (200 steps of 1024 tokens on the CPU)"
-TRAIN=(train --config "$INI" --data="$W/tokens/train-*.h5" --device=cpu
-       --metrics_path="$W/metrics.jsonl" --checkpoint_dir="$W/run")
-if [ ${#EVAL[@]} -gt 0 ]; then
-  "$HP" "${TRAIN[@]}" --eval_data="$W/tokens/val-*.h5" "${EVAL[@]}"
-else
-  "$HP" "${TRAIN[@]}" --checkpoint_every=25
-fi
+"$HP" train --config "$INI" --data="$W/tokens/train-*.h5" --eval_data="$W/tokens/val-*.h5" \
+    --eval_every=25 --eval_batches=8 --device=cpu --metrics_path="$W/metrics.jsonl" \
+    --checkpoint_dir="$W/run"
 
-say "4/5 held-out loss"
-if [ ${#EVAL[@]} -gt 0 ]; then
-  "$PY" - "$W/metrics.jsonl" <<'PY'
+say "4/5 held-out loss (eval_loss of the metrics)"
+"$PY" - "$W/metrics.jsonl" <<'PY'
 import json, sys
 evals = [(r["step"], r["eval_loss"]) for r in map(json.loads, open(sys.argv[1])) if "eval_loss" in r]
 print("[text_demo] held-out loss by step: " + ", ".join(f"{s}: {l:.3f}" for s, l in evals))
 PY
-else
-  : > "$W/held_out.tsv"
-  for ck in "$W"/run/step_*.h5; do
-    step=$(basename "$ck" .h5); step=$((10#${step#step_}))
-    loss=$("$HP" eval --config "$INI" --checkpoint "$ck" --data="$W/tokens/val-*.h5" --batches=8 \
-           --device=cpu 2>/dev/null | sed -n 's/^eval_loss=\([^ ]*\).*/\1/p')
-    printf '%s\t%s\n' "$step" "$loss" >> "$W/held_out.tsv"
-  done
-  say "held-out loss by step: $(tr '\t\n' ': ' < "$W/held_out.tsv")"
-fi
 
 say "5/5 Hugging Face export, loaded back"
 "$HP" export-hf "$W/run" --out "$W/hf" --dtype fp32
@@ -81,6 +61,5 @@ cp "$W/tokenizer.json" "$W/hf/tokenizer.json"
 "$HP" import-hf "$W/hf" --out "$W/hf.h5" >/dev/null
 # The exported weights (fp32: exact) give the final held-out loss again.
 "$HP" eval --config "$INI" --checkpoint "$W/hf.h5" --data="$W/tokens/val-*.h5" --batches=8 \
-    --device=cpu 2>/dev/null | sed -n 's/^eval_loss=/[text_demo] held-out loss of the export: /p' \
-    | tee "$W/hf_eval.txt"
+    --device=cpu --eval_json="$W/hf_eval.json" | sed 's/^/[text_demo] the export imported back: /'
 say "done: $W/hf holds the model (safetensors, config.json) and its tokenizer.json"

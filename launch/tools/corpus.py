@@ -122,12 +122,11 @@ reached again through a link) is read once, where first named."""
         if os.path.isdir(p):
             fail(f"--in {p}: is a directory; give its files or a glob such as '{p}/*.txt'")
         paths.append(p)
-    seen, unique = {}, []
+    seen, unique, again = {}, [], []
     for p in paths:
         key = os.path.realpath(p)
         if key in seen:
-            print(f"note: {p} is {seen[key]} (a link or a repeated name): read once",
-                  file=sys.stderr)
+            again.append(f"{p} (= {seen[key]})")
             continue
         seen[key] = p
         unique.append(p)
@@ -136,6 +135,8 @@ reached again through a link) is read once, where first named."""
                 f.read(1)
         except OSError as e:
             fail(f"--in {p}: cannot be read: {e.strerror}")
+    if again:
+        print(f"note: read once, where first named: {', '.join(again)}", file=sys.stderr)
     return unique
 
 

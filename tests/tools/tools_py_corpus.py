@@ -2,7 +2,8 @@
 """Cases of launch/tools/corpus.py, one group per subcommand (each in its own WORKDIR):
 
   text WORKDIR     text files, one document per file and split at a delimiter: every token of
-                   the output equals the tokenizer's own encoding of each document plus EOT;
+                   the output equals the tokenizer's own encoding of each document plus EOT; a
+                   file reached twice (a link, a repeated name) is read once;
                    empty documents skipped and counted; bytes that are not UTF-8 are a
                    FILE:LINE error, or U+FFFD with --errors=replace
   jsonl WORKDIR    JSONL with a text field: exact tokens; a missing field, a non-string field,
@@ -148,11 +149,15 @@ def case_text(work, rng):
     texts[2] = ""  # an empty file is an empty document
     for i, t in enumerate(texts):
         write(os.path.join(d, f"doc{i}.txt"), t)
+    # A link to a file the glob also matches, and a file named twice: each read once.
+    os.symlink("doc1.txt", os.path.join(d, "link.txt"))
     out = os.path.join(work, "out_files")
-    r = tokenize([os.path.join(d, "*.txt")], tok, out)
+    r = tokenize([os.path.join(d, "*.txt"), os.path.join(d, "doc0.txt")], tok, out)
     check(r.returncode == 0, "files: exit", r.returncode, r.stderr)
     if r.returncode == 0:
         expect_docs(out, texts, tok, 0, "files")
+        check("read once, where first named" in r.stderr and "link.txt" in r.stderr,
+              "no note of the file read once", r.stderr)
         check("1 empty, skipped" in r.stdout and "'<|endoftext|>'" in r.stdout, "files summary",
               r.stdout)
         check("tokenize:" in r.stderr and "tokens/s" in r.stderr, "progress line", r.stderr)
