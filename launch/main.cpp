@@ -52,12 +52,10 @@ constexpr const char* kUsage =
     "\n"
     "'hotpath <command> --help' lists every option with its default.\n";
 
-// --dry-run: validate for the planned world, print parameter counts and the memory plan of one
-// rank; exit 2 (before any allocation) when it does not fit the device or, on the CPU backend,
-// when one rank needs more than this host's memory (the check a run makes).
-int dry_run(const TrainOptions& o) {
-  const int world = o.plan_world > 0 ? o.plan_world : 1;
-  validate_train_options(o, world);
+// --dry-run, on options validated for the planned `world`: print parameter counts and the memory
+// plan of one rank; exit 2 (before any allocation) when it does not fit the device or, on the CPU
+// backend, when one rank needs more than this host's memory (the check a run makes).
+int dry_run(const TrainOptions& o, int world) {
   const ParamCounts pc = count_params(o.model);
   std::printf("params: total=%lld active=%lld\n", static_cast<long long>(pc.total),
               static_cast<long long>(pc.active));
@@ -123,11 +121,15 @@ int run(std::vector<std::string> args, int* argc, char*** argv) {
   if (cmd != "eval" && o.eval.force)
     HP_USER_ERROR(ErrorKind::kConfig, "hotpath ", cmd,
                   ": --force only lets hotpath eval --dump_logits replace an existing file");
-  planned_device_bytes(o, 0);  // device_memory_gib is checked here, whatever the device
-  if (cmd == "train" && o.dry_run) return dry_run(o);
-  // Outputs are checked before the ranks meet, so a run that cannot save does not start.
+  // The one validation of the options, before any work: a dry run's for the world it plans, a
+  // run's for the launch's world (the launcher's environment says it before the ranks meet).
+  // Everything after this receives the validated options.
+  const bool dry = cmd == "train" && o.dry_run;
   const LaunchInfo launch = detect_launch();
-  validate_train_options(o, launch.world);
+  const int world = dry ? (o.plan_world > 0 ? o.plan_world : 1) : launch.world;
+  validate_train_options(o, world);
+  if (dry) return dry_run(o, world);
+  // Outputs are checked before the ranks meet, so a run that cannot save does not start.
   check_outputs_writable(o, scenario.empty() ? cmd : "bench", launch.rank);
   Job job(o, argc, argv);  // this process as one rank: launch, rendezvous, process groups
   log_info(describe_cpu_threads());

@@ -20,28 +20,65 @@ namespace po = boost::program_options;
 namespace hp {
 namespace {
 
-// Enumerated keys as read; parsed into TrainOptions' enums once, after the whole configuration
-// has been read. The initial values are the defaults --help shows.
-struct RawEnums {
-  std::string device = "auto";
-  std::string cpu_dtype = "fp32";
-  std::string metadata = "cached";
-  std::string routing = "bincount";
-  std::string offload = "none";
-  std::string link_arbiter = "off";
-  std::string resume = "none";
-  std::string window_layers = "none";
-  std::string activation = "swiglu";
-  std::string optimizer_sharding = "none";
-  std::string grad_reduce_dtype = "fp32";
-  std::string seed = "1234";  // digits only: a uint64 that "-1" must not wrap into
-  std::string nonfinite = "abort";
-  std::string packing = "stream";
-  std::string allow_config_change;  // comma list of model keys
-};
-
 template <typename E>
 using Names = std::vector<std::pair<const char*, E>>;
+
+// The spellings of each enumerated key's values.
+const Names<DeviceKind> kDeviceNames = {
+    {"auto", DeviceKind::kAuto}, {"cpu", DeviceKind::kCpu}, {"cuda", DeviceKind::kCuda}};
+const Names<DType> kCpuDtypeNames = {{"fp32", DType::kF32}, {"fp64", DType::kF64}};
+const Names<DType> kReduceDtypeNames = {{"fp32", DType::kF32}, {"bf16", DType::kBF16}};
+const Names<MetadataMode> kMetadataNames = {{"cached", MetadataMode::kCached},
+                                            {"per-layer", MetadataMode::kPerLayer}};
+const Names<RoutingMode> kRoutingNames = {{"bincount", RoutingMode::kBincount},
+                                          {"per-expert", RoutingMode::kPerExpert}};
+const Names<OffloadMode> kOffloadNames = {
+    {"none", OffloadMode::kNone}, {"single", OffloadMode::kSingle}, {"double", OffloadMode::kDouble}};
+const Names<bool> kOnOffNames = {{"on", true}, {"off", false}};
+const Names<OptimizerSharding> kShardingNames = {{"none", OptimizerSharding::kNone},
+                                                 {"zero1", OptimizerSharding::kZero1}};
+const Names<Activation> kActivationNames = {{"swiglu", Activation::kSwiGLU},
+                                            {"gptoss", Activation::kGptOss}};
+const Names<WindowLayers> kWindowNames = {
+    {"none", WindowLayers::kNone}, {"even", WindowLayers::kEven}, {"all", WindowLayers::kAll}};
+const Names<NonfinitePolicy> kNonfiniteNames = {{"abort", NonfinitePolicy::kAbort},
+                                                {"skip", NonfinitePolicy::kSkip}};
+const Names<Packing> kPackingNames = {{"stream", Packing::kStream}, {"whole", Packing::kWhole}};
+
+// The spelling of `value` (a struct's default, for --help).
+template <typename E>
+std::string name_of(const Names<E>& names, E value) {
+  for (const auto& n : names)
+    if (n.second == value) return n.first;
+  return "";
+}
+
+// Enumerated and spec keys as read; parsed into TrainOptions' typed values once, after the whole
+// configuration has been read. The initial values, which --help shows, are the spellings of the
+// option structs' defaults.
+struct RawEnums {
+  std::string device = name_of(kDeviceNames, DeviceOptions{}.kind);
+  std::string cpu_dtype = name_of(kCpuDtypeNames, DeviceOptions{}.cpu_dtype);
+  std::string metadata = name_of(kMetadataNames, ModelOptions{}.metadata);
+  std::string routing = name_of(kRoutingNames, ModelOptions{}.routing);
+  std::string offload = name_of(kOffloadNames, OffloadOptions{}.mode);
+  std::string link_arbiter = name_of(kOnOffNames, LinkOptions{}.enabled);
+  std::string resume = "none";
+  std::string window_layers = name_of(kWindowNames, ModelConfig{}.window_layers);
+  std::string activation = name_of(kActivationNames, ModelConfig{}.activation);
+  std::string optimizer_sharding = name_of(kShardingNames, OptimizerOptions{}.sharding);
+  std::string grad_reduce_dtype = name_of(kReduceDtypeNames, OptimizerOptions{}.grad_reduce_dtype);
+  std::string seed = std::to_string(RunOptions{}.seed);  // digits only: "-1" must not wrap
+  std::string nonfinite = name_of(kNonfiniteNames, RunOptions{}.nonfinite);
+  std::string packing = name_of(kPackingNames, DataConfig{}.packing);
+  std::string allow_config_change;  // comma list of model keys
+  std::string attention = attention_impl_name(CudaBackendOptions{}.attention);
+  std::string expert_gemm = expert_gemm_impl_name(CudaBackendOptions{}.expert_gemm);
+  std::string device_memory_gib = DeviceMemory{}.text;
+  std::string synthetic_doc_len = DocLength{}.str();
+  std::string bootstrap;  // "": from the launch
+  int64_t pinned_pool_mib = OffloadOptions{}.pinned_pool_bytes >> 20;
+};
 
 // The value of `key` named `text` among `names`; a config error listing them otherwise.
 template <typename E>
@@ -66,39 +103,33 @@ DType parse_dtype(const char* key, const std::string& text, const Names<DType>& 
 }
 
 void parse_enums(const RawEnums& raw, TrainOptions& o) {
-  o.device.kind = parse_enum<DeviceKind>(
-      "device", raw.device,
-      {{"auto", DeviceKind::kAuto}, {"cpu", DeviceKind::kCpu}, {"cuda", DeviceKind::kCuda}});
+  o.device.kind = parse_enum<DeviceKind>("device", raw.device, kDeviceNames);
   o.device.cpu_dtype =
-      parse_dtype("cpu_dtype", raw.cpu_dtype, {{"fp32", DType::kF32}, {"fp64", DType::kF64}});
-  o.compute.metadata = parse_enum<MetadataMode>(
-      "metadata", raw.metadata,
-      {{"cached", MetadataMode::kCached}, {"per-layer", MetadataMode::kPerLayer}});
-  o.compute.routing = parse_enum<RoutingMode>(
-      "routing", raw.routing,
-      {{"bincount", RoutingMode::kBincount}, {"per-expert", RoutingMode::kPerExpert}});
-  o.offload.mode = parse_enum<OffloadMode>("offload", raw.offload,
-                                           {{"none", OffloadMode::kNone},
-                                            {"single", OffloadMode::kSingle},
-                                            {"double", OffloadMode::kDouble}});
-  o.offload.link_arbiter =
-      parse_enum<bool>("link_arbiter", raw.link_arbiter, {{"on", true}, {"off", false}});
-  o.optimizer.sharding = parse_enum<OptimizerSharding>(
-      "optimizer_sharding", raw.optimizer_sharding,
-      {{"none", OptimizerSharding::kNone}, {"zero1", OptimizerSharding::kZero1}});
-  o.optimizer.grad_reduce_dtype = parse_dtype("grad_reduce_dtype", raw.grad_reduce_dtype,
-                                              {{"fp32", DType::kF32}, {"bf16", DType::kBF16}});
+      parse_dtype("cpu_dtype", raw.cpu_dtype, kCpuDtypeNames);
+  o.device.memory = parse_device_memory(raw.device_memory_gib);
+  o.cuda.attention = parse_attention_impl(raw.attention);
+  o.cuda.expert_gemm = parse_expert_gemm_impl(raw.expert_gemm);
+  o.data.synthetic_doc_len = parse_doc_length(raw.synthetic_doc_len);
+  o.parallel.bootstrap.reset();
+  if (!raw.bootstrap.empty()) o.parallel.bootstrap = parse_bootstrap(raw.bootstrap);
+  // In bytes it must stay an int64.
+  if (raw.pinned_pool_mib < 0 || raw.pinned_pool_mib > (int64_t{1} << 40))
+    HP_USER_ERROR(ErrorKind::kConfig, "config key 'pinned_pool_mib': must be in [0, 2^40] MiB ",
+                  "(0: sized from the model and batch), got ", raw.pinned_pool_mib);
+  o.compute.offload.pinned_pool_bytes = raw.pinned_pool_mib << 20;
+  o.compute.metadata = parse_enum<MetadataMode>("metadata", raw.metadata, kMetadataNames);
+  o.compute.routing = parse_enum<RoutingMode>("routing", raw.routing, kRoutingNames);
+  o.compute.offload.mode = parse_enum<OffloadMode>("offload", raw.offload, kOffloadNames);
+  o.link.enabled =
+      parse_enum<bool>("link_arbiter", raw.link_arbiter, kOnOffNames);
+  o.optimizer.sharding = parse_enum<OptimizerSharding>("optimizer_sharding", raw.optimizer_sharding,
+                                                      kShardingNames);
+  o.optimizer.grad_reduce_dtype = parse_dtype("grad_reduce_dtype", raw.grad_reduce_dtype, kReduceDtypeNames);
   o.model.activation =
-      parse_enum<Activation>("activation", raw.activation,
-                             {{"swiglu", Activation::kSwiGLU}, {"gptoss", Activation::kGptOss}});
-  o.model.window_layers = parse_enum<WindowLayers>(
-      "window_layers", raw.window_layers,
-      {{"none", WindowLayers::kNone}, {"even", WindowLayers::kEven}, {"all", WindowLayers::kAll}});
-  o.run.nonfinite = parse_enum<NonfinitePolicy>(
-      "nonfinite", raw.nonfinite,
-      {{"abort", NonfinitePolicy::kAbort}, {"skip", NonfinitePolicy::kSkip}});
-  o.data.packing = parse_enum<Packing>("packing", raw.packing,
-                                       {{"stream", Packing::kStream}, {"whole", Packing::kWhole}});
+      parse_enum<Activation>("activation", raw.activation, kActivationNames);
+  o.model.window_layers = parse_enum<WindowLayers>("window_layers", raw.window_layers, kWindowNames);
+  o.run.nonfinite = parse_enum<NonfinitePolicy>("nonfinite", raw.nonfinite, kNonfiniteNames);
+  o.data.packing = parse_enum<Packing>("packing", raw.packing, kPackingNames);
   {
     const std::string& t = raw.seed;
     bool digits = !t.empty() && t.size() <= 20;
@@ -140,7 +171,8 @@ void parse_enums(const RawEnums& raw, TrainOptions& o) {
 
 po::options_description describe_options(TrainOptions& o, RawEnums& raw) {
   ModelConfig& m = o.model;
-  DataOptions& d = o.data;
+  DataConfig& d = o.data;
+  OffloadOptions& off = o.compute.offload;
   po::options_description run("Run");
   run.add_options()("steps", po::value(&o.run.steps)->default_value(o.run.steps),
                     "optimizer steps")(
@@ -154,21 +186,21 @@ po::options_description describe_options(TrainOptions& o, RawEnums& raw) {
       "seed of init, data order and synthetic data")(
       "device", po::value(&raw.device)->default_value(raw.device),
       "cpu | cuda | auto (cuda when a GPU is present)")(
-      "attention", po::value(&o.device.attention)->default_value(o.device.attention),
+      "attention", po::value(&raw.attention)->default_value(raw.attention),
       "CUDA attention kernels: auto (cuDNN where available, else tiled) | cudnn | tiled")(
-      "deterministic", po::value(&o.device.deterministic)->default_value(o.device.deterministic),
+      "deterministic", po::value(&o.cuda.deterministic)->default_value(o.cuda.deterministic),
       "CUDA: bitwise-reproducible results (a deterministic attention backward; false allows "
       "cuDNN's faster one, whose dQ sums arrive in varying order)")(
-      "expert_gemm", po::value(&o.device.expert_gemm)->default_value(o.device.expert_gemm),
+      "expert_gemm", po::value(&raw.expert_gemm)->default_value(raw.expert_gemm),
       "CUDA: how the experts' GEMMs of a MoE layer run: serial (one after another) | streams "
       "(spread over 4 streams, the same bits as serial) | grouped (one cuBLAS grouped call per "
       "group; its own kernels, so other last bits)")(
-      "gemm_autotune", po::value(&o.device.gemm_autotune)->default_value(o.device.gemm_autotune),
+      "gemm_autotune", po::value(&o.cuda.gemm_autotune)->default_value(o.cuda.gemm_autotune),
       "CUDA: time cuBLASLt's candidate algorithms for each large GEMM shape in the first steps, "
       "without waiting for them, and keep the fastest (off under deterministic=true: timings "
       "pick the algorithm, and so the last bits)")(
       "attention_autotune",
-      po::value(&o.device.attention_autotune)->default_value(o.device.attention_autotune),
+      po::value(&o.cuda.attention_autotune)->default_value(o.cuda.attention_autotune),
       "CUDA: time every plan cuDNN's heuristic offers for each attention forward shape at its "
       "first run, without waiting for them, and keep the fastest (off under deterministic=true)")(
       "cpu_dtype", po::value(&raw.cpu_dtype)->default_value(raw.cpu_dtype),
@@ -186,7 +218,7 @@ po::options_description describe_options(TrainOptions& o, RawEnums& raw) {
       "AdamW decoupled weight decay (matrices only)")(
       "beta1", po::value(&o.optimizer.beta1)->default_value(o.optimizer.beta1), "AdamW beta1")(
       "beta2", po::value(&o.optimizer.beta2)->default_value(o.optimizer.beta2), "AdamW beta2")(
-      "adam_eps", po::value(&o.optimizer.adam_eps)->default_value(o.optimizer.adam_eps),
+      "adam_eps", po::value(&o.optimizer.eps)->default_value(o.optimizer.eps),
       "AdamW epsilon")("grad_clip",
                        po::value(&o.optimizer.grad_clip)->default_value(o.optimizer.grad_clip),
                        "global gradient-norm clip (<= 0: off)")(
@@ -209,7 +241,7 @@ po::options_description describe_options(TrainOptions& o, RawEnums& raw) {
       "MoE routing: bincount (1 sync per layer) | per-expert (baseline)")(
       "ep_size", po::value(&o.parallel.ep_size)->default_value(o.parallel.ep_size),
       "expert-parallel ranks (world = dp x ep_size)")(
-      "bootstrap", po::value(&o.parallel.bootstrap)->default_value(o.parallel.bootstrap),
+      "bootstrap", po::value(&raw.bootstrap)->default_value(raw.bootstrap),
       "how ranks meet: mpi | file:PATH | tcp:HOST:PORT (empty: mpi under an MPI launcher)")(
       "comm_overlap", po::value(&o.parallel.comm_overlap)->default_value(o.parallel.comm_overlap),
       "CUDA, 2+ ranks: gradient reductions and zero1 all-gathers on their own stream and NCCL "
@@ -224,24 +256,24 @@ po::options_description describe_options(TrainOptions& o, RawEnums& raw) {
       "checkpointed block inputs: none (stay on the device) | single (host, serialized reload; "
       "baseline) | double (host, ring of staging buffers with prefetch); not none implies "
       "checkpoint_activations")("offload_buffers",
-                                po::value(&o.offload.buffers)->default_value(o.offload.buffers),
+                                po::value(&off.buffers)->default_value(off.buffers),
                                 "offload=double: device staging buffers in the ring (>= 2)")(
-      "offload_lookahead", po::value(&o.offload.lookahead)->default_value(o.offload.lookahead),
+      "offload_lookahead", po::value(&off.lookahead)->default_value(off.lookahead),
       "offload=double: blocks reloaded ahead of the one in backward (1 .. offload_buffers-1)")(
-      "sim_link_gbps", po::value(&o.offload.sim_link_gbps)->default_value(o.offload.sim_link_gbps),
+      "sim_link_gbps", po::value(&off.sim_link_gbps)->default_value(off.sim_link_gbps),
       "cpu backend: simulated host-link bandwidth of offload copies in GB/s (0: unlimited)")(
       "pinned_pool_mib",
-      po::value(&o.offload.pinned_pool_mib)->default_value(o.offload.pinned_pool_mib),
+      po::value(&raw.pinned_pool_mib)->default_value(raw.pinned_pool_mib),
       "pinned host pool for offloaded block inputs in MiB (0: sized from the model and batch)")(
       "link_arbiter", po::value(&raw.link_arbiter)->default_value(raw.link_arbiter),
       "offload copies of the ranks of a node share their host links through a link arbiter: "
       "on | off (off: every rank copies on its own, the baseline)")(
       "link_chunk_mib",
-      po::value(&o.offload.link_chunk_mib)->default_value(o.offload.link_chunk_mib),
+      po::value(&o.link.chunk_mib)->default_value(o.link.chunk_mib),
       "offload copies move in chunks of this many MiB, each with a grant (1 .. 4096)")(
-      "link_inflight", po::value(&o.offload.link_inflight)->default_value(o.offload.link_inflight),
+      "link_inflight", po::value(&o.link.inflight)->default_value(o.link.inflight),
       "link_arbiter=on: chunks in flight per host link (1 .. 64)")(
-      "pcie_groups", po::value(&o.offload.pcie_groups)->default_value(o.offload.pcie_groups),
+      "pcie_groups", po::value(&o.link.pcie_groups)->default_value(o.link.pcie_groups),
       "link_arbiter=on: which node ranks share a host link: auto (grouped by their GPUs' PCIe "
       "root ports; all on one link where one cannot be found), a list like \"0,1;2,3\", or "
       "empty (all ranks of a node on one link)")(
@@ -312,7 +344,7 @@ po::options_description describe_options(TrainOptions& o, RawEnums& raw) {
       "synthetic_mean_doc_len",
       po::value(&d.synthetic_mean_doc_len)->default_value(d.synthetic_mean_doc_len),
       "synthetic: mean document length (geometric)")(
-      "synthetic_doc_len", po::value(&d.synthetic_doc_len)->default_value(d.synthetic_doc_len),
+      "synthetic_doc_len", po::value(&raw.synthetic_doc_len)->default_value(raw.synthetic_doc_len),
       "synthetic: document lengths, 'geometric' (mean synthetic_mean_doc_len) or "
       "'uniform:MIN:MAX' (EOT included, e.g. uniform:64:4096 as real corpora have)");
   po::options_description model("Model");
@@ -368,7 +400,7 @@ po::options_description describe_options(TrainOptions& o, RawEnums& raw) {
                                                   "init standard deviation of weights");
   po::options_description memory("Memory plan");
   memory.add_options()(
-      "device_memory_gib", po::value(&o.device.memory)->default_value(o.device.memory),
+      "device_memory_gib", po::value(&raw.device_memory_gib)->default_value(raw.device_memory_gib),
       "device memory a rank plans with: auto (the visible GPU's), off, a number of GiB, or "
       "h100 | h200 | b200; a layout whose memory plan does not fit is refused before it "
       "allocates");
@@ -572,24 +604,17 @@ void validate_train_options(const TrainOptions& o, int world) {
   require(r.log_every >= 1, "log_every", str_cat("must be >= 1, got ", r.log_every));
   require(r.stop_at_step >= 0, "stop_at_step", "must be >= 0");
   require(r.steps <= kMaxSteps, "steps", str_cat("must be <= ", kMaxSteps, ", got ", r.steps));
-  const DeviceOptions& dev = o.device;
-  require(dev.attention == "auto" || dev.attention == "cudnn" || dev.attention == "tiled",
-          "attention", str_cat("must be auto, cudnn or tiled, got '", dev.attention, "'"));
-  require(
-      dev.expert_gemm == "serial" || dev.expert_gemm == "streams" || dev.expert_gemm == "grouped",
-      "expert_gemm", str_cat("must be serial, streams or grouped, got '", dev.expert_gemm, "'"));
-  require(dev.cpu_dtype == DType::kF32 || dev.cpu_dtype == DType::kF64, "cpu_dtype",
-          "must be fp32 or fp64");
-  const DataOptions& d = o.data;
+  const DataConfig& d = o.data;
   require(d.seq_len >= 2, "seq_len", str_cat("must be >= 2, got ", d.seq_len));
   // Token positions and document offsets of a batch are int32 (packed metadata, cu_seqlens).
   require(d.batch_tokens <= INT32_MAX, "batch_tokens",
           str_cat("must be <= 2147483647 (positions in a batch are int32), got ", d.batch_tokens));
   require(d.batch_tokens > 0 && d.batch_tokens % d.seq_len == 0, "batch_tokens",
           str_cat("must be a positive multiple of seq_len=", d.seq_len, ", got ", d.batch_tokens));
-  require(d.rows_per_batch() % world == 0, "batch_tokens",
-          str_cat("batch_tokens/seq_len = ", d.rows_per_batch(), " rows must divide evenly over ",
-                  world, " ranks"));
+  const int64_t rows = d.batch_tokens / d.seq_len;
+  require(rows % world == 0, "batch_tokens",
+          str_cat("batch_tokens/seq_len = ", rows, " rows must divide evenly over ", world,
+                  " ranks"));
   require(d.packing_window >= 1 && d.packing_window <= kMaxPackingWindow, "packing_window",
           str_cat("must be in 1..", kMaxPackingWindow, " documents, got ", d.packing_window));
   require(d.eot_token >= -1, "eot_token",
@@ -608,6 +633,9 @@ void validate_train_options(const TrainOptions& o, int world) {
     require(std::isfinite(d.synthetic_mean_doc_len) && d.synthetic_mean_doc_len > 1,
             "synthetic_mean_doc_len", "must be finite and > 1");
   }
+  // What DataLoader::open checks before it reads: the synthetic source's parameters, the data
+  // files' paths and patterns.
+  validate_data_config(make_data_config(o, 0, world));
   const OptimizerOptions& opt = o.optimizer;
   require_positive(opt.lr, "lr");
   require(opt.min_lr >= 0 && opt.min_lr <= opt.lr, "min_lr",
@@ -617,7 +645,7 @@ void validate_train_options(const TrainOptions& o, int world) {
           str_cat("must be finite and >= 0, got ", opt.weight_decay));
   require(opt.beta1 >= 0 && opt.beta1 < 1, "beta1", "must be in [0, 1)");
   require(opt.beta2 >= 0 && opt.beta2 < 1, "beta2", "must be in [0, 1)");
-  require_positive(opt.adam_eps, "adam_eps");
+  require_positive(opt.eps, "adam_eps");
   require(std::isfinite(opt.grad_clip) && opt.grad_clip >= 0, "grad_clip",
           str_cat("must be finite and >= 0 (0: no clipping), got ", opt.grad_clip));
   require(o.compute.ce_chunk_tokens >= 1, "ce_chunk_tokens", "must be >= 1");
@@ -643,16 +671,11 @@ void validate_train_options(const TrainOptions& o, int world) {
                     " ranks, which needs a multiple of ", dp,
                     "; use a larger ep_size, fewer ranks, or optimizer_sharding=none"));
   }
-  const OffloadSettings& off = o.offload;
-  require(off.buffers >= 2, "offload_buffers", str_cat("must be >= 2, got ", off.buffers));
-  require(
-      off.lookahead >= 1 && off.lookahead < off.buffers, "offload_lookahead",
-      str_cat("must be in [1, offload_buffers - 1 = ", off.buffers - 1, "], got ", off.lookahead));
-  require(std::isfinite(off.sim_link_gbps) && off.sim_link_gbps >= 0, "sim_link_gbps",
+  const OffloadOptions& off = o.compute.offload;
+  require(std::isfinite(off.sim_link_gbps), "sim_link_gbps",
           str_cat("must be >= 0, got ", off.sim_link_gbps));
-  require(off.pinned_pool_mib >= 0, "pinned_pool_mib",
-          str_cat("must be >= 0 (0: automatic), got ", off.pinned_pool_mib));
-  make_link_options(o).validate();
+  off.validate();
+  o.link.validate();
   const CheckpointOptions& ck = o.checkpoint;
   require(o.run.max_skipped_steps >= 0, "max_skipped_steps",
           str_cat("must be >= 0 (0: stop at the first skipped step), got ",
@@ -671,23 +694,85 @@ void validate_train_options(const TrainOptions& o, int world) {
           str_cat("=", ho.every, " needs eval_data (the held-out data to evaluate): set "
                   "eval_data, or eval_every=0"));
   require(ho.batches >= 1, "eval_batches", str_cat("must be >= 1, got ", ho.batches));
+  if (!ho.data.empty()) {
+    // What opening eval_data checks first (HeldOutData, launch/train/evaluation.cpp), as it says.
+    DataConfig held_out = make_data_config(o, 0, world);
+    held_out.source = ho.data;
+    try {
+      validate_data_config(held_out);
+    } catch (const UserError& e) {
+      HP_USER_ERROR(e.kind(), "config key 'eval_data' (", ho.data, "): ", e.what());
+    }
+  }
   require(o.plan_world >= 0 && o.plan_world <= (1 << 20), "plan_world",
           str_cat("must be in [0, 1048576], got ", o.plan_world));
   require(o.bench.warmup >= 0 && o.bench.steps >= 1, "bench_steps",
           "bench_warmup must be >= 0 and bench_steps >= 1");
 }
 
+DataConfig make_data_config(const TrainOptions& o, int rank, int world) {
+  DataConfig d = o.data;
+  d.vocab_size = o.model.vocab_size;
+  if (d.eot_token < 0) d.eot_token = static_cast<int32_t>(o.model.vocab_size - 1);
+  d.rows_per_batch = d.seq_len > 0 ? d.batch_tokens / d.seq_len : 0;
+  d.rank = rank;
+  d.world = world;
+  d.seed = o.run.seed;
+  return d;
+}
+
+ModelOptions make_model_options(const TrainOptions& o) {
+  ModelOptions m = o.compute;
+  if (m.offload.mode != OffloadMode::kNone) m.checkpoint_activations = true;
+  m.max_positions = o.data.seq_len;
+  return m;
+}
+
 LinkOptions make_link_options(const TrainOptions& o, const Backend* be) {
-  LinkOptions l;
-  l.enabled = o.offload.link_arbiter;
-  l.chunk_mib = o.offload.link_chunk_mib;
-  l.inflight = o.offload.link_inflight;
-  l.pcie_groups = o.offload.pcie_groups;
+  LinkOptions l = o.link;
   // A grant that takes longer than a collective may is a stuck peer.
   l.timeout =
       std::chrono::milliseconds(static_cast<int64_t>(o.parallel.collective_timeout_s * 1000));
   if (be) l.link_id = host_link_of_pci_device("/sys/bus/pci/devices", be->pci_bus_id());
   return l;
+}
+
+namespace {
+struct GpuType {
+  const char* name;
+  double gib;  // total memory as the driver reports it
+};
+constexpr GpuType kGpuTypes[] = {{"h100", 79.6}, {"h200", 140.4}, {"b200", 179.0}};
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+constexpr double kMinDeviceGiB = 0.001;  // device_memory_gib's smallest size
+}  // namespace
+
+DeviceMemory parse_device_memory(const std::string& text) {
+  DeviceMemory m;
+  m.text = text;
+  std::string v = text;
+  std::transform(v.begin(), v.end(), v.begin(), [](unsigned char ch) { return std::tolower(ch); });
+  if (v == "auto") return m;
+  if (v == "off") {
+    m.kind = DeviceMemory::Kind::kOff;
+    return m;
+  }
+  m.kind = DeviceMemory::Kind::kBytes;
+  for (const GpuType& g : kGpuTypes)
+    if (v == g.name) {
+      m.bytes = static_cast<int64_t>(g.gib * kGiB);
+      return m;
+    }
+  // A size below a MiB is no device; read as bytes it would round to 0, which means "no check".
+  char* end = nullptr;
+  const double gib = std::strtod(v.c_str(), &end);
+  if (v.empty() || end != v.c_str() + v.size() || !(gib >= kMinDeviceGiB) || gib > 1e6)
+    HP_USER_ERROR(ErrorKind::kConfig,
+                  "config key 'device_memory_gib': must be auto, off (no check), a number "
+                  "of GiB in [0.001, 1e6] or one of h100, h200, b200; got '",
+                  text, "'");
+  m.bytes = static_cast<int64_t>(gib * kGiB);
+  return m;
 }
 
 std::string model_config_record(const ModelConfig& m) {

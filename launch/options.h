@@ -1,25 +1,33 @@
-// Typed run configuration: one struct per concern, filled from an INI file plus command-line
-// overrides (Boost.Program_options; the same `key = value` names in both) and checked by
-// validate_train_options with messages that name the key. Most enumerated keys are parsed into
-// enums when they are read. A few stay strings that code past this file reads and compares:
-// attention and expert_gemm (checked here, turned into the CUDA backend's enums in
-// framework/backend/cuda/cuda_backend.cpp), device_memory_gib (parsed and checked by
-// planned_device_bytes, launch/train/memory_plan.cpp), and the specs that their users parse:
-// data, synthetic_doc_len (framework/data), pcie_groups (parallel/link_arbiter.cpp) and
-// bootstrap (parallel/launch_env.cpp).
+// Typed run configuration, filled from an INI file plus command-line overrides
+// (Boost.Program_options; the same `key = value` names in both). The option structs are the
+// framework's own (ModelConfig, ModelOptions with OffloadOptions, DataConfig, AdamWConfig and
+// LrSchedule, CudaBackendOptions, LinkOptions, CommOptions): each key is bound to the field the
+// code reads, and its default is that field's initializer. Every enumerated or spec string
+// (device, attention, expert_gemm, device_memory_gib, synthetic_doc_len, bootstrap, resume, ...)
+// is parsed into its typed value by parse_train_options, with an error naming the key; no code
+// past this file compares option strings. validate_train_options checks the value and
+// cross-key rules once, in main, before any work; what it passed is what every later stage
+// receives.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "framework/backend/backend.h"
+#include "framework/backend/cuda_options.h"
 #include "framework/data/loader.h"
 #include "framework/model/activation_store.h"
 #include "framework/model/config.h"
 #include "framework/model/expert_exchange.h"
 #include "framework/model/model.h"
+#include "optim/adamw.h"
+#include "optim/lr_schedule.h"
+#include "parallel/communicator.h"
 #include "parallel/link_arbiter.h"
+#include "parallel/launch_env.h"
 
 namespace hp {
 
@@ -44,81 +52,45 @@ struct RunOptions {
   int64_t max_skipped_steps = 10;
 };
 
-// Which backend, and its precision knobs.
+// key device_memory_gib: the device memory a rank may plan with.
+struct DeviceMemory {
+  enum class Kind {
+    kAuto,   // auto: the visible GPU's (no check where none is visible)
+    kOff,    // off: no check
+    kBytes,  // a number of GiB, or a GPU type (h100, h200, b200)
+  };
+  Kind kind = Kind::kAuto;
+  int64_t bytes = 0;          // kBytes
+  std::string text = "auto";  // as given, for messages
+};
+// Parses device_memory_gib; throws UserError(kConfig) naming the key and what is valid.
+DeviceMemory parse_device_memory(const std::string& text);
+
+// Which backend, its precision and the memory it plans with. The CUDA backend's own knobs are
+// TrainOptions::cuda.
 struct DeviceOptions {
   DeviceKind kind = DeviceKind::kAuto;  // key `device`
   DType cpu_dtype = DType::kF32;        // key `cpu_dtype`: fp32 | fp64 (reference checks)
-  std::string attention = "auto";       // CUDA: auto | cudnn | tiled (cuda_backend.h)
-  bool deterministic = false;           // CUDA: bitwise-reproducible attention backward
-  std::string expert_gemm = "streams";  // CUDA: serial | streams | grouped (cuda_backend.h)
-  bool gemm_autotune = true;       // CUDA: time cuBLASLt's candidates per GEMM bucket (lt_gemm.h)
-  bool attention_autotune = true;  // CUDA: time cuDNN's forward plans (cudnn_attention.h)
-  // key device_memory_gib: the device memory a rank may plan with: auto (the visible GPU's),
-  // off (no check), a number of GiB, or a GPU type (h100, h200, b200).
-  std::string memory = "auto";
-};
-
-// How the model computes (its shape is ModelConfig).
-struct ComputeOptions {
-  bool checkpoint_activations = false;            // implied by offload != none
-  MetadataMode metadata = MetadataMode::kCached;  // cached | per-layer (baseline)
-  RoutingMode routing = RoutingMode::kBincount;   // bincount | per-expert (baseline)
-  int64_t ce_chunk_tokens = 4096;
-};
-
-struct DataOptions {
-  std::string source = "synthetic";  // "synthetic", .bin shard(s) (path, list or glob), or .h5
-  int64_t batch_tokens = 8192;       // global tokens per step
-  int64_t seq_len = 256;             // row length T
-  int32_t eot_token = -1;            // -1: vocab_size - 1
-  bool shuffle = true;
-  Packing packing = Packing::kStream;  // key `packing`: stream | whole (framework/data/loader.h)
-  int64_t packing_window = 128;        // whole: documents of the look-ahead window
-  int64_t synthetic_vocab = 0;  // 0: every id below eot_token
-  double synthetic_zipf = 1.0;
-  double synthetic_mean_doc_len = 64;
-  std::string synthetic_doc_len = "geometric";  // or "uniform:MIN:MAX" (EOT included)
-
-  int64_t rows_per_batch() const { return batch_tokens / seq_len; }
+  DeviceMemory memory;                  // key `device_memory_gib`
 };
 
 // optimizer_sharding=none|zero1: where the fp32 masters and AdamW moments live (docs/design.md,
 // "Sharded optimizer state").
 enum class OptimizerSharding { kNone, kZero1 };
 
-struct OptimizerOptions {
-  double lr = 3e-4;
-  double min_lr = 3e-5;
-  int64_t warmup_steps = 10;
-  double weight_decay = 0.1;
-  double beta1 = 0.9;
-  double beta2 = 0.95;
-  double adam_eps = 1e-8;
+// The optimizer keys: AdamW's (beta1, beta2, adam_eps, weight_decay), the schedule's (lr,
+// min_lr, warmup_steps; total_steps is the run's `steps`) and the update's.
+struct OptimizerOptions : AdamWConfig, LrSchedule {
   double grad_clip = 1.0;
   OptimizerSharding sharding = OptimizerSharding::kNone;  // key optimizer_sharding
   DType grad_reduce_dtype = DType::kF32;                  // key grad_reduce_dtype: fp32 | bf16
 };
 
-// Activation offload (framework/model/activation_store.h) and the link arbiter of its copies
-// (parallel/link_arbiter.h).
-struct OffloadSettings {
-  OffloadMode mode = OffloadMode::kNone;  // key `offload`: none | single | double
-  int buffers = 2;                        // offload_buffers: device staging buffers (>= 2)
-  int lookahead = 1;                      // offload_lookahead: 1 .. buffers - 1
-  double sim_link_gbps = 0;     // cpu: simulated host link for offload copies, GB/s (0: off)
-  int64_t pinned_pool_mib = 0;  // host pool for offloaded inputs (0: sized from model and batch)
-  bool link_arbiter = false;    // key `link_arbiter`: on | off (off: the baseline)
-  int64_t link_chunk_mib = 8;   // copies move in granted chunks of this size
-  int link_inflight = 1;        // chunks in flight per host link
-  // "auto": ranks grouped by their GPUs' PCIe root ports; "0,1;2,3": node ranks sharing a
-  // link; "": the whole node on one link.
-  std::string pcie_groups = "auto";
-};
-
 struct ParallelOptions {
-  int ep_size = 1;                    // expert-parallel group size; world = dp x ep
-  std::string bootstrap;              // mpi | file:PATH | tcp:HOST:PORT ("": from the launch)
-  double collective_timeout_s = 300;  // a collective stuck this long becomes an error
+  int ep_size = 1;                     // expert-parallel group size; world = dp x ep
+  std::optional<Bootstrap> bootstrap;  // mpi | file:PATH | tcp:HOST:PORT (none: from the launch)
+  // A collective stuck this long becomes an error (CommOptions' bound, in seconds).
+  double collective_timeout_s = std::chrono::duration<double>(CommOptions{}.timeout).count();
   // CUDA, 2+ ranks: gradient reductions and zero1's all-gathers on the comm stream over NCCL
   // communicators of their own, overlapping backward and the next forward; false: on the
   // compute stream, in its order (the baseline that overlap is measured against).
@@ -180,11 +152,20 @@ struct TrainOptions {
   std::string plan_json;  // --plan_json: --dry-run also writes the plan's bytes here
   RunOptions run;
   ModelConfig model;
-  ComputeOptions compute;
   DeviceOptions device;
-  DataOptions data;
+  CudaBackendOptions cuda;  // attention, deterministic, expert_gemm, *_autotune
+  // checkpoint_activations, metadata, routing, ce_chunk_tokens and the activation offload
+  // (compute.offload: offload, offload_buffers, offload_lookahead, sim_link_gbps,
+  // pinned_pool_mib); max_positions is seq_len, and offload != none turns checkpointing on.
+  ModelOptions compute;
+  // data, seq_len, batch_tokens, eot_token (-1: vocab_size - 1), shuffle, packing, synthetic_*;
+  // the loader's vocab_size, rank, world, seed and rows_per_batch are filled by
+  // make_data_config.
+  DataConfig data;
   OptimizerOptions optimizer;
-  OffloadSettings offload;
+  // link_arbiter, link_chunk_mib, link_inflight, pcie_groups; its timeout (collective_timeout_s)
+  // and link_id are filled by make_link_options.
+  LinkOptions link;
   ParallelOptions parallel;
   CheckpointOptions checkpoint;
   EvalOptions eval;
@@ -202,8 +183,20 @@ bool parse_train_options(const std::vector<std::string>& args, const std::string
 void parse_recorded_options(const std::string& config_text, const std::string& command_line,
                             TrainOptions& out);
 
-// Checks the value and cross-key rules (ranges, divisibility) for a given world size.
+// Checks the value and cross-key rules (ranges, divisibility, the data source and the
+// framework's own checks of its structs) for a given world size. Runs once, in main, before any
+// work: --dry-run for its planned world, a run for the launch's world (known from the launcher's
+// environment before the ranks meet). Rules that need facts known only later (a node's size for
+// pcie_groups, a GPU present for device=cuda, the contents of data files) are checked where
+// those facts arrive.
 void validate_train_options(const TrainOptions& o, int world_size);
+
+// The data loader's config of rank `rank` of `world`: o.data with the values the launch fills in
+// (vocab_size, eot_token's -1 resolved, rows_per_batch, seed, rank, world).
+DataConfig make_data_config(const TrainOptions& o, int rank, int world);
+// The model's options: o.compute with max_positions = seq_len, and checkpointing on where
+// offload is not none.
+ModelOptions make_model_options(const TrainOptions& o);
 
 // The model config as `key=value` lines, every key that changes what the model computes (its
 // shapes and its meaning), values printed exactly; saved in checkpoints and compared on load.
@@ -214,8 +207,8 @@ std::vector<std::string> model_config_differences(const std::string& saved,
 // The value of `key` in a record ("" when absent).
 std::string model_config_value(const std::string& record, const std::string& key);
 
-// The link arbiter's options from link_arbiter, link_chunk_mib, link_inflight, pcie_groups; with
-// a backend, also this rank's host link (its device's PCIe root port, for pcie_groups=auto).
+// o.link with collective_timeout_s as its timeout and, with a backend, this rank's host link
+// (its device's PCIe root port, for pcie_groups=auto).
 LinkOptions make_link_options(const TrainOptions& o, const Backend* be = nullptr);
 
 }  // namespace hp

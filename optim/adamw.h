@@ -8,11 +8,12 @@
 
 namespace hp {
 
+// The defaults are those of the keys beta1, beta2, adam_eps and weight_decay.
 struct AdamWConfig {
   double beta1 = 0.9;
   double beta2 = 0.95;
   double eps = 1e-8;
-  double weight_decay = 0.1;
+  double weight_decay = 0.1;  // matrices only
 };
 
 // Sums of squared gradients, split by how the parameters are laid out across ranks: dense

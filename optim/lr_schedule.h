@@ -7,10 +7,10 @@
 namespace hp {
 
 struct LrSchedule {
-  double lr = 3e-4;
-  double min_lr = 0.0;
-  int64_t warmup_steps = 0;
-  int64_t total_steps = 1;
+  double lr = 3e-4;           // key `lr`
+  double min_lr = 3e-5;       // key `min_lr`
+  int64_t warmup_steps = 10;  // key `warmup_steps`
+  int64_t total_steps = 1;    // the run's `steps`
 
   double at(int64_t step) const;
 };

@@ -392,18 +392,17 @@ Bootstrap default_bootstrap(const LaunchInfo& info) {
   return b;
 }
 
-Bootstrap choose_bootstrap(const LaunchInfo& info, const std::string& spec, bool cpu_backend) {
-  if (!cpu_backend || info.world == 1) {
-    return spec.empty() ? default_bootstrap(info) : parse_bootstrap(spec);
-  }
-  const Bootstrap b = spec.empty() && info.use_mpi ? default_bootstrap(info)
-                      : spec.empty()               ? Bootstrap{}
-                                                   : parse_bootstrap(spec);
+Bootstrap choose_bootstrap(const LaunchInfo& info, const std::optional<Bootstrap>& given,
+                           bool cpu_backend) {
+  if (!cpu_backend || info.world == 1) return given ? *given : default_bootstrap(info);
+  const Bootstrap b = !given && info.use_mpi ? default_bootstrap(info)
+                      : !given               ? Bootstrap{}
+                                             : *given;
   if (b.kind != Bootstrap::Kind::kMpi) {
     HP_USER_ERROR(ErrorKind::kUser, info.describe(),
                   ": the cpu backend moves tensors between ranks over MPI",
-                  spec.empty() ? std::string(", and this launch has none")
-                               : str_cat(", which --bootstrap=", spec,
+                  !given ? std::string(", and this launch has none")
+                         : str_cat(", which --bootstrap=", given->str(),
                                          " does not give (file: and tcp: carry only the NCCL ids "
                                          "of GPU runs)"),
                   ": launch with mpirun (mpirun -np ", info.world,

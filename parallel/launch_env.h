@@ -29,6 +29,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -83,12 +84,14 @@ Bootstrap parse_bootstrap(const std::string& spec);
 // otherwise a UserError asking for --bootstrap=file:PATH or tcp:HOST:PORT.
 Bootstrap default_bootstrap(const LaunchInfo& info);
 
-// The bootstrap of a launch: `spec` (the --bootstrap flag) parsed, or default_bootstrap(info)
-// when it is empty. `cpu_backend` says whether this rank will run the CPU backend: with several
-// ranks that backend moves its tensors over MPI, so a launch without MPI is refused with a
-// UserError that says to launch with mpirun or srun --mpi=pmix (file: and tcp: bootstraps serve
-// GPU runs, whose tensors move over NCCL). Pure: decides before any rank does any work.
-Bootstrap choose_bootstrap(const LaunchInfo& info, const std::string& spec, bool cpu_backend);
+// The bootstrap of a launch: `given` (the bootstrap key, parsed by parse_bootstrap when the options
+// were read), or default_bootstrap(info) when none was given. `cpu_backend` says whether this rank
+// will run the CPU backend: with several ranks that backend moves its tensors over MPI, so a launch
+// without MPI is refused with a UserError that says to launch with mpirun or srun --mpi=pmix (file:
+// and tcp: bootstraps serve GPU runs, whose tensors move over NCCL). Pure: decides before any rank
+// does any work.
+Bootstrap choose_bootstrap(const LaunchInfo& info, const std::optional<Bootstrap>& given,
+                           bool cpu_backend);
 
 // Creates the world communicator (name "world") on every rank; collective over the job, bounded
 // by options.timeout. Throws UserError for a bootstrap that cannot work with this launch (e.g.

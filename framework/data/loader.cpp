@@ -41,20 +41,6 @@ void validate(const DataConfig& c) {
                   ": every rank takes rows_per_batch/world rows; choose a multiple of ", c.world);
 }
 
-// "geometric" -> 0, 0; "uniform:MIN:MAX" -> MIN, MAX.
-void parse_doc_len(const std::string& s, int64_t* min, int64_t* max) {
-  *min = *max = 0;
-  if (s == "geometric") return;
-  long long a = 0, b = 0;
-  char tail = 0;
-  if (std::sscanf(s.c_str(), "uniform:%lld:%lld%c", &a, &b, &tail) != 2 || a < 2 || b <= a)
-    HP_USER_ERROR(ErrorKind::kConfig, "config key 'synthetic_doc_len': '", s,
-                  "' is not 'geometric' or 'uniform:MIN:MAX' with 2 <= MIN < MAX (lengths count "
-                  "the EOT), e.g. uniform:64:4096");
-  *min = a;
-  *max = b;
-}
-
 SyntheticParams synthetic_params(const DataConfig& c) {
   SyntheticParams p;
   p.vocab_size = c.vocab_size;
@@ -62,7 +48,8 @@ SyntheticParams synthetic_params(const DataConfig& c) {
   p.content_vocab = c.synthetic_vocab != 0 ? c.synthetic_vocab : c.eot_token;
   p.zipf = c.synthetic_zipf;
   p.mean_doc_len = c.synthetic_mean_doc_len;
-  parse_doc_len(c.synthetic_doc_len, &p.doc_len_min, &p.doc_len_max);
+  p.doc_len_min = c.synthetic_doc_len.min;
+  p.doc_len_max = c.synthetic_doc_len.max;
   p.seed = c.seed;
   return p;
 }
@@ -70,6 +57,24 @@ SyntheticParams synthetic_params(const DataConfig& c) {
 }  // namespace
 
 const char* packing_name(Packing p) { return p == Packing::kWhole ? "whole" : "stream"; }
+
+DocLength parse_doc_length(const std::string& s) {
+  DocLength d;
+  if (s == "geometric") return d;
+  long long a = 0, b = 0;
+  char tail = 0;
+  if (std::sscanf(s.c_str(), "uniform:%lld:%lld%c", &a, &b, &tail) != 2 || a < 2 || b <= a)
+    HP_USER_ERROR(ErrorKind::kConfig, "config key 'synthetic_doc_len': '", s,
+                  "' is not 'geometric' or 'uniform:MIN:MAX' with 2 <= MIN < MAX (lengths count "
+                  "the EOT), e.g. uniform:64:4096");
+  d.min = a;
+  d.max = b;
+  return d;
+}
+
+std::string DocLength::str() const {
+  return uniform() ? str_cat("uniform:", min, ":", max) : std::string("geometric");
+}
 
 std::vector<int64_t> LoaderState::to_vector() const {
   std::vector<int64_t> v = {kStateFormat, epoch,
@@ -105,6 +110,19 @@ LoaderState LoaderState::from_vector(const std::vector<int64_t>& v) {
   return s;
 }
 
+void validate_data_config(const DataConfig& config) {
+  validate(config);
+  if (config.source == "synthetic") {
+    validate_synthetic_params(synthetic_params(config));
+    return;
+  }
+  if (config.source.empty())
+    HP_USER_ERROR(ErrorKind::kConfig,
+                  "data source is empty: set it to 'synthetic', a .bin llm.c token shard (or a "
+                  "comma-separated list or glob of them) or an .h5/.hdf5 token file");
+  for (const std::string& path : expand_source_paths(config.source)) check_token_file(path);
+}
+
 bool LoaderState::operator==(const LoaderState& o) const {
   return epoch == o.epoch && next_doc == o.next_doc && doc_offset == o.doc_offset &&
          batches == o.batches && fingerprint == o.fingerprint && packing == o.packing &&
@@ -112,15 +130,11 @@ bool LoaderState::operator==(const LoaderState& o) const {
 }
 
 std::unique_ptr<DataLoader> DataLoader::open(const DataConfig& config) {
-  validate(config);
+  validate_data_config(config);
   std::unique_ptr<DocumentSource> source;
   if (config.source == "synthetic") {
     source = std::make_unique<SyntheticSource>(synthetic_params(config));
   } else {
-    if (config.source.empty())
-      HP_USER_ERROR(ErrorKind::kConfig,
-                    "data source is empty: set it to 'synthetic', a .bin llm.c token shard (or a "
-                    "comma-separated list or glob of them) or an .h5/.hdf5 token file");
     source =
         open_token_files(expand_source_paths(config.source), config.vocab_size, config.eot_token);
   }

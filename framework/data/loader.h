@@ -45,15 +45,33 @@ enum class Packing { kStream, kWhole };
 const char* packing_name(Packing p);
 constexpr int64_t kMaxPackingWindow = 4096;  // the largest packing_window accepted
 
+// synthetic_doc_len: "geometric" (lengths drawn with mean synthetic_mean_doc_len) or
+// "uniform:MIN:MAX" (lengths, EOT included, uniform in [MIN, MAX)).
+struct DocLength {
+  int64_t min = 0;
+  int64_t max = 0;  // 0: geometric
+  bool uniform() const { return max > 0; }
+  std::string str() const;  // the spec that parses back to this
+};
+// Parses a synthetic_doc_len spec; throws UserError(kConfig) naming the key and what is valid.
+DocLength parse_doc_length(const std::string& spec);
+
+// The data keys' values (their defaults are the keys' defaults) and what the launch fills in
+// (vocab_size, rank, world, seed, rows_per_batch, a resolved eot_token).
 struct DataConfig {
   // "synthetic"; or token files: a .bin path, a comma-separated list of paths and glob patterns
   // (each pattern's matches sorted), or an .h5/.hdf5 path. The kind comes from each file's
   // extension; several files are read as one data set, in list order.
   std::string source = "synthetic";
-  int64_t vocab_size = 0;      // required; every token id must be below it
-  int32_t eot_token = -1;      // required; ends every document, pads rows
-  int64_t seq_len = 0;         // T >= 2; a row holds T+1 tokens
-  int64_t rows_per_batch = 0;  // R: rows of one global batch (all ranks), a multiple of world
+  int64_t vocab_size = 0;  // required; every token id must be below it
+  // Ends every document, pads rows; required by the loader (the key's -1 means vocab_size - 1,
+  // resolved by the launch).
+  int32_t eot_token = -1;
+  int64_t seq_len = 256;        // T >= 2; a row holds T+1 tokens
+  int64_t batch_tokens = 8192;  // key batch_tokens: global tokens per step, a multiple of seq_len
+  // R: rows of one global batch (all ranks), a multiple of world (the launch sets it to
+  // batch_tokens / seq_len).
+  int64_t rows_per_batch = 0;
   int rank = 0;
   int world = 1;
   uint64_t seed = 0;
@@ -65,9 +83,7 @@ struct DataConfig {
   int64_t synthetic_vocab = 0;
   double synthetic_zipf = 1.0;
   double synthetic_mean_doc_len = 64;
-  // "geometric" (mean synthetic_mean_doc_len) or "uniform:MIN:MAX" (lengths, EOT included, in
-  // [MIN, MAX)); see parse_doc_len().
-  std::string synthetic_doc_len = "geometric";
+  DocLength synthetic_doc_len;  // geometric
 };
 
 // Where the loader stands between two batches: enough to resume the exact row stream.
@@ -93,6 +109,12 @@ struct LoaderState {
   static LoaderState from_vector(const std::vector<int64_t>& v);
   bool operator==(const LoaderState& o) const;
 };
+
+// The checks DataLoader::open makes before it reads any token: the config's values, the
+// synthetic source's parameters, and that every path or pattern of a file source names a file
+// that can be opened (UserError naming the key or the file). The files' contents are checked as
+// they are opened.
+void validate_data_config(const DataConfig& config);
 
 class DataLoader {
  public:

@@ -25,11 +25,7 @@ uint64_t bits_of(double d) {
 
 }  // namespace
 
-SyntheticSource::SyntheticSource(const SyntheticParams& params)
-    : params_(params),
-      doc_rng_(params.seed, "data.synthetic"),
-      table_rng_(params.seed, "data.synthetic.table") {
-  const SyntheticParams& p = params_;
+void validate_synthetic_params(const SyntheticParams& p) {
   if (p.vocab_size < 1)
     HP_USER_ERROR(ErrorKind::kConfig, "vocab_size must be >= 1 (got ", p.vocab_size, ")");
   if (p.eot_token < 0 || p.eot_token >= p.vocab_size)
@@ -57,6 +53,14 @@ SyntheticSource::SyntheticSource(const SyntheticParams& params)
   if (p.doc_len_max > 0 && !(p.doc_len_min >= 2 && p.doc_len_min < p.doc_len_max))
     HP_USER_ERROR(ErrorKind::kConfig, "synthetic_doc_len=uniform:", p.doc_len_min, ":",
                   p.doc_len_max, " needs 2 <= MIN < MAX (lengths count the EOT)");
+}
+
+SyntheticSource::SyntheticSource(const SyntheticParams& params)
+    : params_(params),
+      doc_rng_(params.seed, "data.synthetic"),
+      table_rng_(params.seed, "data.synthetic.table") {
+  validate_synthetic_params(params_);
+  const SyntheticParams& p = params_;
   p_ = 1.0 / p.mean_doc_len;
   log_continue_ = std::log1p(-p_);
   const int64_t vc = p.content_vocab;

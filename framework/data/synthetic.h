@@ -49,6 +49,9 @@ struct SyntheticParams {
   uint64_t seed = 0;
 };
 
+// Throws UserError(kConfig) naming the key of the first parameter out of range.
+void validate_synthetic_params(const SyntheticParams& p);
+
 class SyntheticSource final : public DocumentSource {
  public:
   static constexpr int32_t kNoContext = -1;  // the `a` of the step after a document's first token

@@ -287,14 +287,29 @@ std::unique_ptr<DocumentSource> open_bin_shard(const std::string& path, int64_t 
   return std::make_unique<BinShard>(path, vocab_size, eot_token);
 }
 
+namespace {
+[[noreturn]] void unknown_kind(const std::string& path) {
+  HP_USER_ERROR(ErrorKind::kData, "unknown data source '", path,
+                "': expected 'synthetic', a .bin llm.c token shard (or a comma-separated list or "
+                "glob of them) or an .h5/.hdf5 token file");
+}
+}  // namespace
+
 std::unique_ptr<DocumentSource> open_token_file(const std::string& path, int64_t vocab_size,
                                                 int32_t eot_token) {
   if (ends_with(path, ".bin")) return open_bin_shard(path, vocab_size, eot_token);
   if (ends_with(path, ".h5") || ends_with(path, ".hdf5"))
     return open_h5_tokens(path, vocab_size, eot_token);
-  HP_USER_ERROR(ErrorKind::kData, "unknown data source '", path,
-                "': expected 'synthetic', a .bin llm.c token shard (or a comma-separated list or "
-                "glob of them) or an .h5/.hdf5 token file");
+  unknown_kind(path);
+}
+
+void check_token_file(const std::string& path) {
+  if (!ends_with(path, ".bin") && !ends_with(path, ".h5") && !ends_with(path, ".hdf5"))
+    unknown_kind(path);
+  std::FILE* f = std::fopen(path.c_str(), "rb");
+  if (f == nullptr)
+    HP_USER_ERROR(ErrorKind::kData, "cannot open data file ", path, ": ", std::strerror(errno));
+  std::fclose(f);
 }
 
 std::unique_ptr<DocumentSource> open_token_files(const std::vector<std::string>& paths,

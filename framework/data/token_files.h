@@ -36,6 +36,10 @@ constexpr int64_t kBinHeaderBytes = kBinHeaderInts * 4;
 // glob(3) patterns (each pattern's matches in sorted order). A pattern without matches throws.
 std::vector<std::string> expand_source_paths(const std::string& spec);
 
+// What open_token_file checks before it reads: a known extension, a file that can be opened.
+// Throws its UserError otherwise.
+void check_token_file(const std::string& path);
+
 // Opens one file, the format picked by its extension (.bin, .h5, .hdf5; anything else throws).
 std::unique_ptr<DocumentSource> open_token_file(const std::string& path, int64_t vocab_size,
                                                 int32_t eot_token);

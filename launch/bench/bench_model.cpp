@@ -17,7 +17,6 @@ namespace {
 }  // namespace
 
 int run_bench_metadata(const TrainOptions& o, const RankContext& ctx) {
-  validate_train_options(o, ctx.world());
   std::unique_ptr<Backend> be = make_backend(o, ctx.launch.local_rank);
   auto loader = DataLoader::open(make_data_config(o, ctx.rank(), ctx.world()));
   Model model(o.model, make_model_options(o), *be);

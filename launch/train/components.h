@@ -1,5 +1,6 @@
-// The pieces a run is built from, made from its options: the backend, the data loader's and the
-// model's configs; and the FLOP count MFU is quoted from.
+// The pieces a run is built from, made from its options: the backend (the data loader's and the
+// model's configs are make_data_config and make_model_options, launch/options.h); and the FLOP
+// count MFU is quoted from.
 #pragma once
 
 #include <memory>
@@ -16,9 +17,6 @@ std::unique_ptr<Backend> make_backend(const TrainOptions& o, int local_rank);
 
 // Total memory of the GPU this rank would use (0: CPU backend or no GPU visible).
 int64_t visible_device_bytes(const TrainOptions& o, int local_rank);
-
-DataConfig make_data_config(const TrainOptions& o, int rank, int world);
-ModelOptions make_model_options(const TrainOptions& o);
 
 // Training FLOPs of one step on this batch's documents: 6 * N_active * document tokens plus the
 // attention score and value products of the document pieces, forward and backward (3x). The

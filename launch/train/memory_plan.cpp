@@ -12,7 +12,6 @@ namespace hp {
 namespace {
 
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
-constexpr double kMinDeviceGiB = 0.001;  // device_memory_gib's smallest size
 
 // What the CUDA caching allocator hands out for a request (framework/backend/cuda/
 // cuda_allocator.cpp): 512-byte steps up to 1 MiB, then quarters of the power of two below.
@@ -50,12 +49,6 @@ int64_t layer_act_bytes(const ModelConfig& c, int64_t n, int ep, int64_t a, int6
   return b;
 }
 
-struct GpuType {
-  const char* name;
-  double gib;  // what the device reports as its total memory
-};
-constexpr GpuType kGpuTypes[] = {{"h100", 79.6}, {"h200", 140.4}, {"b200", 179.0}};
-
 }  // namespace
 
 std::string PlanLayout::describe() const {
@@ -73,7 +66,7 @@ PlanLayout layout_of(const TrainOptions& o, int world) {
   l.world = world;
   l.ep = o.parallel.ep_size;
   l.sharding = o.optimizer.sharding;
-  l.offload = o.offload.mode;
+  l.offload = o.compute.offload.mode;
   l.checkpoint_activations = o.compute.checkpoint_activations || l.offload != OffloadMode::kNone;
   return l;
 }
@@ -131,7 +124,7 @@ MemoryPlan plan_memory(const TrainOptions& o, const PlanLayout& layout, bool cud
   // with 4 layers and 16K tokens, the allocator's peak came within 2% below the plan).
   p.act_full = c.n_layers * layer + 2 * layer + head;
   p.act_checkpointed = c.n_layers * block_in + 3 * layer + head;
-  p.act_offloaded = std::min<int64_t>(o.offload.buffers, c.n_layers) * block_in + 3 * layer + head;
+  p.act_offloaded = std::min<int64_t>(o.compute.offload.buffers, c.n_layers) * block_in + 3 * layer + head;
   p.activations = layout.offload != OffloadMode::kNone ? p.act_offloaded
                   : layout.checkpoint_activations      ? p.act_checkpointed
                                                        : p.act_full;
@@ -154,26 +147,20 @@ MemoryPlan plan_memory(const TrainOptions& o, const PlanLayout& layout, bool cud
 }
 
 int64_t planned_device_bytes(const TrainOptions& o, int64_t visible_bytes) {
-  std::string v = o.device.memory;
-  std::transform(v.begin(), v.end(), v.begin(), [](unsigned char ch) { return std::tolower(ch); });
-  if (v == "auto") return visible_bytes;
-  if (v == "off") return 0;
-  for (const GpuType& g : kGpuTypes)
-    if (v == g.name) return static_cast<int64_t>(g.gib * kGiB);
-  // A size below a MiB is no device; read as bytes it would round to 0, which means "no check".
-  char* end = nullptr;
-  const double gib = std::strtod(v.c_str(), &end);
-  if (v.empty() || end != v.c_str() + v.size() || !(gib >= kMinDeviceGiB) || gib > 1e6)
-    HP_USER_ERROR(ErrorKind::kConfig,
-                  "config key 'device_memory_gib': must be auto, off (no check), a number "
-                  "of GiB in [0.001, 1e6] or one of h100, h200, b200; got '",
-                  o.device.memory, "'");
-  return static_cast<int64_t>(gib * kGiB);
+  switch (o.device.memory.kind) {
+    case DeviceMemory::Kind::kAuto:
+      return visible_bytes;
+    case DeviceMemory::Kind::kOff:
+      return 0;
+    case DeviceMemory::Kind::kBytes:
+      break;
+  }
+  return o.device.memory.bytes;
 }
 
 PlanLayout smallest_fitting_layout(const TrainOptions& o, const PlanLayout& from,
                                    int64_t device_bytes, bool cuda) {
-  const int64_t rows = o.data.rows_per_batch();
+  const int64_t rows = o.data.batch_tokens / o.data.seq_len;
   const int experts = o.model.is_moe() ? o.model.n_experts : 1;
   for (int world = 1; world <= 4096; world *= 2) {
     if (world < from.world) continue;  // fewer ranks only hold more each
@@ -282,7 +269,7 @@ void require_plan_fits(const TrainOptions& o, const MemoryPlan& p, int64_t devic
           : std::string("no layout up to 4096 ranks fits; lower batch_tokens");
   HP_USER_ERROR(ErrorKind::kConfig, "this layout needs ", fmt_sig(p.total / kGiB, 4),
                 " GiB per rank, the device has ", fmt_sig(device_bytes / kGiB, 4),
-                " GiB (device_memory_gib=", o.device.memory, "); ", advice, ".",
+                " GiB (device_memory_gib=", o.device.memory.text, "); ", advice, ".",
                 with_plan ? "\n" + format_plan(p, device_bytes) : std::string());
 }
 

@@ -59,7 +59,7 @@ MemoryPlan plan_memory(const TrainOptions& o, const PlanLayout& layout, bool cud
 // The layout `o` describes for `world` ranks.
 PlanLayout layout_of(const TrainOptions& o, int world);
 
-// Device memory to plan against, in bytes: device_memory_gib's number or GPU name, or (auto)
+// Device memory to plan against, in bytes: device_memory_gib (parsed with the options), or (auto)
 // `visible_bytes` (0 where no GPU is visible: no check). 0 means "do not check".
 int64_t planned_device_bytes(const TrainOptions& o, int64_t visible_bytes);
 

@@ -87,7 +87,8 @@ int64_t cpu_rank_memory_lower_bound(const TrainOptions& o, int world) {
   // Activations: at least the residual stream and three more [tokens, d_model] tensors per
   // layer (one layer's worth plus the block inputs with checkpointing), and a chunk of logits.
   const int64_t tokens = o.data.batch_tokens / std::max(1, world);
-  const bool ckpt = o.compute.checkpoint_activations || o.offload.mode != OffloadMode::kNone;
+  const bool ckpt =
+      o.compute.checkpoint_activations || o.compute.offload.mode != OffloadMode::kNone;
   const int64_t per_token = int64_t{m.d_model} * elem * (ckpt ? m.n_layers + 4 : 4 * m.n_layers);
   const int64_t logits =
       std::min<int64_t>(o.compute.ce_chunk_tokens, tokens) * m.vocab_size * elem * 2;

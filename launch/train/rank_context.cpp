@@ -45,7 +45,7 @@ Job::Job(const TrainOptions& o, int* argc, char*** argv) {
   LogOptions lo;
   lo.rank = launch.rank;
   configure_logging(lo);
-  validate_train_options(o, launch.world);
+  // `o` passed validate_train_options for launch.world in main, before the ranks meet.
   // Before any allocation: a batch that cannot fit is refused naming the key.
   if (uses_cpu_backend(o))
     check_cpu_memory(o, launch.world, launch.local_world > 0 ? launch.local_world : 1);

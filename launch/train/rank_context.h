@@ -25,9 +25,10 @@ RankContext single_rank_context();
 bool any_rank(const RankContext& ctx, bool flag);
 
 // This process as one rank of the job: finds the launch (mpirun, Slurm, RANK/WORLD_SIZE), sets
-// up logging with the rank, validates the options for the world size on every rank before any
-// collective (a bad config fails fast everywhere), meets the other ranks and builds the process
-// groups. A command that fails on any rank calls abort(), which tears the whole job down, so no
+// up logging with the rank, checks that this host's memory holds the rank's batch (CPU backend),
+// meets the other ranks and builds the process groups. The options have passed
+// validate_train_options for the launch's world size (main), on every rank before any
+// collective, so a bad config fails fast everywhere. A command that fails on any rank calls abort(), which tears the whole job down, so no
 // rank waits forever for a peer that has died.
 class Job {
  public:

@@ -220,7 +220,7 @@ TEST(Packing, PaddingOfEachModeOnUniformDocuments) {
     c.seq_len = 4096;
     c.rows_per_batch = 8;
     c.seed = 9;
-    c.synthetic_doc_len = "uniform:64:4096";
+    c.synthetic_doc_len = parse_doc_length("uniform:64:4096");
     c.packing = p;
     auto loader = DataLoader::open(c);
     int64_t doc = 0, pos = 0;

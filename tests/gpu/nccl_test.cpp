@@ -654,7 +654,7 @@ TEST(NcclTrain, Zero1MatchesNoneOnTheCommStream) {
     for (int z = 0; z < 2; ++z) {
       const RankContext ctx = grouped_context(hw, ep);
       TrainOptions o = tiny_moe_options(ep);
-      o.device.deterministic = true;
+      o.cuda.deterministic = true;
       o.optimizer.sharding = z ? OptimizerSharding::kZero1 : OptimizerSharding::kNone;
       Trainer t(o, ctx);
       bytes[z] = t.optimizer_state_bytes();
@@ -705,7 +705,7 @@ TEST(NcclTrain, CommOverlapOffRunsOnComputeWithTheSameBits) {
       for (int overlap = 0; overlap < 2; ++overlap) {
         const RankContext ctx = grouped_context(hw, ep);
         TrainOptions o = tiny_moe_options(ep);
-        o.device.deterministic = true;
+        o.cuda.deterministic = true;
         o.optimizer.sharding = sharding;
         o.parallel.comm_overlap = overlap == 1;
         Trainer t(o, ctx);

@@ -50,7 +50,7 @@ TEST(ConfigFile, HashAndSemicolonInsideValuesAreLiteral) {
                                "data = shards/part#1;x.bin\n");
   EXPECT_EQ(o.checkpoint.dir, "runs/exp#2");
   EXPECT_EQ(o.run.metrics_path, "runs/a;b # not a comment.jsonl");
-  EXPECT_EQ(o.offload.pcie_groups, "0,1;2,3");
+  EXPECT_EQ(o.link.pcie_groups, "0,1;2,3");
   EXPECT_EQ(o.data.source, "shards/part#1;x.bin");
 }
 

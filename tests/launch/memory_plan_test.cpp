@@ -108,16 +108,15 @@ TEST(MemoryPlan, DeviceSizesByNumberNameOrOff) {
   TrainOptions o = load("tiny-moe.ini");
   const double gib = 1024.0 * 1024 * 1024;
   EXPECT_EQ(planned_device_bytes(o, 123), 123);  // auto: the visible GPU's
-  o.device.memory = "off";
+  o.device.memory = parse_device_memory("off");
   EXPECT_EQ(planned_device_bytes(o, 123), 0);
-  o.device.memory = "80";
+  o.device.memory = parse_device_memory("80");
   EXPECT_EQ(planned_device_bytes(o, 123), static_cast<int64_t>(80 * gib));
-  o.device.memory = "H200";
+  o.device.memory = parse_device_memory("H200");
   EXPECT_EQ(planned_device_bytes(o, 0), static_cast<int64_t>(140.4 * gib));
   for (const char* bad : {"lots", "-3", "0", "nan", "12GB"}) {
-    o.device.memory = bad;
     try {
-      planned_device_bytes(o, 0);
+      parse_device_memory(bad);
       ADD_FAILURE() << bad << " accepted";
     } catch (const UserError& e) {
       EXPECT_NE(std::string(e.what()).find("device_memory_gib"), std::string::npos) << e.what();

@@ -248,6 +248,12 @@ TEST(Bootstrap, Defaults) {
   }
 }
 
+// choose_bootstrap() for the bootstrap key's text ("": not given), parsed as the options do.
+Bootstrap choose_bootstrap(const LaunchInfo& info, const std::string& spec, bool cpu) {
+  return hp::choose_bootstrap(
+      info, spec.empty() ? std::nullopt : std::optional<Bootstrap>(parse_bootstrap(spec)), cpu);
+}
+
 // The message of the UserError that choose_bootstrap() throws ("" when it does not throw).
 std::string choose_error(const LaunchInfo& info, const std::string& spec, bool cpu) {
   try {
