@@ -9,7 +9,8 @@
 // uninterrupted run computes (CPU; same layout), and a checkpoint loads under any dp x ep layout.
 //
 // Collectives: save_checkpoint and resume_from_options are collective over the world of the
-// run's RankContext: every rank calls them at the same step boundary.
+// run's RankContext (and a save without MPI over its tensor groups too): every rank calls them at
+// the same step boundary.
 //
 // Writing: with an MPI world, every rank writes its own rows with collective parallel HDF5
 // (dense tensors: their chunks split among the world ranks; expert tensors: each expert block
