@@ -119,6 +119,19 @@ void LinkOptions::validate() const {
                       "link, ';' between links)");
       }
     }
+    // A node of the largest rank named + 1 ranks: its errors hold on any node that has that
+    // rank; a rank beyond the node's size is found when the arbiter is built.
+    int largest = 0;
+    int64_t number = -1;
+    for (char c : pcie_groups + ",") {
+      if (c >= '0' && c <= '9') {
+        number = std::min<int64_t>((number < 0 ? 0 : number) * 10 + (c - '0'), kMaxRanks);
+      } else {
+        if (number >= 0) largest = std::max<int>(largest, static_cast<int>(number));
+        number = -1;
+      }
+    }
+    parse_pcie_groups(pcie_groups, largest + 1);
   }
 }
 

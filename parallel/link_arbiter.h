@@ -32,18 +32,20 @@
 namespace hp {
 
 struct LinkOptions {
-  bool enabled = false;     // link_arbiter=on|off; off: LocalLinkArbiter (the baseline)
-  int64_t chunk_mib = 8;    // link_chunk_mib
-  int inflight = 1;         // link_inflight: chunks in flight per link
-  std::string pcie_groups;  // pcie_groups: "0,1;2,3" (node ranks), "" = one link per node,
-                            // "auto" = ranks grouped by link_id
+  bool enabled = false;   // link_arbiter=on|off; off: LocalLinkArbiter (the baseline)
+  int64_t chunk_mib = 8;  // link_chunk_mib
+  int inflight = 1;       // link_inflight: chunks in flight per link
+  // pcie_groups: "auto" = ranks grouped by link_id, "0,1;2,3" (node ranks), "" = one link per
+  // node.
+  std::string pcie_groups = "auto";
   // This rank's host link (host_link_of_pci_device of its GPU; "" where unknown), for
   // pcie_groups=auto.
   std::string link_id;
-  std::chrono::milliseconds timeout{std::chrono::seconds(300)};  // bound on wait()
+  std::chrono::milliseconds timeout = CommOptions{}.timeout;  // bound on wait()
 
   int64_t chunk_bytes() const { return chunk_mib << 20; }
-  // Throws a config error naming the offending key.
+  // Throws a config error naming the offending key. pcie_groups is checked as far as it can be
+  // without the node's size: rank numbers, each once, none left out below the largest.
   void validate() const;
 };
 

@@ -120,7 +120,6 @@ double max_over_min(const std::vector<double>& v) {
 }  // namespace
 
 int run_bench_offload(const TrainOptions& o, const RankContext& ctx) {
-  validate_train_options(o, ctx.world());
   std::unique_ptr<Backend> be = make_backend(o, ctx.launch.local_rank);
   auto loader = DataLoader::open(make_data_config(o, ctx.rank(), ctx.world()));
   ModelOptions mo = make_model_options(o);
@@ -189,7 +188,7 @@ int run_bench_offload(const TrainOptions& o, const RankContext& ctx) {
       "bench offload: backend=%s layers=%d tokens=%lld block input=%.2f MiB reps=%lld "
       "sim_link_gbps=%g\n",
       be->name().c_str(), layers, static_cast<long long>(batch.num_tokens()),
-      block_bytes / (1 << 20), static_cast<long long>(reps), o.offload.sim_link_gbps);
+      block_bytes / (1 << 20), static_cast<long long>(reps), o.compute.offload.sim_link_gbps);
   std::printf(
       "copies alone (%d blocks): D2H %.3f ms = %.2f GB/s, H2D %.3f ms = %.2f GB/s, "
       "T_copy %.3f ms; T_compute (none) %.3f ms\n",
@@ -234,8 +233,8 @@ int run_bench_offload(const TrainOptions& o, const RankContext& ctx) {
     std::printf(
         "link arbiter off vs on: %d ranks offloading at once (double L=1), chunk %lld MiB, "
         "inflight %d, pcie_groups='%s' (links: %s)%s\n",
-        ctx.world(), static_cast<long long>(o.offload.link_chunk_mib), o.offload.link_inflight,
-        o.offload.pcie_groups.c_str(), links.empty() ? "every node rank on one" : links.c_str(),
+        ctx.world(), static_cast<long long>(o.link.chunk_mib), o.link.inflight,
+        o.link.pcie_groups.c_str(), links.empty() ? "every node rank on one" : links.c_str(),
         be->device() == Device::kCPU ? " (cpu: each rank simulates its own link)" : "");
     std::printf("%-5s %-6s %5s %10s %10s %10s %10s\n", "link", "grants", "rank", "step ms",
                 "copy GB/s", "wait ms", "MiB");
@@ -248,7 +247,7 @@ int run_bench_offload(const TrainOptions& o, const RankContext& ctx) {
       }
     }
     std::printf("%-5s %14s %16s %12s\n", "link", "GB/s max/min", "step max/min", "jain(GB/s)");
-    json["pcie_groups"] = o.offload.pcie_groups;
+    json["pcie_groups"] = o.link.pcie_groups;
     json["pcie_links"] = links;
     json["link"] = Json::array();
     for (size_t i = 0; i < link_runs.size(); ++i) {

@@ -36,9 +36,8 @@ double seconds_since_process_start() {
 Trainer::Trainer(const TrainOptions& o, const RankContext& ctx)
     : o_(o),
       ctx_(ctx),
-      opt_(AdamWConfig{o.optimizer.beta1, o.optimizer.beta2, o.optimizer.adam_eps,
-                       o.optimizer.weight_decay}) {
-  validate_train_options(o_, ctx_.world());
+      opt_(o.optimizer) {
+  // `o` passed validate_train_options (main) for this world.
   HP_CHECK(ctx_.groups.ep_size == o_.parallel.ep_size, "process groups built for ep_size ",
            ctx_.groups.ep_size, " but options say ", o_.parallel.ep_size);
   injected_fault();  // a malformed HOTPATH_FAULT fails here, before any work
@@ -80,7 +79,7 @@ Trainer::Trainer(const TrainOptions& o, const RankContext& ctx)
   if (ctx_.world() > 1)
     exchange = std::make_shared<CommExpertExchange>(tensor_groups.ep, tensor_groups.world);
   model_ = std::make_unique<Model>(o_.model, make_model_options(o_), *be_, exchange);
-  if (o_.offload.mode != OffloadMode::kNone) {
+  if (o_.compute.offload.mode != OffloadMode::kNone) {
     // Over the ranks of this host (collective over the node group); link_arbiter=off gives a
     // local arbiter that grants at once but still counts the copies for the step stats.
     link_arbiter_ = make_link_arbiter(*ctx_.groups.node, make_link_options(o_, be_.get()));
@@ -94,9 +93,7 @@ Trainer::Trainer(const TrainOptions& o, const RankContext& ctx)
     grad_sync_ = std::make_unique<GradSync>(*be_, model_->params(), grad_groups, grad_stream,
                                             zero1_.get(), o_.optimizer.grad_reduce_dtype);
   state_bytes_ = hp::optimizer_state_bytes(model_->params());
-  sched_.lr = o_.optimizer.lr;
-  sched_.min_lr = o_.optimizer.min_lr;
-  sched_.warmup_steps = o_.optimizer.warmup_steps;
+  sched_ = o_.optimizer;  // lr, min_lr, warmup_steps
   sched_.total_steps = std::max<int64_t>(1, o_.run.steps);
   scalars_ = be_->zeros({4}, be_->master_dtype());
   if (o_.run.nonfinite == NonfinitePolicy::kSkip)
@@ -359,9 +356,9 @@ void log_run_header(const TrainOptions& o, const RankContext& ctx, Trainer& trai
     std::string link;
     for (int r : s.link_ranks) link += (link.empty() ? "" : ",") + std::to_string(r);
     log_info(
-        "offload copies: link_arbiter=", s.shared() || o.offload.link_arbiter ? "on" : "off",
+        "offload copies: link_arbiter=", s.shared() || o.link.enabled ? "on" : "off",
         s.shared() ? "" : " (local grants)", " chunk=", a->chunk_bytes() >> 20, " MiB",
-        s.shared() ? str_cat(" inflight=", o.offload.link_inflight, " link ranks=", link) : "");
+        s.shared() ? str_cat(" inflight=", o.link.inflight, " link ranks=", link) : "");
   }
   log_info(trainer.loader().describe(), " seq_len=", o.data.seq_len,
            " batch_tokens=", o.data.batch_tokens, " steps=", o.run.steps);

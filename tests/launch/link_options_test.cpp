@@ -63,14 +63,25 @@ TEST(LinkOptions, ValidationNamesTheKey) {
   EXPECT_NE(parse_error.find("config key 'link_arbiter': must be on or off, got 'yes'"),
             std::string::npos)
       << parse_error;
-  o.offload.link_chunk_mib = 0;
+  o.link.chunk_mib = 0;
   EXPECT_NE(validation_message(o).find("'link_chunk_mib'"), std::string::npos);
   o = small_model();
-  o.offload.link_inflight = 0;
+  o.link.inflight = 0;
   EXPECT_NE(validation_message(o).find("'link_inflight'"), std::string::npos);
   o = small_model();
-  o.offload.pcie_groups = "0-1";
+  o.link.pcie_groups = "0-1";
   EXPECT_NE(validation_message(o).find("'pcie_groups'"), std::string::npos);
+  // What fails on every node is refused before the node's size is known.
+  for (const char* bad : {"0,0", "1", "0;;1", "0,,1", "0;2"}) {
+    o.link.pcie_groups = bad;
+    EXPECT_NE(validation_message(o).find("config key 'pcie_groups': '" + std::string(bad) + "'"),
+              std::string::npos)
+        << bad << ": " << validation_message(o);
+  }
+  for (const char* good : {"0", "0,1", "1,0;2,3", "auto", ""}) {
+    o.link.pcie_groups = good;
+    EXPECT_EQ(validation_message(o), "") << good;
+  }
 }
 
 // The keys under their former names are refused, naming the key to write, on the command line and

@@ -1405,22 +1405,6 @@ std::unique_ptr<Backend> make_cuda_backend(int device_ordinal, const CudaBackend
   return std::make_unique<CudaBackend>(device_ordinal, options);
 }
 
-AttentionImpl parse_attention_impl(const std::string& s) {
-  if (s == "auto") return AttentionImpl::kAuto;
-  if (s == "cudnn") return AttentionImpl::kCudnn;
-  if (s == "tiled") return AttentionImpl::kTiled;
-  HP_USER_ERROR(ErrorKind::kConfig, "config key 'attention': '", s,
-                "' is not one of auto, cudnn, tiled");
-}
-
-ExpertGemmImpl parse_expert_gemm_impl(const std::string& s) {
-  if (s == "serial") return ExpertGemmImpl::kSerial;
-  if (s == "streams") return ExpertGemmImpl::kStreams;
-  if (s == "grouped") return ExpertGemmImpl::kGrouped;
-  HP_USER_ERROR(ErrorKind::kConfig, "config key 'expert_gemm': '", s,
-                "' is not one of serial, streams, grouped");
-}
-
 std::string cuda_attention_description(Backend& b) { return as_cuda(b).attention_description(); }
 
 CUstream_st* cuda_compute_stream(Backend& b) { return as_cuda(b).compute_stream(); }
