@@ -135,6 +135,12 @@ bool Trainer::update_is_finite(int64_t step, double lr, double clip) {
     // zero1: this rank's rows and their reduced gradient, as Zero1::step updates them.
     const Tensor* shard = zero1_ ? zero1_->find_grad_shard(*p) : nullptr;
     Tensor working = p->work.storage() == p->master.storage() ? Tensor() : p->work;
+    if (shard && working.defined()) {
+      // The working rows of the shard (the op reads only their dtype, but takes tensors of the
+      // master's numel).
+      const ShardRows rows = shard_rows(*p, zero1_->group_of(*p));
+      working = working.slice(rows.begin, rows.begin + rows.rows);
+    }
     opt_.check_update(be, p->master, shard ? *shard : p->grad, p->m, p->v, p->weight_decay, step,
                       lr, clip, working, check_flag_);
   }
