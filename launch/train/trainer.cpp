@@ -249,6 +249,14 @@ StepStats Trainer::step() {
       partitioned_grad_sum_squares(be, model_->params(), grad_groups_, zero1_.get(), grad_sumsq);
     else
       grad_sum_squares(be, model_->params(), grad_sumsq);
+    // Several ranks: the next batch is packed here, on the host, while the device still works
+    // through backward and the norms queued above; its counts ride in this step's collective.
+    std::vector<double> next;
+    if (ctx_.world() > 1) {
+      ahead_state_ = loader_->state();
+      next_batch_ = loader_->next();
+      next = counts_of(*next_batch_);
+    }
     Tensor host = Tensor::host({4}, be.master_dtype());
     be.read_to_host(scalars_, host, SyncCause::kLoss);
     std::vector<double> s = to_double_vector(host);
@@ -261,9 +269,6 @@ StepStats Trainer::step() {
       // coefficient that these sums give): with the sums ride the next batch's counts and the
       // ranks that received a preemption signal. Each element is summed on its own, so the
       // riders change no bit of the sums.
-      ahead_state_ = loader_->state();
-      next_batch_ = loader_->next();
-      const std::vector<double> next = counts_of(*next_batch_);
       Tensor world_sums = Tensor::host_from(
           std::vector<double>{s[0], s[1], nonfinite_ranks, s[2], s[3], next[0], next[1], next[2],
                               preemption_requested() ? 1.0 : 0.0},
