@@ -90,13 +90,20 @@ Row time_layout(Backend& be, const TrainOptions& o, const Layout& l, int window)
                              static_cast<int>(m.head_dim), window,
                              1.0 / std::sqrt(static_cast<double>(m.head_dim))};
   const DType act = be.act_dtype();
-  Tensor qkv = be.empty({n, h, m.head_dim}, act), dout = be.empty({n, m.n_heads, m.head_dim}, act);
-  be.fill_normal(qkv, o.run.seed, 0, 1.0);
-  be.fill_normal(dout, o.run.seed + 1, 0, 1.0);
+  // Normal draws in the master dtype (the backends draw there), converted to the activations'.
+  const auto random = [&](Shape dims, uint64_t seed) {
+    Tensor draws = be.empty(dims, be.master_dtype());
+    be.fill_normal(draws, seed, 0, 1.0);
+    if (act == be.master_dtype()) return draws;
+    Tensor t = be.empty(dims, act);
+    be.convert(draws, t);
+    return t;
+  };
+  Tensor qkv = random({n, h, m.head_dim}, o.run.seed);
+  Tensor dout = random({n, m.n_heads, m.head_dim}, o.run.seed + 1);
   Tensor sinks, dsinks;
   if (m.attn_sinks) {
-    sinks = be.empty({m.n_heads}, act);
-    be.fill_normal(sinks, o.run.seed + 2, 0, 1.0);
+    sinks = random({m.n_heads}, o.run.seed + 2);
     dsinks = be.zeros({m.n_heads}, be.master_dtype());
   }
   Tensor out = be.empty({n, m.n_heads, m.head_dim}, act);

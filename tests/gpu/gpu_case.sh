@@ -6,7 +6,7 @@
 # Exits 77 (the cases' SKIP_RETURN_CODE), printing why, when the build has no CUDA backend
 # (HP_GPU_BUILD=0), when fewer than GPUS CUDA devices are visible (the driver's list, limited by
 # CUDA_VISIBLE_DEVICES), or when python3 cannot import a module NAME. Otherwise removes each PATH
-# and runs COMMAND; its exit status is the case's.
+# (creating its parent directory) and runs COMMAND; its exit status is the case's.
 set -uo pipefail
 need=${1:?usage: gpu_case.sh GPUS [--python-module NAME]... [--clean PATH]... -- COMMAND...}
 shift
@@ -41,5 +41,6 @@ for m in "${modules[@]}"; do
 done
 for p in "${clean[@]}"; do
   rm -rf -- "$p"
+  mkdir -p -- "$(dirname -- "$p")"
 done
 "$@"

@@ -196,6 +196,7 @@ foreach(m llama qwen3 gptoss)
                       --outliers ${outliers} --device cuda)
 endforeach()
 hp_gpu_case(gpu.hf.sft.data GPUS 1 LABELS hf SETUP gpu_hf_sft_data
+            CLEAN ${h}/sft_a.h5 CLEAN ${h}/sft_b.h5
             COMMAND ${HP_GPU_CMP} sft-data ${h}/sft_a.h5 ${h}/sft_b.h5 --vocab 96 --eot 95
                     --docs 24 --seed 5)
 hp_gpu_case(gpu.hf.sft.train GPUS 1 LABELS hf REQUIRES "gpu_hf_llama;gpu_hf_sft_data"
