@@ -154,8 +154,13 @@ foreach(tool ${HP_GPU_SANITIZE_TOOLS})
     hp_gpu_case(gpu.sanitize.${tool}.tests.shard${i} GPUS 1 LABELS sanitize TIMEOUT 3600
                 COMMAND ${SAN} ${tool} tests ${HP_GPU_TESTS} ${i} ${HP_GPU_SANITIZE_SHARDS})
   endforeach()
-  hp_gpu_case(gpu.sanitize.${tool}.train GPUS 1 LABELS sanitize TIMEOUT 1800
-              COMMAND ${SAN} ${tool} train ${HP} ${CFG}/tiny-moe.ini)
+  # racecheck over `hotpath train` grows the process past the host's memory (130 GB resident on
+  # a 128 GiB H200 host, then the kernel's OOM killer): racecheck's training steps are those of
+  # the CudaModel.* tests in its shards.
+  if(NOT tool STREQUAL "racecheck")
+    hp_gpu_case(gpu.sanitize.${tool}.train GPUS 1 LABELS sanitize TIMEOUT 1800
+                COMMAND ${SAN} ${tool} train ${HP} ${CFG}/tiny-moe.ini)
+  endif()
 endforeach()
 
 # ---- Hugging Face models on the GPU -------------------------------------------------------------
