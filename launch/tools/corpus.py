@@ -56,6 +56,8 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import token_h5  # noqa: E402
+from tool_cli import fail  # noqa: E402
+import tool_cli  # noqa: E402
 
 MAX_REPORTED = 20  # input mistakes listed before the run stops
 BATCH_DOCS = 256  # documents per unit of work
@@ -64,20 +66,6 @@ GOLDEN = 0x9E3779B97F4A7C15
 MASK64 = (1 << 64) - 1
 
 
-class Fail(Exception):
-    """A user mistake: the message, and the exit status (2)."""
-
-
-class Interrupted(Exception):
-    """SIGINT or SIGTERM: temporaries are removed on the way out."""
-
-
-def on_signal(signum, _frame):
-    raise Interrupted(signum)
-
-
-def fail(msg):
-    raise Fail(msg)
 
 
 def need(*modules):
@@ -887,24 +875,8 @@ def main(argv=None):
     v.add_argument("dir", help="the output directory of corpus.py tokenize")
 
     a = ap.parse_args(argv)
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, on_signal)
-    name = f"corpus {a.cmd}"
-    try:
-        {"tokenize": run_tokenize, "bpe": run_bpe, "verify": run_verify}[a.cmd](a)
-    except Fail as e:
-        print(f"{name}: error: {e}", file=sys.stderr)
-        return 2
-    except Interrupted as e:
-        signum = e.args[0]
-        print(f"{name}: stopped by {signal.Signals(signum).name}; nothing written",
-              file=sys.stderr)
-        return 128 + signum
-    except OSError as e:
-        print(f"{name}: error: {e.filename or ''}: {e.strerror or e}; nothing written",
-              file=sys.stderr)
-        return 1
-    return 0
+    body = {"tokenize": run_tokenize, "bpe": run_bpe, "verify": run_verify}[a.cmd]
+    return tool_cli.run(f"corpus {a.cmd}", lambda: body(a))
 
 
 if __name__ == "__main__":

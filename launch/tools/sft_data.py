@@ -33,26 +33,15 @@ import argparse
 import collections
 import json
 import os
-import signal
 import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from tool_cli import fail  # noqa: E402
+import tool_cli  # noqa: E402
 
 MAX_REPORTED = 20  # input errors listed before the rest are counted
 
 
-class Fail(Exception):
-    """A user mistake: the message, and the exit status (2)."""
-
-
-class Interrupted(Exception):
-    """SIGINT or SIGTERM: the temporary output is removed on the way out."""
-
-
-def on_signal(signum, _frame):
-    raise Interrupted(signum)
-
-
-def fail(msg):
-    raise Fail(msg)
 
 
 def render(template, role, content):
@@ -281,23 +270,7 @@ def main(argv=None):
     ap.add_argument("--force", action="store_true",
                     help="replace an existing --out (never an input file)")
     a = ap.parse_args(argv)
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, on_signal)
-    try:
-        run(a)
-    except Fail as e:
-        print(f"sft_data: error: {e}", file=sys.stderr)
-        return 2
-    except Interrupted as e:
-        signum = e.args[0]
-        print(f"sft_data: stopped by {signal.Signals(signum).name}; nothing written",
-              file=sys.stderr)
-        return 128 + signum
-    except OSError as e:
-        print(f"sft_data: error: {e.filename or ''}: {e.strerror or e}; nothing written",
-              file=sys.stderr)
-        return 1
-    return 0
+    return tool_cli.run("sft_data", lambda: run(a))
 
 
 if __name__ == "__main__":
