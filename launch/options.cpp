@@ -570,12 +570,31 @@ void parse_recorded_options(const std::string& config_text, const std::string& c
     if (w.rfind("--config=", 0) == 0 || w == "--dry-run") continue;
     args.push_back(w);
   }
+  // A checkpoint written before the link arbiter's keys took their names records the former
+  // ones: read under the names of today (a user typing them is told the new name instead).
+  for (std::string& a : args) {
+    if (a.rfind("--", 0) != 0) continue;
+    const std::string key = a.substr(2, a.find('=') == std::string::npos ? std::string::npos
+                                                                         : a.find('=') - 2);
+    if (const char* now = renamed_key(key)) a = "--" + std::string(now) + a.substr(2 + key.size());
+  }
+  std::string text;
+  {
+    std::istringstream lines(config_text);
+    for (std::string line; std::getline(lines, line);) {
+      const size_t b = line.find_first_not_of(" \t");
+      const size_t e = b == std::string::npos ? b : line.find_first_of(" \t=", b);
+      const char* now = b == std::string::npos ? nullptr : renamed_key(line.substr(b, e - b));
+      text += now ? line.substr(0, b) + now + (e == std::string::npos ? "" : line.substr(e)) : line;
+      text += '\n';
+    }
+  }
   RawEnums raw;
   po::options_description keys = describe_options(o, raw);
   po::variables_map vm;
   try {
     po::store(po::command_line_parser(args).options(keys).run(), vm);
-    std::istringstream in(config_text);
+    std::istringstream in(text);
     po::store(po::parse_config_file(in, keys, false), vm);
     po::notify(vm);
   } catch (const po::error& e) {

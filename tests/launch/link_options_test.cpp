@@ -123,5 +123,22 @@ TEST(LinkOptions, FormerKeyNamesAreRefusedNamingTheNewOne) {
   std::remove(ini.c_str());
 }
 
+// A checkpoint written under the former names records them: its options are read (export-hf
+// rebuilds the model from them) with the values under today's names.
+TEST(LinkOptions, RecordedFormerKeyNamesReadUnderTheNewOnes) {
+  TrainOptions o;
+  parse_recorded_options("vocab_size = 16\nlane_arbiter = on\n  lane_inflight=3\n",
+                         "--lane_chunk_mib=4 --steps=7", o);
+  EXPECT_TRUE(o.link.enabled);
+  EXPECT_EQ(o.link.chunk_mib, 4);
+  EXPECT_EQ(o.link.inflight, 3);
+  EXPECT_EQ(o.run.steps, 7);
+  EXPECT_EQ(o.model.vocab_size, 16);
+  TrainOptions fresh;
+  parse_recorded_options("vocab_size = 16\n", "", fresh);
+  EXPECT_FALSE(fresh.link.enabled);
+  EXPECT_EQ(fresh.link.inflight, 1);
+}
+
 }  // namespace
 }  // namespace hp
