@@ -50,6 +50,10 @@ constexpr const char* kCheckpointFormat = "hotpath-checkpoint";
 // HDF5's Fletcher-32 filter.
 constexpr int64_t kCheckpointVersion = 2;
 
+// "major.minor.release" of the HDF5 library the build links, without calling into it (safe on any
+// thread, also while another thread of the process writes a file).
+std::string hdf5_version_string();
+
 // Leading-axis rows per chunk for a dataset of this global shape: about 16 MiB per chunk, at
 // least one row. Deterministic, so every rank chunks a dataset the same way.
 int64_t checkpoint_chunk_rows(const Shape& global_shape, DType dtype);

@@ -105,6 +105,13 @@ void fsync_file(const std::string& path) {
 
 }  // namespace
 
+// HDF5 refuses to run under headers of another version than the library's (H5check_version), so
+// the headers' numbers are the library's.
+std::string hdf5_version_string() {
+  return std::to_string(H5_VERS_MAJOR) + "." + std::to_string(H5_VERS_MINOR) + "." +
+         std::to_string(H5_VERS_RELEASE);
+}
+
 int64_t checkpoint_chunk_rows(const Shape& global_shape, DType dtype) {
   HP_CHECK(!global_shape.empty() && global_shape[0] > 0, "chunking shape ",
            shape_str(global_shape));

@@ -1,7 +1,5 @@
 #include "launch/hf/hf_convert.h"
 
-#include <hdf5.h>
-
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -621,9 +619,7 @@ void write_imported_checkpoint(const std::string& path, const HfImport& imp,
     w.set_attr("format", std::string(kCheckpointFormat));
     w.set_attr("format_version", kCheckpointVersion);
     w.set_attr("hotpath_version", std::string(HOTPATH_VERSION));
-    unsigned maj = 0, min = 0, rel = 0;
-    H5get_libversion(&maj, &min, &rel);
-    w.set_attr("hdf5_version", str_cat(maj, ".", min, ".", rel));
+    w.set_attr("hdf5_version", hdf5_version_string());
     w.set_attr("config", config_text);
     w.set_attr("command_line", std::string());
     w.set_attr("step", int64_t{0});

@@ -1,6 +1,5 @@
 #include "launch/train/run_checkpoint.h"
 
-#include <hdf5.h>
 #include <sys/stat.h>
 
 #include <algorithm>
@@ -87,11 +86,6 @@ std::string mib(int64_t bytes) {
   return os.str();
 }
 
-std::string hdf5_version() {
-  unsigned maj = 0, min = 0, rel = 0;
-  H5get_libversion(&maj, &min, &rel);
-  return str_cat(maj, ".", min, ".", rel);
-}
 
 int64_t file_size(const std::string& path) {
   std::error_code ec;
@@ -423,7 +417,7 @@ SavePlan plan_save(const RunState& run, const std::string& dir, const std::vecto
   text("format", kCheckpointFormat);
   number("format_version", kCheckpointVersion);
   text("hotpath_version", HOTPATH_VERSION);
-  text("hdf5_version", hdf5_version());
+  text("hdf5_version", hdf5_version_string());
   text("config", o.config_text);
   text("command_line", o.command_line);
   number("step", step);
