@@ -1,10 +1,12 @@
 // What the launch tests (tests/launch) share: the options of a small dense model on the CPU
-// backend, and a fresh scratch directory.
+// backend, a fresh scratch directory, and the bytes of a CPU model's training state.
 #pragma once
 
 #include <filesystem>
 #include <string>
+#include <vector>
 
+#include "framework/model/model.h"
 #include "launch/options.h"
 
 namespace hp::test {
@@ -32,6 +34,19 @@ inline std::filesystem::path fresh_temp_dir(const std::string& name) {
   std::filesystem::remove_all(d);
   std::filesystem::create_directories(d);
   return d;
+}
+
+// The bytes of every parameter's fp32 master, then (with_moments) its AdamW m and v, one entry
+// per tensor in the model's parameter order: what "bitwise unchanged" compares. CPU tensors only.
+inline std::vector<std::vector<char>> state_bytes(Model& m, bool with_moments = true) {
+  std::vector<std::vector<char>> out;
+  for (auto& p : m.params().all())
+    for (const Tensor* t : {&p->master, &p->m, &p->v}) {
+      const char* b = t->data<char>();
+      out.emplace_back(b, b + t->nbytes());
+      if (!with_moments) break;
+    }
+  return out;
 }
 
 }  // namespace hp::test

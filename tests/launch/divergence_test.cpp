@@ -39,15 +39,6 @@ std::vector<std::string> lines_of(const fs::path& p) {
   return lines;
 }
 
-std::vector<std::vector<char>> master_bytes(Model& m) {
-  std::vector<std::vector<char>> out;
-  for (auto& p : m.params().all()) {
-    const char* b = p->master.data<char>();
-    out.emplace_back(b, b + p->master.nbytes());
-  }
-  return out;
-}
-
 // lr itself must be finite; a huge one makes the first update overflow the weights.
 constexpr double kHugeLr = 1e30;
 
@@ -130,23 +121,13 @@ TEST(Divergence, ANonFiniteStepChangesNothing) {
   Trainer t(o, ctx);
   EXPECT_TRUE(t.step().finite);  // finite loss and gradients; the update makes the weights inf
   EXPECT_EQ(t.steps_done(), 1);
-  const std::vector<std::vector<char>> before = master_bytes(t.model());
+  const std::vector<std::vector<char>> before = test::state_bytes(t.model(), false);
   const StepStats s = t.step();
   EXPECT_FALSE(s.finite);
   EXPECT_FALSE(std::isfinite(s.loss));
   EXPECT_EQ(t.steps_done(), 1);  // not counted
-  EXPECT_EQ(master_bytes(t.model()), before);
+  EXPECT_EQ(test::state_bytes(t.model(), false), before);
   EXPECT_EQ(s.syncs.get(SyncCause::kLoss), 1);  // the finite check adds no host sync
-}
-
-std::vector<std::vector<char>> all_state_bytes(Model& m) {
-  std::vector<std::vector<char>> out;
-  for (auto& p : m.params().all())
-    for (const Tensor* t : {&p->master, &p->m, &p->v}) {
-      const char* b = t->data<char>();
-      out.emplace_back(b, b + t->nbytes());
-    }
-  return out;
 }
 
 // nonfinite=skip: the step counts as done and as skipped; masters, m and v stay bitwise as they
@@ -157,7 +138,7 @@ TEST(Divergence, SkipLeavesParametersAndMomentsBitwiseUnchanged) {
   o.run.nonfinite = NonfinitePolicy::kSkip;
   Trainer t(o, single_rank_context());
   EXPECT_TRUE(t.step().finite);
-  const std::vector<std::vector<char>> before = all_state_bytes(t.model());
+  const std::vector<std::vector<char>> before = test::state_bytes(t.model());
   for (int64_t k = 2; k <= 3; ++k) {
     const StepStats s = t.step();
     EXPECT_FALSE(s.finite);
@@ -166,7 +147,7 @@ TEST(Divergence, SkipLeavesParametersAndMomentsBitwiseUnchanged) {
     EXPECT_EQ(s.skipped_steps, k - 1);
     EXPECT_EQ(t.steps_done(), k);  // counted as done: the run moves on
     EXPECT_EQ(t.skipped_steps(), k - 1);
-    EXPECT_EQ(all_state_bytes(t.model()), before);
+    EXPECT_EQ(test::state_bytes(t.model()), before);
   }
 }
 

@@ -45,16 +45,6 @@ std::string held_out_file(const fs::path& dir, const TrainOptions& o) {
   return path;
 }
 
-std::vector<std::vector<char>> state_bytes(Model& m) {
-  std::vector<std::vector<char>> out;
-  for (auto& p : m.params().all())
-    for (const Tensor* t : {&p->master, &p->m, &p->v}) {
-      const char* b = t->data<char>();
-      out.emplace_back(b, b + t->nbytes());
-    }
-  return out;
-}
-
 // Training with an evaluation after every step computes bitwise what training without one
 // does: losses, gradient norms, parameters and moments, the training data position. Two
 // evaluations of the same parameters agree bitwise, and each makes one read (cause loss).
@@ -86,7 +76,7 @@ TEST(HeldOutEval, ChangesNothingOfTraining) {
     EXPECT_EQ(a.loss, b.loss) << "step " << step;
     EXPECT_EQ(a.grad_norm, b.grad_norm) << "step " << step;
   }
-  EXPECT_EQ(state_bytes(with.model()), state_bytes(without.model()));
+  EXPECT_EQ(test::state_bytes(with.model()), test::state_bytes(without.model()));
   EXPECT_EQ(with.loader().state(), without.loader().state());
 }
 

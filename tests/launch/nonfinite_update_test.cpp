@@ -35,16 +35,6 @@ TrainOptions tiny_run(NonfinitePolicy policy, double lr) {
   return o;
 }
 
-std::vector<std::vector<char>> state_bytes(Model& m) {
-  std::vector<std::vector<char>> out;
-  for (auto& p : m.params().all())
-    for (const Tensor* t : {&p->master, &p->m, &p->v}) {
-      const char* b = t->data<char>();
-      out.emplace_back(b, b + t->nbytes());
-    }
-  return out;
-}
-
 bool all_finite(Model& m) {
   for (auto& p : m.params().all()) {
     const float* w = p->master.data<float>();
@@ -59,7 +49,7 @@ constexpr double kOverflowLr = 1e39;
 
 TEST(UpdateCheck, SkipNeverAppliesAnUpdateThatWouldOverflow) {
   Trainer t(tiny_run(NonfinitePolicy::kSkip, kOverflowLr), single_rank_context());
-  const std::vector<std::vector<char>> before = state_bytes(t.model());
+  const std::vector<std::vector<char>> before = test::state_bytes(t.model());
   for (int64_t step = 1; step <= 2; ++step) {
     const StepStats s = t.step();
     EXPECT_TRUE(std::isfinite(s.loss));  // the loss and gradients are fine; the update is not
@@ -68,7 +58,7 @@ TEST(UpdateCheck, SkipNeverAppliesAnUpdateThatWouldOverflow) {
     EXPECT_TRUE(t.last_update_overflowed());
     EXPECT_EQ(s.skipped_steps, step);
     EXPECT_EQ(t.steps_done(), step);
-    EXPECT_EQ(state_bytes(t.model()), before);  // bitwise: masters and both moments
+    EXPECT_EQ(test::state_bytes(t.model()), before);  // bitwise: masters and both moments
     // The check's one read, besides the step's loss read.
     EXPECT_EQ(s.syncs.get(SyncCause::kLoss), 1);
     EXPECT_EQ(s.syncs.get(SyncCause::kOther), 1);
@@ -83,7 +73,7 @@ TEST(UpdateCheck, SkipAppliesAFiniteUpdateAsAbortDoes) {
     EXPECT_FALSE(a.skipped);
     EXPECT_FALSE(skip.last_update_overflowed());
     EXPECT_EQ(a.loss, b.loss);
-    EXPECT_EQ(state_bytes(skip.model()), state_bytes(abort.model()));
+    EXPECT_EQ(test::state_bytes(skip.model()), test::state_bytes(abort.model()));
   }
 }
 
