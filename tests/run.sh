@@ -2,8 +2,8 @@
 # Builds hotpath and runs the whole test suite through ctest. When nvcc is present the CUDA
 # preset is built as well, so CUDA compile errors fail here, and its `gpu` tests run (they skip,
 # each saying so, on machines without a GPU). Then the CPU suite: every label -- unit, mpi (the
-# multi-rank cases under mpirun), cli (the hotpath executable end to end), sweep (the scaling
-# sweep runner), slurm (real jobs on a single-node Slurm cluster this script starts as root,
+# multi-rank cases under mpirun), cli (the hotpath executable end to end), hf (Hugging Face
+# import and export), tools (the Python data tools), sweep (the scaling sweep runner), slurm (real jobs on a single-node Slurm cluster this script starts as root,
 # tests/slurm/cluster.sh, and stops by pid when done; without one those tests skip, saying why).
 # Before it, the sanitizer stage (asan preset, clang): the unit suite under AddressSanitizer +
 # UndefinedBehaviorSanitizer, then every libFuzzer harness of tests/fuzz for HOTPATH_FUZZ_SECONDS
@@ -81,7 +81,7 @@ else
   unset SLURM_CONF
 fi
 echo "[tests] $slurm_summary"
-echo "[tests] CPU suite (labels unit, mpi, cli, sweep, slurm):"
+echo "[tests] CPU suite (labels unit, mpi, cli, hf, tools, sweep, slurm):"
 ctest --preset cpu -j "$(nproc)" --timeout 900 2>&1 | tee "$log" || rc=$?
 # Summaries last, so the end of the log says what ran.
 echo "[tests] $gpu_summary"
