@@ -1,5 +1,6 @@
 // What the launch tests (tests/launch) share: the options of a small dense model on the CPU
-// backend, a fresh scratch directory, and the bytes of a CPU model's training state.
+// backend, a fresh scratch directory, the one check of the options, and the bytes of a CPU model's
+// training state.
 #pragma once
 
 #include <filesystem>
@@ -34,6 +35,17 @@ inline std::filesystem::path fresh_temp_dir(const std::string& name) {
   std::filesystem::remove_all(d);
   std::filesystem::create_directories(d);
   return d;
+}
+
+// The message with which the one check of the options (validate_train_options, for `world`
+// ranks) refuses `o`; empty when it accepts them.
+inline std::string validation_message(const TrainOptions& o, int world = 1) {
+  try {
+    validate_train_options(o, world);
+  } catch (const UserError& e) {
+    return e.what();
+  }
+  return "";
 }
 
 // The bytes of every parameter's fp32 master, then (with_moments) its AdamW m and v, one entry

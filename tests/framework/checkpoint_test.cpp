@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "framework/core/error.h"
+#include "tests/common/damaged_checkpoint.h"
 #include "tests/common/fixtures.h"
 
 namespace hp {
@@ -320,30 +321,7 @@ TEST(CheckpointFormat, DatasetWalkEndsOnCyclesAndDeepNesting) {
 TEST(CheckpointFormat, DamagedMetadataIsCorruptionNotMissing) {
   TempDir dir;
   const std::string path = dir.file("c.h5");
-  {
-    CheckpointWriter w(path, nullptr);
-    const std::vector<float> v = iota_floats(8, 1.0f);
-    w.write_rows("/params/a_rather_long_parameter_name", {8}, DType::kF32, 8, RowRange{0, 8},
-                 v.data());
-    w.write_rows("/params/another_long_parameter_name", {8}, DType::kF32, 8, RowRange{0, 8},
-                 v.data());
-    w.set_attr("format", std::string(kCheckpointFormat));
-    w.set_attr("format_version", kCheckpointVersion);
-    w.close();
-  }
-  std::vector<char> bytes;
-  {
-    std::ifstream f(path, std::ios::binary);
-    bytes.assign(std::istreambuf_iterator<char>(f), {});
-  }
-  const std::string needle = "a_rather_long_parameter_name";
-  const auto it = std::search(bytes.begin(), bytes.end(), needle.begin(), needle.end());
-  ASSERT_NE(it, bytes.end());
-  it[3] ^= 0x01;  // in the link message of the /params group's object header
-  {
-    std::ofstream f(path, std::ios::binary | std::ios::trunc);
-    f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-  }
+  test::write_damaged_checkpoint(path);
   CheckpointReader r(path);
   for (const char* name :
        {"/params/a_rather_long_parameter_name", "/params/another_long_parameter_name"}) {

@@ -130,34 +130,26 @@ TEST(HeldOutEval, WholePackingCountsDocumentTokens) {
   EXPECT_EQ(evaluate_held_out(t, data, 2).loss, e.loss);
 }
 
-std::string config_error(const TrainOptions& o) {
-  try {
-    validate_train_options(o, 1);
-  } catch (const UserError& e) {
-    return e.what();
-  }
-  return "";
-}
-
 TEST(HeldOutEval, BadKeysAreRefusedNamingThem) {
   const fs::path dir = test::fresh_temp_dir("eval_keys");
   TrainOptions o = tiny_run();
   const std::string file = held_out_file(dir, o);
-  EXPECT_EQ(config_error(o), "") << "no eval_data: no evaluation";
+  EXPECT_EQ(test::validation_message(o), "") << "no eval_data: no evaluation";
   o.held_out.every = -1;
-  EXPECT_NE(config_error(o).find("'eval_every': must be >= 0"), std::string::npos)
-      << config_error(o);
+  EXPECT_NE(test::validation_message(o).find("'eval_every': must be >= 0"), std::string::npos)
+      << test::validation_message(o);
   o.held_out.every = 5;
-  EXPECT_NE(config_error(o).find("'eval_every': =5 needs eval_data"), std::string::npos)
-      << config_error(o);
+  EXPECT_NE(test::validation_message(o).find("'eval_every': =5 needs eval_data"), std::string::npos)
+      << test::validation_message(o);
   o.held_out.data = file;
-  EXPECT_EQ(config_error(o), "");
+  EXPECT_EQ(test::validation_message(o), "");
   o.held_out.batches = 0;
-  EXPECT_NE(config_error(o).find("'eval_batches': must be >= 1, got 0"), std::string::npos)
-      << config_error(o);
+  EXPECT_NE(test::validation_message(o).find("'eval_batches': must be >= 1, got 0"),
+            std::string::npos)
+      << test::validation_message(o);
   o.held_out.batches = 1;
   o.held_out.every = 0;
-  EXPECT_EQ(config_error(o), "") << "eval_every=0: the final evaluation only";
+  EXPECT_EQ(test::validation_message(o), "") << "eval_every=0: the final evaluation only";
 }
 
 TEST(HeldOutEval, MissingFileIsRefusedNamingTheKey) {

@@ -17,15 +17,6 @@ namespace {
 
 TrainOptions small_model() { return test::small_dense_options(); }
 
-std::string validation_message(const TrainOptions& o) {
-  try {
-    validate_train_options(o, 1);
-  } catch (const UserError& e) {
-    return e.what();
-  }
-  return "";
-}
-
 TEST(LinkOptions, DefaultsAreTheBaseline) {
   const LinkOptions l = make_link_options(TrainOptions());
   EXPECT_FALSE(l.enabled);
@@ -41,7 +32,7 @@ TEST(LinkOptions, ParsedFromTheCommandLine) {
        "--collective_timeout_s=12", "--vocab_size=16", "--d_model=32", "--n_layers=2",
        "--n_heads=2", "--n_kv_heads=1", "--head_dim=16", "--ffn_dim=64"},
       "train", o));
-  EXPECT_EQ(validation_message(o), "");
+  EXPECT_EQ(test::validation_message(o), "");
   const LinkOptions l = make_link_options(o);
   EXPECT_TRUE(l.enabled);
   EXPECT_EQ(l.chunk_bytes(), int64_t{4} << 20);
@@ -64,23 +55,24 @@ TEST(LinkOptions, ValidationNamesTheKey) {
             std::string::npos)
       << parse_error;
   o.link.chunk_mib = 0;
-  EXPECT_NE(validation_message(o).find("'link_chunk_mib'"), std::string::npos);
+  EXPECT_NE(test::validation_message(o).find("'link_chunk_mib'"), std::string::npos);
   o = small_model();
   o.link.inflight = 0;
-  EXPECT_NE(validation_message(o).find("'link_inflight'"), std::string::npos);
+  EXPECT_NE(test::validation_message(o).find("'link_inflight'"), std::string::npos);
   o = small_model();
   o.link.pcie_groups = "0-1";
-  EXPECT_NE(validation_message(o).find("'pcie_groups'"), std::string::npos);
+  EXPECT_NE(test::validation_message(o).find("'pcie_groups'"), std::string::npos);
   // What fails on every node is refused before the node's size is known.
   for (const char* bad : {"0,0", "1", "0;;1", "0,,1", "0;2"}) {
     o.link.pcie_groups = bad;
-    EXPECT_NE(validation_message(o).find("config key 'pcie_groups': '" + std::string(bad) + "'"),
-              std::string::npos)
-        << bad << ": " << validation_message(o);
+    EXPECT_NE(
+        test::validation_message(o).find("config key 'pcie_groups': '" + std::string(bad) + "'"),
+        std::string::npos)
+        << bad << ": " << test::validation_message(o);
   }
   for (const char* good : {"0", "0,1", "1,0;2,3", "auto", ""}) {
     o.link.pcie_groups = good;
-    EXPECT_EQ(validation_message(o), "") << good;
+    EXPECT_EQ(test::validation_message(o), "") << good;
   }
 }
 

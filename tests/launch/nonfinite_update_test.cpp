@@ -18,6 +18,7 @@
 #include "launch/tools/tools.h"
 #include "launch/train/trainer.h"
 #include "optim/adamw.h"
+#include "tests/common/damaged_checkpoint.h"
 #include "tests/common/launch_fixtures.h"
 
 namespace fs = std::filesystem;
@@ -176,28 +177,7 @@ TEST(InspectCorrupt, AFileThatIsNoCheckpointIsNamedAsCorrupt) {
   // A checkpoint whose group header (the link message of /params) is damaged: the groups
   // cannot be listed, though the file opens.
   const std::string damaged = (dir / "damaged.h5").string();
-  {
-    CheckpointWriter w(damaged, nullptr);
-    const std::vector<float> v = {1, 2, 3, 4, 5, 6, 7, 8};
-    w.write_rows("/params/a_rather_long_parameter_name", {8}, DType::kF32, 8, RowRange{0, 8},
-                 v.data());
-    w.write_rows("/params/another_long_parameter_name", {8}, DType::kF32, 8, RowRange{0, 8},
-                 v.data());
-    w.set_attr("format", std::string(kCheckpointFormat));
-    w.set_attr("format_version", kCheckpointVersion);
-    w.close();
-  }
-  std::vector<char> bytes;
-  {
-    std::ifstream f(damaged, std::ios::binary);
-    bytes.assign(std::istreambuf_iterator<char>(f), {});
-  }
-  const std::string needle = "a_rather_long_parameter_name";
-  const auto it = std::search(bytes.begin(), bytes.end(), needle.begin(), needle.end());
-  ASSERT_NE(it, bytes.end());
-  it[3] ^= 0x01;
-  std::ofstream(damaged, std::ios::binary | std::ios::trunc)
-      .write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  test::write_damaged_checkpoint(damaged);
   for (const std::string& path : {garbage, damaged}) {
     int rc = 0;
     const std::string err = inspect_stderr(path, &rc);

@@ -12,15 +12,6 @@ namespace {
 // Valid apart from what a test changes.
 TrainOptions valid_options() { return test::small_dense_options(); }
 
-std::string validation_message(const TrainOptions& o) {
-  try {
-    validate_train_options(o, 1);
-  } catch (const UserError& e) {
-    return e.what();
-  }
-  return "";
-}
-
 TEST(OffloadOptions, ParsedFromTheCommandLine) {
   TrainOptions o;
   ASSERT_TRUE(parse_train_options(
@@ -29,7 +20,7 @@ TEST(OffloadOptions, ParsedFromTheCommandLine) {
        "--n_kv_heads=1", "--head_dim=16", "--ffn_dim=64"},
       "train", o));
   EXPECT_EQ(o.compute.offload.mode, OffloadMode::kDouble);
-  EXPECT_EQ(validation_message(o), "");
+  EXPECT_EQ(test::validation_message(o), "");
   const ModelOptions m = make_model_options(o);
   EXPECT_TRUE(m.checkpoint_activations);
   EXPECT_EQ(m.offload.mode, OffloadMode::kDouble);
@@ -50,15 +41,15 @@ TEST(OffloadOptions, DefaultsKeepTodaysBehaviour) {
 
 TEST(OffloadOptions, ValidationNamesTheKey) {
   TrainOptions o = valid_options();
-  EXPECT_EQ(validation_message(o), "");
+  EXPECT_EQ(test::validation_message(o), "");
   o.compute.offload.buffers = 1;
-  EXPECT_NE(validation_message(o).find("'offload_buffers'"), std::string::npos);
+  EXPECT_NE(test::validation_message(o).find("'offload_buffers'"), std::string::npos);
   o = valid_options();
   o.compute.offload.lookahead = 2;  // needs offload_buffers >= 3
-  EXPECT_NE(validation_message(o).find("'offload_lookahead'"), std::string::npos);
+  EXPECT_NE(test::validation_message(o).find("'offload_lookahead'"), std::string::npos);
   o = valid_options();
   o.compute.offload.sim_link_gbps = -1;
-  EXPECT_NE(validation_message(o).find("'sim_link_gbps'"), std::string::npos);
+  EXPECT_NE(test::validation_message(o).find("'sim_link_gbps'"), std::string::npos);
   // pinned_pool_mib is read in MiB and checked as it becomes bytes.
   try {
     TrainOptions p;
