@@ -6,6 +6,7 @@
 #include <cerrno>
 #include <cmath>
 #include <cstring>
+#include <optional>
 #include <set>
 #include <type_traits>
 
@@ -134,8 +135,20 @@ RowRange split_rows_by_chunk(int64_t rows, int64_t chunk_rows, int parts, int pa
 
 // ---- writer ---------------------------------------------------------------------------------
 
+// Created and destroyed under the HDF5 lock (its handles close there).
 struct CheckpointWriter::Impl {
-  H5Quiet quiet;
+  Impl() {
+    H5Lock lock;
+    quiet.emplace();
+  }
+  ~Impl() {
+    H5Lock lock;
+    lcpl.reset();
+    dxpl.reset();
+    file.reset();
+    quiet.reset();
+  }
+  std::optional<H5Quiet> quiet;
   H5Handle file;
   H5Handle dxpl;
   H5Handle lcpl;
@@ -146,13 +159,19 @@ static_assert(std::is_same<hid_t, int64_t>::value, "HDF5 1.10 or later (64-bit h
 
 CheckpointWriter::CheckpointWriter(const std::string& path, const CheckpointGroup* group)
     : impl_(std::make_unique<Impl>()), path_(path), group_(group) {
+  H5Lock lock;
   const std::string where = str_cat("checkpoint ", path_);
   H5Handle fapl(H5_CHECK(H5Pcreate(H5P_FILE_ACCESS), where), H5Pclose);
   if (parallel()) group_->use_mpio_driver(fapl.get());
+  // No object times: HDF5 would record the creation second in every object header, and two
+  // saves of the same state would differ in those bytes. Without them a checkpoint's bytes are a
+  // function of what it holds (the root group here, the other groups and datasets below).
+  H5Handle fcpl(H5_CHECK(H5Pcreate(H5P_FILE_CREATE), where), H5Pclose);
+  H5_CHECK(H5Pset_obj_track_times(fcpl.get(), 0), where);
   // The 1.10 format: checksummed superblock, object headers and B-trees.
   H5_CHECK(H5Pset_libver_bounds(fapl.get(), H5F_LIBVER_V110, H5F_LIBVER_V110), where);
   impl_->file = H5Handle(
-      H5_CHECK(H5Fcreate(path_.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.get()), where), H5Fclose);
+      H5_CHECK(H5Fcreate(path_.c_str(), H5F_ACC_TRUNC, fcpl.get(), fapl.get()), where), H5Fclose);
   impl_->dxpl = H5Handle(H5_CHECK(H5Pcreate(H5P_DATASET_XFER), where), H5Pclose);
   if (parallel()) H5_CHECK(H5Pset_dxpl_mpio(impl_->dxpl.get(), H5FD_MPIO_COLLECTIVE), where);
   impl_->lcpl = H5Handle(H5_CHECK(H5Pcreate(H5P_LINK_CREATE), where), H5Pclose);
@@ -162,6 +181,7 @@ CheckpointWriter::CheckpointWriter(const std::string& path, const CheckpointGrou
 CheckpointWriter::~CheckpointWriter() { abandon(); }
 
 void CheckpointWriter::abandon() noexcept {
+  H5Lock lock;
   if (!impl_ || !impl_->file.valid()) return;
   impl_->dxpl.reset();
   impl_->lcpl.reset();
@@ -169,6 +189,7 @@ void CheckpointWriter::abandon() noexcept {
 }
 
 void CheckpointWriter::set_attr(const std::string& name, const std::string& value) {
+  H5Lock lock;
   const std::string where = str_cat(path_, " attribute '", name, "'");
   // Fixed-length, so the text is stored in the attribute itself, under the object header's
   // checksum (a variable-length string would live in the global heap, which has none).
@@ -187,6 +208,7 @@ void CheckpointWriter::set_attr(const std::string& name, const std::string& valu
 }
 
 void CheckpointWriter::set_attr(const std::string& name, int64_t value) {
+  H5Lock lock;
   const std::string where = str_cat(path_, " attribute '", name, "'");
   H5Handle space(H5_CHECK(H5Screate(H5S_SCALAR), where), H5Sclose);
   H5Handle attr(H5_CHECK(H5Acreate2(impl_->file.get(), name.c_str(), H5T_STD_I64LE, space.get(),
@@ -197,6 +219,7 @@ void CheckpointWriter::set_attr(const std::string& name, int64_t value) {
 }
 
 void CheckpointWriter::set_attr(const std::string& name, const std::vector<int64_t>& value) {
+  H5Lock lock;
   const std::string where = str_cat(path_, " attribute '", name, "'");
   const hsize_t n = value.size();
   H5Handle space(H5_CHECK(H5Screate_simple(1, &n, nullptr), where), H5Sclose);
@@ -209,6 +232,7 @@ void CheckpointWriter::set_attr(const std::string& name, const std::vector<int64
 
 void CheckpointWriter::write_rows(const std::string& name, const Shape& shape, DType dtype,
                                   int64_t chunk_rows, RowRange rows, const void* data) {
+  H5Lock lock;
   const std::string where = str_cat(path_, " dataset '", name, "'");
   HP_CHECK(!shape.empty() && shape[0] > 0 && chunk_rows > 0, where, ": shape ", shape_str(shape));
   HP_CHECK(rows.begin >= 0 && rows.count >= 0 && rows.begin + rows.count <= shape[0], where,
@@ -226,6 +250,19 @@ void CheckpointWriter::write_rows(const std::string& name, const Shape& shape, D
   // single unfiltered chunk written whole.
   H5_CHECK(H5Pset_fill_time(dcpl.get(), H5D_FILL_TIME_NEVER), where);
   H5_CHECK(H5Pset_alloc_time(dcpl.get(), H5D_ALLOC_TIME_EARLY), where);
+  H5_CHECK(H5Pset_obj_track_times(dcpl.get(), 0), where);
+  // The groups on the way, created here without object times (the link creation property's
+  // intermediate groups would carry them).
+  for (size_t at = name.find('/', 1); at != std::string::npos; at = name.find('/', at + 1)) {
+    const std::string group = name.substr(0, at);
+    if (H5_CHECK(H5Lexists(impl_->file.get(), group.c_str(), H5P_DEFAULT), where) > 0) continue;
+    H5Handle gcpl(H5_CHECK(H5Pcreate(H5P_GROUP_CREATE), where), H5Pclose);
+    H5_CHECK(H5Pset_obj_track_times(gcpl.get(), 0), where);
+    H5Handle g(H5_CHECK(H5Gcreate2(impl_->file.get(), group.c_str(), H5P_DEFAULT, gcpl.get(),
+                                   H5P_DEFAULT),
+                        where),
+               H5Gclose);
+  }
   H5Handle ds(H5_CHECK(H5Dcreate2(impl_->file.get(), name.c_str(), file_type(dtype), space.get(),
                                   impl_->lcpl.get(), dcpl.get(), H5P_DEFAULT),
                        where),
@@ -289,6 +326,7 @@ void CheckpointWriter::write_i64(const std::string& name, const std::vector<int6
 }
 
 void CheckpointWriter::close() {
+  H5Lock lock;
   const std::string where = str_cat("checkpoint ", path_);
   impl_->dxpl.reset();
   impl_->lcpl.reset();
@@ -301,13 +339,24 @@ void CheckpointWriter::close() {
 
 // ---- reader ---------------------------------------------------------------------------------
 
+// Created and destroyed under the HDF5 lock (its file closes there).
 struct CheckpointReader::Impl {
-  H5Quiet quiet;
+  Impl() {
+    H5Lock lock;
+    quiet.emplace();
+  }
+  ~Impl() {
+    H5Lock lock;
+    file.reset();
+    quiet.reset();
+  }
+  std::optional<H5Quiet> quiet;
   H5Handle file;
 };
 
 CheckpointReader::CheckpointReader(const std::string& path)
     : impl_(std::make_unique<Impl>()), path_(path) {
+  H5Lock lock;
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0)
     HP_USER_ERROR(ErrorKind::kData, "checkpoint ", path, ": ", std::strerror(errno));
@@ -327,11 +376,13 @@ CheckpointReader::CheckpointReader(const std::string& path)
 CheckpointReader::~CheckpointReader() = default;
 
 bool CheckpointReader::has_attr(const std::string& name) const {
+  H5Lock lock;
   const std::string where = str_cat(path_, " attribute '", name, "'");
   return H5_CHECK(H5Aexists(impl_->file.get(), name.c_str()), where) > 0;
 }
 
 std::string CheckpointReader::string_attr(const std::string& name) const {
+  H5Lock lock;
   const std::string where = str_cat(path_, " attribute '", name, "'");
   H5Handle attr(H5_CHECK(H5Aopen(impl_->file.get(), name.c_str(), H5P_DEFAULT), where), H5Aclose);
   H5Handle type(H5_CHECK(H5Aget_type(attr.get()), where), H5Tclose);
@@ -359,6 +410,7 @@ std::string CheckpointReader::string_attr(const std::string& name) const {
 }
 
 int64_t CheckpointReader::int_attr(const std::string& name) const {
+  H5Lock lock;
   std::vector<int64_t> v = ints_attr(name);
   if (v.size() != 1)
     HP_USER_ERROR(ErrorKind::kData, path_, " attribute '", name, "' holds ", v.size(),
@@ -367,6 +419,7 @@ int64_t CheckpointReader::int_attr(const std::string& name) const {
 }
 
 std::vector<int64_t> CheckpointReader::ints_attr(const std::string& name) const {
+  H5Lock lock;
   const std::string where = str_cat(path_, " attribute '", name, "'");
   H5Handle attr(H5_CHECK(H5Aopen(impl_->file.get(), name.c_str(), H5P_DEFAULT), where), H5Aclose);
   H5Handle space(H5_CHECK(H5Aget_space(attr.get()), where), H5Sclose);
@@ -377,6 +430,7 @@ std::vector<int64_t> CheckpointReader::ints_attr(const std::string& name) const 
 }
 
 bool CheckpointReader::has_dataset(const std::string& name) const {
+  H5Lock lock;
   // Every component of the path must exist for H5Lexists to answer about the last one.
   // A negative answer is not "absent": HDF5 could not read the group or object header (its
   // checksum failed), which is damage, not a missing dataset.
@@ -402,6 +456,7 @@ bool CheckpointReader::has_dataset(const std::string& name) const {
 }
 
 DatasetInfo CheckpointReader::info(const std::string& name) const {
+  H5Lock lock;
   const std::string where = str_cat(path_, " dataset '", name, "'");
   if (!has_dataset(name)) HP_FAIL(ErrorKind::kHdf5, where, " is missing");
   H5Handle ds(H5_CHECK(H5Dopen2(impl_->file.get(), name.c_str(), H5P_DEFAULT), where), H5Dclose);
@@ -490,6 +545,7 @@ struct DatasetWalk {
 }  // namespace
 
 std::vector<DatasetInfo> CheckpointReader::datasets() const {
+  H5Lock lock;
   const std::string where = str_cat("checkpoint ", path_);
   DatasetWalk walk;
   H5_CHECK(
@@ -550,6 +606,7 @@ void verify_chunks(hid_t ds, const DatasetInfo& d, RowRange rows, DType dtype, c
 
 void CheckpointReader::read_rows(const std::string& name, RowRange rows, DType dtype,
                                  void* out) const {
+  H5Lock lock;
   const std::string where = str_cat(path_, " dataset '", name, "'");
   const DatasetInfo d = info(name);
   if (d.shape.empty() || rows.begin < 0 || rows.count < 0 || rows.begin + rows.count > d.shape[0])
@@ -572,6 +629,7 @@ void CheckpointReader::read_rows(const std::string& name, RowRange rows, DType d
 }
 
 std::vector<int64_t> CheckpointReader::read_i64(const std::string& name) const {
+  H5Lock lock;
   const DatasetInfo d = info(name);
   if (d.shape.size() != 1 || d.dtype != DType::kI64)
     HP_USER_ERROR(ErrorKind::kData, path_, " dataset '", name, "': expected a 1-D i64 array, got ",
@@ -582,6 +640,7 @@ std::vector<int64_t> CheckpointReader::read_i64(const std::string& name) const {
 }
 
 uint64_t CheckpointReader::verify(const std::string& name, int64_t* nonfinite) const {
+  H5Lock lock;
   const DatasetInfo d = info(name);
   if (d.shape.empty()) HP_USER_ERROR(ErrorKind::kData, path_, " dataset '", name, "' is a scalar");
   const int64_t elem = static_cast<int64_t>(dtype_size(d.dtype));

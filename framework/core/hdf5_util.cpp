@@ -16,7 +16,15 @@ herr_t innermost_error(unsigned n, const H5E_error2_t* e, void* data) {
 
 }  // namespace
 
-void h5_skip_exit_handler() { H5dont_atexit(); }
+std::recursive_mutex& h5_mutex() {
+  static std::recursive_mutex mu;
+  return mu;
+}
+
+void h5_skip_exit_handler() {
+  H5Lock lock;
+  H5dont_atexit();
+}
 
 std::string h5_error_text() {
   std::string s;

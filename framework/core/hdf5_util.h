@@ -4,6 +4,7 @@
 
 #include <hdf5.h>
 
+#include <mutex>
 #include <string>
 
 #include "framework/core/error.h"
@@ -29,6 +30,22 @@ void h5_skip_exit_handler();
       HP_FAIL(::hp::ErrorKind::kHdf5, #stmt, " failed on ", (where), ": ", ::hp::h5_error_text()); \
     return hp_h5_rc_;                                                                              \
   }())
+
+// The HDF5 library hotpath links is not built thread-safe: every HDF5 call of the process runs
+// under this one lock (recursive, so a holder may call helpers that take it again). A
+// background checkpoint writer and the training thread's data loader then never call into the
+// library at the same time. Take it before H5Quiet and before any identifier is opened, release
+// it after the last one is closed.
+std::recursive_mutex& h5_mutex();
+class H5Lock {
+ public:
+  H5Lock() : lock_(h5_mutex()) {}
+  H5Lock(const H5Lock&) = delete;
+  H5Lock& operator=(const H5Lock&) = delete;
+
+ private:
+  std::lock_guard<std::recursive_mutex> lock_;
+};
 
 // Switches HDF5's automatic error printing off for its lifetime (our exceptions report).
 class H5Quiet {

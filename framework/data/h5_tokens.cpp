@@ -35,6 +35,9 @@ class H5TokenFile final : public DocumentSource {
   H5TokenFile(const std::string& path, int64_t vocab_size, int32_t eot_token);
   ~H5TokenFile() override {
     if (fd_ >= 0) ::close(fd_);
+    H5Lock lock;  // the library is called under its lock only (hdf5_util.h)
+    tokens_.reset();
+    file_.reset();
   }
   H5TokenFile(const H5TokenFile&) = delete;
   H5TokenFile& operator=(const H5TokenFile&) = delete;
@@ -91,6 +94,7 @@ class H5TokenFile final : public DocumentSource {
 
 H5TokenFile::H5TokenFile(const std::string& path, int64_t vocab_size, int32_t eot_token)
     : path_(path), eot_(eot_token) {
+  H5Lock lock;  // before H5Quiet, released after every handle of the constructor is closed
   H5Quiet quiet;
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0)
@@ -262,6 +266,7 @@ H5Handle H5TokenFile::open_dataset(const char* name, int64_t* length) const {
 
 void H5TokenFile::read_range(const char* name, const H5Handle& ds, int64_t start, int64_t count,
                              hid_t mem_type, void* out) const {
+  H5Lock lock;
   H5Handle file_space(H5Dget_space(ds.get()), H5Sclose);
   if (!file_space.valid()) h5_fail("H5Dget_space", path_, name);
   const hsize_t off[1] = {static_cast<hsize_t>(start)};
@@ -319,6 +324,7 @@ bool H5TokenFile::direct_tokens() {
 template <typename T>
 void H5TokenFile::fetch(int64_t start, int64_t n, T* out) const {
   if (fd_ < 0) {
+    H5Lock lock;
     H5Quiet quiet;
     const hid_t mem_type = sizeof(T) == 8 ? H5T_NATIVE_INT64 : H5T_NATIVE_INT32;
     read_range(kTokens, tokens_, start, n, mem_type, out);
@@ -420,6 +426,7 @@ void write_h5_tokens(const std::string& path, const std::vector<int32_t>& tokens
   }
   const std::string tmp = path + ".tmp";
   try {
+    H5Lock lock;
     H5Quiet quiet;
     write_h5_file(tmp, tokens, doc_offsets, loss_mask);
     const int fd = ::open(tmp.c_str(), O_RDONLY | O_CLOEXEC);
