@@ -37,4 +37,18 @@ std::unique_ptr<CheckpointGroup> make_checkpoint_group(const Communicator& comm)
   return std::make_unique<MpiCheckpointGroup>(mpi->comm());
 }
 
+std::shared_ptr<Communicator> make_writer_communicator(const Communicator& world,
+                                                       std::string* why_not) {
+  const auto* mpi = dynamic_cast<const MpiCommunicator*>(&world);
+  if (mpi == nullptr) {
+    *why_not = "the world is not an MPI communicator";
+    return nullptr;
+  }
+  if (!mpi_thread_multiple()) {
+    *why_not = "the MPI library does not provide MPI_THREAD_MULTIPLE";
+    return nullptr;
+  }
+  return MpiCommunicator::create(mpi->comm(), world.name() + ".checkpoint_writer", world.options());
+}
+
 }  // namespace hp

@@ -285,8 +285,18 @@ MpiSession::MpiSession(int* argc, char*** argv) {
   MPI_CHECK(MPI_Initialized(&init));
   if (init) return;
   int provided = 0;
-  MPI_CHECK(MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided));
+  MPI_CHECK(MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided));
   owns_ = true;
+}
+
+bool mpi_thread_multiple() {
+  int init = 0, fin = 0;
+  MPI_Initialized(&init);
+  MPI_Finalized(&fin);
+  if (!init || fin) return false;
+  int provided = MPI_THREAD_SINGLE;
+  MPI_CHECK(MPI_Query_thread(&provided));
+  return provided >= MPI_THREAD_MULTIPLE;
 }
 
 MpiSession::~MpiSession() {

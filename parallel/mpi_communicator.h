@@ -13,8 +13,10 @@
 //
 // Ownership: the communicator owns its MPI_Comm (a duplicate or a split) and frees it on
 // destruction (unless MPI is already finalised).
-// Thread safety: MPI is called only from the thread that drives the communicator, which must be
-// the thread that initialised MPI (MPI_THREAD_FUNNELED).
+// Thread safety: one thread drives a communicator. MPI is initialised with MPI_THREAD_MULTIPLE
+// where the library provides it, so that two threads may each drive their own communicator (the
+// training thread and a background checkpoint writer, launch/train/async_checkpoint.h); with a
+// lower level only the thread that initialised MPI calls it.
 #pragma once
 
 #include <mpi.h>
@@ -80,7 +82,11 @@ class MpiCommunicator final : public HostCommunicator {
   MPI_Comm comm_ = MPI_COMM_NULL;
 };
 
-// Initialises MPI (MPI_THREAD_FUNNELED) unless it already is, and finalises it on destruction if
+// Whether MPI is initialised at MPI_THREAD_MULTIPLE (MPI_Query_thread): several threads may then
+// call MPI at once, each on its own communicator.
+bool mpi_thread_multiple();
+
+// Initialises MPI (asking for MPI_THREAD_MULTIPLE; see mpi_thread_multiple) unless it already is, and finalises it on destruction if
 // it did the initialising. Create it first in main() of an MPI program; destroy communicators
 // before it goes away.
 class MpiSession {
