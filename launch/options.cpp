@@ -290,6 +290,11 @@ po::options_description describe_options(TrainOptions& o, RawEnums& raw) {
       "save every N steps (0: only at the end of the run and on preemption)")(
       "keep_last", po::value(&o.checkpoint.keep_last)->default_value(o.checkpoint.keep_last),
       "committed checkpoints to keep (0: all)")(
+      "checkpoint_async",
+      po::value(&o.checkpoint.async)->default_value(o.checkpoint.async),
+      "true: a save copies the state to host memory at the step boundary and a background "
+      "thread writes the file while training goes on; false: every save stops training until "
+      "the file is committed")(
       "resume", po::value(&raw.resume)->default_value(raw.resume),
       "none | auto (newest committed checkpoint in checkpoint_dir) | PATH of a checkpoint")(
       "allow_overwrite",

@@ -109,6 +109,10 @@ struct CheckpointOptions {
   std::string dir;        // key `checkpoint_dir`; "": no checkpoints
   int64_t every = 0;      // checkpoint_every: steps between saves (0: at the end, on preemption)
   int64_t keep_last = 0;  // committed checkpoints kept (0: all)
+  // checkpoint_async: a save snapshots the state into host memory at the step boundary and a
+  // background writer writes the file while training goes on (launch/train/async_checkpoint.h;
+  // where it cannot, saves stay synchronous and the run says why before step 1).
+  bool async = true;
   ResumeSpec resume;
   // init_from: a checkpoint file or directory (its newest), or a Hugging Face checkpoint
   // directory (config.json + safetensors), whose parameters start a fresh run: new optimizer

@@ -14,12 +14,15 @@ namespace hp {
 namespace {
 
 constexpr const char* kSavePrefix = "kill-save-";
-constexpr const char* kSavePoints[] = {"begin", "data", "close", "rename"};
+constexpr const char* kSavePoints[] = {"snapshot", "begin", "data", "close", "rename", "latest"};
+constexpr const char* kFailPrefix = "fail-save-";
+constexpr const char* kFailPoints[] = {"snapshot", "data", "close"};
 
 [[noreturn]] void bad_spec(const std::string& text, const std::string& why) {
   HP_USER_ERROR(ErrorKind::kConfig, "HOTPATH_FAULT='", text, "': ", why,
-                "; expected KIND:RANK:STEP with KIND throw, kill, hang, nan, sigterm or "
-                "kill-save-POINT (POINT: begin, data, close, rename)");
+                "; expected KIND:RANK:STEP with KIND throw, kill, hang, nan, sigterm, "
+                "kill-save-POINT (POINT: snapshot, begin, data, close, rename, latest) or "
+                "fail-save-POINT (POINT: snapshot, data, close; RANK -1: every rank)");
 }
 
 bool parse_integer(const std::string& s, long long* out) {
@@ -59,6 +62,12 @@ FaultSpec parse_fault_spec(const std::string& text) {
     bool known = false;
     for (const char* p : kSavePoints) known = known || f.save_point == p;
     if (!known) bad_spec(text, "unknown save point '" + f.save_point + "'");
+  } else if (kind.rfind(kFailPrefix, 0) == 0) {
+    f.kind = FaultKind::kFailSave;
+    f.save_point = kind.substr(std::char_traits<char>::length(kFailPrefix));
+    bool known = false;
+    for (const char* p : kFailPoints) known = known || f.save_point == p;
+    if (!known) bad_spec(text, "unknown failure point '" + f.save_point + "'");
   } else {
     bad_spec(text, "unknown kind '" + kind + "'");
   }
@@ -76,7 +85,8 @@ const std::optional<FaultSpec>& injected_fault() {
 
 void maybe_inject_step_fault(int rank, int64_t step, double collective_timeout_s) {
   const std::optional<FaultSpec>& f = injected_fault();
-  if (!f || f->kind == FaultKind::kKillInSave || f->kind == FaultKind::kNan || f->rank != rank ||
+  if (!f || f->kind == FaultKind::kKillInSave || f->kind == FaultKind::kFailSave ||
+      f->kind == FaultKind::kNan || f->rank != rank ||
       f->step != step)
     return;
   const char* name = f->kind == FaultKind::kThrow     ? "throw"
@@ -123,6 +133,18 @@ void maybe_inject_save_fault(const char* point, int rank, int64_t step) {
   log_warn("injecting fault 'kill-save-", point, "' in the save of step ", step,
            " (HOTPATH_FAULT)");
   std::raise(SIGKILL);
+}
+
+bool maybe_inject_save_failure(const char* point, int rank, int64_t step) {
+  const std::optional<FaultSpec>& f = injected_fault();
+  if (!f || f->kind != FaultKind::kFailSave || f->save_point != point ||
+      (f->rank != rank && f->rank != -1) || f->step != step)
+    return false;
+  log_warn("injecting fault 'fail-save-", point, "' in the save of step ", step,
+           " (HOTPATH_FAULT)");
+  if (f->save_point == "snapshot") return true;
+  HP_FAIL(ErrorKind::kIo, "writing the checkpoint of step ", step,
+          ": No space left on device (ENOSPC, injected by HOTPATH_FAULT at '", point, "')");
 }
 
 }  // namespace hp

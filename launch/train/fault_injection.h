@@ -13,10 +13,19 @@
 //                      into this rank's shards), so only this rank sees a non-finite value
 //   sigterm            the rank sends itself SIGTERM: STEP 0 at the very start of main (before
 //                      the options are read), STEP >= 1 at the start of that step
-//   kill-save-POINT    SIGKILL inside the checkpoint save of step STEP, at POINT: begin (file
+//   kill-save-POINT    SIGKILL inside the checkpoint save of step STEP, at POINT: snapshot (an
+//                      asynchronous save's host snapshot taken, nothing written yet), begin (file
 //                      created, nothing written), data (half the tensors written), close (file
-//                      complete and fsynced, before the commit) or rename (rank 0: renamed,
-//                      `latest` not updated yet)
+//                      complete and fsynced, before the commit), rename (rank 0: renamed,
+//                      `latest` not updated yet) or latest (rank 0: `latest` updated, keep_last
+//                      not applied yet). With checkpoint_async the points after snapshot are
+//                      reached on the background writer.
+//   fail-save-POINT    the checkpoint save of step STEP fails at POINT as a full disk would: data
+//                      (an ENOSPC-like I/O error half way through the tensors), close (after the
+//                      file was closed, before the commit), or snapshot (an asynchronous save's
+//                      host snapshot is damaged after its checksum was taken). RANK -1: every
+//                      rank (a collective write that fails on one rank only would leave the
+//                      others inside the collective).
 #pragma once
 
 #include <cstdint>
@@ -25,11 +34,13 @@
 
 namespace hp {
 
-enum class FaultKind { kThrow, kKill, kHang, kKillInSave, kNan, kSigterm };
+enum class FaultKind { kThrow, kKill, kHang, kKillInSave, kFailSave, kNan, kSigterm };
 
 struct FaultSpec {
   FaultKind kind = FaultKind::kThrow;
-  std::string save_point;  // kKillInSave: begin | data | close | rename
+  // kKillInSave: snapshot | begin | data | close | rename | latest; kFailSave: snapshot | data |
+  // close
+  std::string save_point;
   int rank = -1;
   int64_t step = -1;
 };
@@ -56,5 +67,10 @@ bool nan_gradients_injected(int rank, int64_t step);
 
 // Inside the checkpoint save of step `step`: SIGKILLs this process at `point` when asked to.
 void maybe_inject_save_fault(const char* point, int rank, int64_t step);
+
+// Inside the checkpoint save of step `step`, when fail-save-`point` is asked for this rank (or
+// every rank): at data and close throws Error (kIo) as a full disk would; at snapshot returns
+// true (the caller damages its snapshot). False when not asked.
+bool maybe_inject_save_failure(const char* point, int rank, int64_t step);
 
 }  // namespace hp

@@ -100,6 +100,21 @@ std::string step_json(const StepStats& s, bool moe) {
   opt["expert"] = s.optimizer_state_bytes_expert;
   j["optimizer_state_bytes"] = opt;
   if (s.copies) j["link"] = copies_json(*s.copies);
+  if (!s.checkpoints.empty()) {
+    Json list = Json::array();
+    for (const CheckpointReport& c : s.checkpoints) {
+      Json o;
+      o["step"] = c.step;
+      o["async"] = c.async;
+      o["stall_ms"] = number(c.stall_ms);
+      o["wait_ms"] = number(c.wait_ms);
+      o["write_ms"] = number(c.write_ms);
+      o["bytes"] = c.bytes;
+      o["committed_after_step"] = c.committed_after_step;
+      list.push_back(o);
+    }
+    j["checkpoints"] = list;
+  }
   return j.dump();
 }
 

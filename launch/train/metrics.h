@@ -7,7 +7,9 @@
 // offload, loss, other}, optimizer_state_bytes {dense, expert} (this
 // rank's fp32 masters and AdamW moments, counted from their allocations: with
 // optimizer_sharding=zero1 its shards), and with offload a `link` object (the link arbiter's
-// stats, LinkArbiterStats). A step whose loss or gradient norm is not finite is
+// stats, LinkArbiterStats), and a `checkpoints` array on the records that follow a committed save
+// (CheckpointReport: step, async, stall_ms, wait_ms, write_ms, bytes, committed_after_step). A
+// step whose loss or gradient norm is not finite is
 // written with "finite":false and its non-finite numbers as null, so every line of the file
 // stays valid JSON. Under nonfinite=skip such a step also has "skipped":true, and every line
 // from the first skipped step on carries "skipped_steps" (the run's count so far).
@@ -17,11 +19,26 @@
 #include <fstream>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "framework/backend/link_arbiter.h"
 #include "framework/core/sync_counter.h"
 
 namespace hp {
+
+// One checkpoint save of the run (launch/train/async_checkpoint.h), reported on the first step
+// record after it committed; saves that commit after the last step (the final save, a
+// preemption's) are in the log only.
+struct CheckpointReport {
+  int64_t step = 0;           // the checkpoint's step
+  bool async = false;         // written in the background
+  double stall_ms = 0;        // the step loop's wait: for the previous save, the snapshot (async)
+                              // or the whole save (synchronous)
+  double wait_ms = 0;         // of the stall, waiting for the previous save to finish
+  double write_ms = 0;        // writing and committing the file (async: in the background)
+  int64_t bytes = 0;          // file size
+  int64_t committed_after_step = 0;  // steps the loop had finished when the file was committed
+};
 
 // One held-out evaluation (launch/train/evaluation.h).
 struct EvalStats {
@@ -65,6 +82,8 @@ struct StepStats {
   // eval_data: the held-out loss of the parameters after this step's update, on the steps that
   // evaluate (eval_every, and the last step of the run). Its time is not in `ms`.
   std::optional<EvalStats> eval;
+  // Checkpoint saves committed since the previous step's record (rank 0's view).
+  std::vector<CheckpointReport> checkpoints;
 };
 
 // The step line of the log: "step=3 loss=... lr=... grad_norm=... tok/s=... pad=P% ms=...

@@ -6,12 +6,14 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <iomanip>
 #include <iostream>
 #include <sstream>
 
 #include "framework/checkpoint/checkpoint.h"
+#include "framework/core/crc32c.h"
 #include "framework/core/log.h"
 #include "launch/hf/hf_convert.h"
 #include "framework/core/rng.h"
@@ -483,7 +485,10 @@ void write_planned(const SavePlan& plan, Backend& be, Staging& staging, Checkpoi
     } else if (w != nullptr) {
       w->write_rows(t.name, t.global_shape, plan.dtype, t.chunk_rows, t.rows, host.raw());
     }
-    if (i == tensors.size() / 2) maybe_inject_save_fault("data", plan.rank, plan.step);
+    if (i == tensors.size() / 2) {
+      maybe_inject_save_fault("data", plan.rank, plan.step);
+      maybe_inject_save_failure("data", plan.rank, plan.step);
+    }
   }
   staging.finish();
   if (w == nullptr) return;
@@ -508,9 +513,9 @@ void write_planned(const SavePlan& plan, Backend& be, Staging& staging, Checkpoi
 
 // A .tmp left by an earlier failed or killed save of this step is never loaded: rank 0 removes
 // it before it is created anew. Collective under MPI.
-void remove_stale_tmp(const SavePlan& plan, const RankContext& ctx) {
+void remove_stale_tmp(const SavePlan& plan, Communicator& comm) {
   if (plan.rank == 0) std::remove(plan.tmp_path.c_str());
-  if (plan.parallel) ctx.groups.world->barrier();
+  if (plan.parallel) comm.barrier();
 }
 
 // Creates step_<N>.h5.tmp on the ranks that write (collectively over `group` under MPI); null
@@ -543,20 +548,22 @@ void close_tmp(const SavePlan& plan, CheckpointWriter* w) {
 
 // After every writer has closed and fsynced its part: barrier; rank 0 renames the .tmp to
 // step_<N>.h5 (fsyncing the directory), points `latest` at it and applies keep_last; barrier.
-// Collective. The stats' size is rank 0's; the time is the caller's to fill in.
-SaveStats commit_tmp(const SavePlan& plan, const RankContext& ctx, int64_t keep_last) {
-  if (ctx.world() > 1) ctx.groups.world->barrier();
+// Collective over `comm` (the world's ranks: the training thread's world communicator, or a
+// background writer's own; null: this rank alone). The stats' size is rank 0's; the time is the caller's to fill in.
+SaveStats commit_tmp(const SavePlan& plan, Communicator* comm, int64_t keep_last) {
+  if (comm != nullptr && comm->size() > 1) comm->barrier();
   SaveStats stats;
   stats.path = plan.final_path;
   if (plan.rank == 0) {
     commit_checkpoint(plan.dir, plan.step);
     maybe_inject_save_fault("rename", plan.rank, plan.step);
     update_latest(plan.dir, plan.step);
+    maybe_inject_save_fault("latest", plan.rank, plan.step);
     stats.bytes = file_size(plan.final_path);
     for (const std::string& name : apply_retention(plan.dir, keep_last, plan.step))
       log_info("checkpoint: removed ", name, " (keep_last=", keep_last, ")");
   }
-  if (ctx.world() > 1) ctx.groups.world->barrier();
+  if (comm != nullptr && comm->size() > 1) comm->barrier();
   return stats;
 }
 
@@ -581,18 +588,19 @@ SaveStats save_checkpoint(const RunState& run, const std::string& dir, int64_t k
             staged, static_cast<size_t>(shape_numel(t.global_shape)) * dtype_size(plan.dtype));
   Staging staging(run.backend, staged);
 
-  remove_stale_tmp(plan, ctx);
+  remove_stale_tmp(plan, *ctx.groups.world);
   std::unique_ptr<CheckpointWriter> w;
   try {
     w = create_tmp(plan, group.get());
     maybe_inject_save_fault("begin", plan.rank, plan.step);
     write_planned(plan, run.backend, staging, w.get());
     close_tmp(plan, w.get());
+    maybe_inject_save_failure("close", plan.rank, plan.step);
   } catch (const std::exception& e) {
     discard_tmp(plan, w, e);
   }
   maybe_inject_save_fault("close", plan.rank, plan.step);
-  SaveStats stats = commit_tmp(plan, ctx, keep_last);
+  SaveStats stats = commit_tmp(plan, ctx.groups.world.get(), keep_last);
 
   stats.seconds = seconds_since(t0);
   if (plan.rank == 0)
@@ -600,6 +608,171 @@ SaveStats save_checkpoint(const RunState& run, const std::string& dir, int64_t k
              fmt_double(stats.seconds, 3), " s, ",
              fmt_double(stats.bytes / (1 << 20) / std::max(stats.seconds, 1e-9), 4), " MiB/s (",
              plan.parallel ? "parallel HDF5 over MPI-IO" : "serial HDF5 from rank 0", ")");
+  return stats;
+}
+
+// ---- asynchronous saves: a snapshot now, the write later -----------------------------------------
+
+void SnapshotArena::reserve(Backend& be, size_t bytes) {
+  if (storage_ && bytes_ >= bytes) return;
+  storage_.reset();
+  storage_ = be.pinned_host_storage(std::max<size_t>(bytes, 1));
+  pinned_ = storage_ != nullptr && be.device() != Device::kCPU;
+  if (!storage_) storage_ = std::make_shared<Storage>(&host_allocator(), std::max<size_t>(bytes, 1));
+  bytes_ = bytes;
+}
+
+struct PreparedSave {
+  SavePlan plan;
+  std::vector<uint32_t> crc;  // CRC-32C of each planned tensor's snapshot, taken at the snapshot
+  int64_t bytes = 0;          // snapshot bytes of this rank
+};
+
+namespace {
+
+constexpr size_t kSnapshotAlign = 64;
+
+size_t align_up(size_t n) { return (n + kSnapshotAlign - 1) / kSnapshotAlign * kSnapshotAlign; }
+
+// The rows of `t` this rank writes, as a view of its local tensor.
+Tensor written_rows(const SaveTensor& t, const Param& p, DType dtype) {
+  if (t.rows.count == 0) return t.local.slice(0, 0);
+  const auto first = static_cast<int64_t>(t.local_offset / row_bytes(p, dtype));
+  return t.local.slice(first, first + t.rows.count);
+}
+
+// Whether `flag` holds on any rank of `comm` (a rank alone: its own flag).
+bool any_of(Communicator* comm, bool flag) {
+  if (comm == nullptr || comm->size() <= 1) return flag;
+  Tensor f = Tensor::host_from(std::vector<int32_t>{flag ? 1 : 0}, DType::kI32);
+  comm->all_reduce(f, ReduceOp::kMax);
+  return f.data<int32_t>()[0] != 0;
+}
+
+}  // namespace
+
+int64_t snapshot_bytes(const RunState& run, bool parallel) {
+  const std::vector<Item> items = checkpoint_items(run.model.params(), false);
+  const SavePlan plan = plan_save(run, ".", items, parallel);
+  size_t bytes = 0;
+  for (size_t i = 0; i < plan.tensors.size(); ++i)
+    bytes += align_up(static_cast<size_t>(plan.tensors[i].rows.count) *
+                      row_bytes(*items[i].param, plan.dtype));
+  return static_cast<int64_t>(bytes);
+}
+
+std::shared_ptr<PreparedSave> prepare_save(const RunState& run, const std::string& dir,
+                                           SnapshotArena& arena, bool parallel) {
+  const RankContext& ctx = run.ctx;
+  HP_CHECK(parallel || ctx.world() == 1,
+           "a snapshot save without MPI needs world 1 (the gathers run on the training thread)");
+  make_checkpoint_dir(dir);
+  const std::vector<Item> items = checkpoint_items(run.model.params(), false);
+  require_finite(run, items, run.position.step);
+  auto save = std::make_shared<PreparedSave>();
+  save->plan = plan_save(run, dir, items, parallel);
+  SavePlan& plan = save->plan;
+  Backend& be = run.backend;
+  // Every tensor this rank writes goes into the arena, one aligned slot after the other; device
+  // tensors by asynchronous copies in the compute stream's order (after the step's update), then
+  // one wait for all of them.
+  size_t total = 0;
+  for (size_t i = 0; i < plan.tensors.size(); ++i)
+    total += align_up(static_cast<size_t>(plan.tensors[i].rows.count) *
+                      row_bytes(*items[i].param, plan.dtype));
+  arena.reserve(be, total);
+  size_t at = 0;
+  bool on_device = false;
+  for (size_t i = 0; i < plan.tensors.size(); ++i) {
+    SaveTensor& t = plan.tensors[i];
+    const Tensor src = written_rows(t, *items[i].param, plan.dtype);
+    Tensor dst(arena.storage(), static_cast<int64_t>(at / dtype_size(plan.dtype)), src.shape(),
+               plan.dtype);
+    if (src.numel() > 0) {
+      if (src.device() == Device::kCPU) {
+        std::memcpy(dst.raw(), src.raw(), src.nbytes());
+      } else {
+        be.copy(src, dst);
+        on_device = true;
+      }
+    }
+    at += align_up(src.nbytes());
+    t.local = dst;
+    t.local_offset = 0;
+  }
+  if (on_device) be.synchronize(SyncCause::kOther);
+  save->bytes = static_cast<int64_t>(at);
+  save->crc.resize(plan.tensors.size());
+  for (size_t i = 0; i < plan.tensors.size(); ++i) {
+    const Tensor& t = plan.tensors[i].local;
+    save->crc[i] = t.numel() > 0 ? crc32c(t.raw(), t.nbytes()) : 0;
+  }
+  if (maybe_inject_save_failure("snapshot", plan.rank, plan.step)) {
+    for (const SaveTensor& t : plan.tensors)
+      if (t.local.numel() > 0) {
+        t.local.data<unsigned char>()[0] ^= 0x40;  // one flipped bit, as a damaged buffer
+        break;
+      }
+  }
+  maybe_inject_save_fault("snapshot", plan.rank, plan.step);
+  return save;
+}
+
+int64_t prepared_step(const PreparedSave& save) { return save.plan.step; }
+int64_t prepared_bytes(const PreparedSave& save) { return save.bytes; }
+
+SaveStats write_prepared(PreparedSave& save, Backend& be, Communicator* comm, int64_t keep_last) {
+  const auto t0 = Clock::now();
+  const SavePlan& plan = save.plan;
+  HP_CHECK(comm != nullptr || !plan.parallel, "a parallel save needs the writer's communicator");
+  // The snapshot must still be what was taken: a damaged host buffer is never written.
+  std::string error;
+  for (size_t i = 0; i < plan.tensors.size() && error.empty(); ++i) {
+    const Tensor& t = plan.tensors[i].local;
+    const uint32_t crc = t.numel() > 0 ? crc32c(t.raw(), t.nbytes()) : 0;
+    if (crc != save.crc[i])
+      error = str_cat("the host snapshot of ", plan.tensors[i].name,
+                      " changed after it was taken (CRC-32C ", crc, ", taken as ", save.crc[i],
+                      "): damaged memory");
+  }
+  if (any_of(comm, !error.empty())) {
+    if (plan.rank == 0) std::remove(plan.tmp_path.c_str());
+    HP_FAIL(ErrorKind::kIo, "checkpoint of step ", plan.step, " not saved: ",
+            error.empty() ? std::string("another rank's snapshot is damaged (see its message)")
+                          : error,
+            " (nothing was written; the committed checkpoints and 'latest' are unchanged)");
+  }
+  const std::unique_ptr<CheckpointGroup> group =
+      plan.parallel ? make_checkpoint_group(*comm) : nullptr;
+  HP_CHECK(!plan.parallel || group != nullptr, "the writer's communicator is not MPI");
+  Staging staging(be, 0);  // the snapshot is host memory: nothing to stage
+  if (plan.rank == 0) std::remove(plan.tmp_path.c_str());
+  if (plan.parallel) comm->barrier();
+  std::unique_ptr<CheckpointWriter> w;
+  try {
+    w = create_tmp(plan, group.get());
+    maybe_inject_save_fault("begin", plan.rank, plan.step);
+    write_planned(plan, be, staging, w.get());
+    close_tmp(plan, w.get());
+    maybe_inject_save_failure("close", plan.rank, plan.step);
+  } catch (const std::exception& e) {
+    error = e.what();
+    if (w) w->abandon();
+    w.reset();
+  }
+  maybe_inject_save_fault("close", plan.rank, plan.step);
+  // Every rank's part is written before anything is committed; a failure anywhere removes the
+  // partial file everywhere.
+  if (any_of(comm, !error.empty())) {
+    if (plan.rank == 0) std::remove(plan.tmp_path.c_str());
+    HP_FAIL(ErrorKind::kIo, "checkpoint of step ", plan.step, " not saved: ",
+            error.empty() ? std::string("the write failed on another rank (see its message)")
+                          : error,
+            " (the partial file was removed; the committed checkpoints and 'latest' are "
+            "unchanged)");
+  }
+  SaveStats stats = commit_tmp(plan, comm, keep_last);
+  stats.seconds = seconds_since(t0);
   return stats;
 }
 

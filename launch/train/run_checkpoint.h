@@ -95,6 +95,52 @@ struct SaveStats {
 // (kData) without writing anything when any tensor holds a non-finite value.
 SaveStats save_checkpoint(const RunState& run, const std::string& dir, int64_t keep_last);
 
+// ---- asynchronous saves (driven by launch/train/async_checkpoint.h) ----------------------------
+//
+// A save split in two: prepare_save, on the training thread at the step boundary, checks the
+// values (non-finite: nothing is saved), plans the file and copies every tensor this rank writes
+// into host memory it owns (a SnapshotArena; from a device through the backend's copies, in the
+// compute stream's order, so after the step's update), with a CRC-32C of each copy.
+// write_prepared, on any thread, verifies those checksums and writes the file from the copies
+// with the commit protocol above: the same plan and the same calls as save_checkpoint, so the
+// same file. Parallel (MPI) saves only, or a world of one: without MPI the shards of several
+// ranks are gathered over the tensor groups, which belong to the training thread.
+
+// Host memory holding snapshots, kept across saves: allocated at the first (page-locked where
+// the backend can), reused by every later one of the same size.
+class SnapshotArena {
+ public:
+  void reserve(Backend& be, size_t bytes);
+  const std::shared_ptr<Storage>& storage() const { return storage_; }
+  size_t bytes() const { return bytes_; }
+  bool pinned() const { return pinned_; }
+
+ private:
+  std::shared_ptr<Storage> storage_;
+  size_t bytes_ = 0;
+  bool pinned_ = false;
+};
+
+// A save taken by prepare_save and not yet written.
+struct PreparedSave;
+int64_t prepared_step(const PreparedSave& save);
+int64_t prepared_bytes(const PreparedSave& save);  // snapshot bytes of this rank
+
+// Host bytes a snapshot of this rank takes: the rows it writes (parallel), or every tensor.
+int64_t snapshot_bytes(const RunState& run, bool parallel);
+
+// Collective over run.ctx's world (the non-finite check): the snapshot of step
+// run.position.step. `parallel`: the file is written with parallel HDF5 (MPI); otherwise the
+// world must be one rank. Throws UserError (kData) when a value is not finite.
+std::shared_ptr<PreparedSave> prepare_save(const RunState& run, const std::string& dir,
+                                           SnapshotArena& arena, bool parallel);
+
+// Collective over `comm` (the writer's communicator over the world's ranks; null for one rank):
+// writes and commits a prepared save and applies keep_last. A damaged snapshot or a failed write
+// on any rank fails it on every rank: the partial file is removed, the committed checkpoints and
+// `latest` stay, and it throws Error (kIo). The stats' time is the write's.
+SaveStats write_prepared(PreparedSave& save, Backend& be, Communicator* comm, int64_t keep_last);
+
 // Loads a checkpoint into the run's model (any saving layout) and, unless params_only
 // (evaluation), its optimizer state and data position; returns the position it was saved at.
 // Throws on any damage, naming the file and the dataset. Not collective; see

@@ -10,6 +10,7 @@
 
 #include "framework/backend/profile.h"
 #include "framework/core/log.h"
+#include "launch/train/async_checkpoint.h"
 #include "launch/train/evaluation.h"
 #include "launch/train/fault_injection.h"
 #include "launch/train/memory_plan.h"
@@ -115,6 +116,10 @@ RunState Trainer::run_state() {
 }
 
 bool Trainer::preempted() const { return ctx_.world() > 1 ? preempted_ : preemption_requested(); }
+
+bool Trainer::save_failed() const {
+  return ctx_.world() > 1 ? save_failed_ : background_save_failed();
+}
 
 void Trainer::wait_params() {
   if (zero1_) zero1_->wait_params();
@@ -266,12 +271,15 @@ StepStats Trainer::step() {
         std::all_of(s.begin(), s.end(), [](double v) { return std::isfinite(v); }) ? 0.0 : 1.0;
     if (ctx_.world() > 1) {
       // The step's one host collective (one more under nonfinite=skip, which needs the clip
-      // coefficient that these sums give): with the sums ride the next batch's counts and the
-      // ranks that received a preemption signal. Each element is summed on its own, so the
-      // riders change no bit of the sums.
+      // coefficient that these sums give): with the sums ride the next batch's counts and one
+      // element of flags: the ranks that received a preemption signal plus (world + 1) times
+      // the ranks whose background checkpoint write failed (both counts exact in a double).
+      // Each element is summed on its own, so the riders change no bit of the sums.
+      const double flag_base = static_cast<double>(ctx_.world() + 1);
       Tensor world_sums = Tensor::host_from(
           std::vector<double>{s[0], s[1], nonfinite_ranks, s[2], s[3], next[0], next[1], next[2],
-                              preemption_requested() ? 1.0 : 0.0},
+                              (preemption_requested() ? 1.0 : 0.0) +
+                                  (background_save_failed() ? flag_base : 0.0)},
           DType::kF64);
       ctx_.groups.world->all_reduce(world_sums, ReduceOp::kSum);
       const double* w = world_sums.data<double>();
@@ -281,7 +289,8 @@ StepStats Trainer::step() {
       s[2] = w[3];
       s[3] = w[4];
       next_counts_.assign(w + 5, w + 8);
-      preempted_ = w[8] > 0;
+      save_failed_ = w[8] >= flag_base;
+      preempted_ = std::fmod(w[8], flag_base) > 0;
     }
     st.loss = st.valid_targets > 0 ? s[0] / static_cast<double>(st.valid_targets) : 0.0;
     st.aux_loss = s[1];
@@ -411,13 +420,12 @@ int run_train(const TrainOptions& o, const RankContext& ctx) {
   trainer.set_position(resume_from_options(trainer.run_state()));
   if (preempted_before_training("while the model and data were being set up"))
     return kRequeueExitCode;
-  int64_t saved_step = trainer.steps_done();
   const int64_t last_step =
       o.run.stop_at_step > 0 ? std::min(o.run.steps, o.run.stop_at_step) : o.run.steps;
-  const auto save = [&] {
-    save_checkpoint(trainer.run_state(), o.checkpoint.dir, o.checkpoint.keep_last);
-    saved_step = trainer.steps_done();
-  };
+  // Background or synchronous saves (decided here, before step 1, and logged).
+  CheckpointSaver saver(o, trainer.run_state());
+  saver.set_steps_done(trainer.steps_done());
+  const int64_t started_at = trainer.steps_done();
   MetricsWriter metrics(ctx.rank() == 0 ? o.run.metrics_path : "", trainer.steps_done());
   if (metrics.dropped() > 0)
     log_info("metrics_path: kept ", metrics.kept(), " lines of steps <= ", trainer.steps_done(),
@@ -435,6 +443,11 @@ int run_train(const TrainOptions& o, const RankContext& ctx) {
     // ---- one training step ----
     StepStats s = trainer.step();
     // ---------------------------
+    saver.set_steps_done(trainer.steps_done());
+    // A background checkpoint write that failed on any rank stops every rank here, at the same
+    // step boundary (agreed in the step's host collective).
+    if (trainer.save_failed()) saver.stop_for_failure();
+    s.checkpoints = saver.take_reports();
     // ---- held-out loss of the parameters after this step's update (a step that stops the run
     // as diverged is not evaluated); before the record and the checkpoint, which it changes not
     if (held_out && (s.finite || s.skipped) &&
@@ -480,7 +493,10 @@ int run_train(const TrainOptions& o, const RankContext& ctx) {
     // ---- checkpoint cadence and preemption (all ranks agree on the signal) ----
     const bool preempted = trainer.preempted();  // agreed in the step's host collective
     const bool periodic = o.checkpoint.every > 0 && s.step % o.checkpoint.every == 0;
-    if (!o.checkpoint.dir.empty() && (periodic || preempted)) save();
+    if (!o.checkpoint.dir.empty() && preempted)
+      saver.save_now(trainer.run_state());  // waits for the save in flight, then saves
+    else if (!o.checkpoint.dir.empty() && periodic)
+      saver.save(trainer.run_state());
     if (preempted) {
       log_warn("preemption signal: stopping after step ", s.step,
                o.checkpoint.dir.empty() ? " without a checkpoint (no checkpoint_dir)" : "",
@@ -488,7 +504,10 @@ int run_train(const TrainOptions& o, const RankContext& ctx) {
       return kRequeueExitCode;
     }
   }
-  if (!o.checkpoint.dir.empty() && saved_step != trainer.steps_done()) save();
+  // The end: the save in flight is waited for, then the last step saved unless it is already
+  // (a run that did no step saves nothing new).
+  if (!o.checkpoint.dir.empty() && trainer.steps_done() != started_at)
+    saver.save_now(trainer.run_state());
   const double secs = std::chrono::duration<double>(Clock::now() - t_start).count();
   double avg = 0;
   for (double v : recent) avg += v;

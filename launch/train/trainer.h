@@ -61,6 +61,9 @@ class Trainer {
   // A preemption signal reached some rank before the last step's host collective, which agreed
   // on it (several ranks); one rank: whether this process has received one.
   bool preempted() const;
+  // A background checkpoint write failed on some rank before the last step's host collective,
+  // which agreed on it (several ranks); one rank: whether this process's writer failed.
+  bool save_failed() const;
 
  private:
   // nonfinite=skip: runs this rank's AdamW update (its shards under zero1) in check-only mode,
@@ -103,6 +106,7 @@ class Trainer {
   std::vector<double> next_counts_;
   LoaderState ahead_state_;
   bool preempted_ = false;  // agreed in the last step's host collective
+  bool save_failed_ = false;  // likewise: a background checkpoint write failed
 };
 
 // `hotpath train`: the whole run. Collective over the world. Returns the exit status (0, or

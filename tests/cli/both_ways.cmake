@@ -59,6 +59,7 @@ foreach(spec
     "comm_overlap|--comm_overlap=sometimes|option '--comm_overlap' is invalid"
     "checkpoint_every|--checkpoint_every=-1|config key 'checkpoint_every'"
     "keep_last|--keep_last=-1|config key 'keep_last'"
+    "checkpoint_async|--checkpoint_async=maybe|option '--checkpoint_async' is invalid"
     "resume|--resume=auto|config key 'resume'"
     "allow_overwrite|--allow_overwrite=perhaps|option '--allow_overwrite' is invalid"
     "allow_config_change|--allow_config_change=lr|config key 'allow_config_change'"
