@@ -222,6 +222,58 @@ void Backend::gemm_group(const std::vector<GemmProblem>& problems, bool trans_a,
   do_gemm_group(problems, trans_a, trans_b, beta);
 }
 
+void Backend::gemm_fp8(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c,
+                       double beta, const Tensor& bias, const Tensor& r, const Fp8Gemm& spec) {
+  const char* op = "gemm_fp8";
+  const int64_t n = need_gemm(op, a, trans_a, b, trans_b, c).second;
+  if (bias.defined()) need_shape(op, "bias", bias, {n});
+  if (r.defined()) {
+    HP_CHECK(r.shape() == c.shape() && r.dtype() == c.dtype(), op, ": r ", r.desc(),
+             " must match c ", c.desc());
+    HP_CHECK(r.raw() != c.raw(), op, ": r must not alias c");
+  }
+  HP_CHECK(beta == 0 || (!bias.defined() && !r.defined()), op,
+           ": a bias or r needs beta == 0, got ", beta);
+  do_gemm_fp8(a, trans_a, b, trans_b, c, beta, bias, r, spec);
+}
+
+void Backend::gemm_fp8_group(const std::vector<GemmProblem>& problems, bool trans_a, bool trans_b,
+                             double beta, const Fp8Gemm& spec) {
+  const char* op = "gemm_fp8_group";
+  std::vector<std::pair<uintptr_t, uintptr_t>> spans;  // [begin, end) bytes of each c
+  spans.reserve(problems.size());
+  for (const GemmProblem& p : problems) {
+    const int64_t n = need_gemm(op, p.a, trans_a, p.b, trans_b, p.c).second;
+    if (p.bias.defined()) {
+      need_shape(op, "bias", p.bias, {n});
+      HP_CHECK(beta == 0, op, ": a bias needs beta == 0, got ", beta);
+    }
+    if (p.c.nbytes() > 0) {
+      const auto begin = reinterpret_cast<uintptr_t>(p.c.raw());
+      spans.emplace_back(begin, begin + p.c.nbytes());
+    }
+  }
+  std::sort(spans.begin(), spans.end());
+  for (size_t i = 1; i < spans.size(); ++i) {
+    HP_CHECK(spans[i - 1].second <= spans[i].first, op, ": the c's of two problems overlap");
+  }
+  do_gemm_fp8_group(problems, trans_a, trans_b, beta, spec);
+}
+
+void Backend::do_gemm_fp8(const Tensor&, bool, const Tensor&, bool, Tensor&, double,
+                          const Tensor&, const Tensor&, const Fp8Gemm&) {
+  HP_FAIL(ErrorKind::kInternal, "backend ", name(),
+          " has no FP8 GEMMs (config key precision=fp8 runs on the CPU backend only)");
+}
+
+void Backend::do_gemm_fp8_group(const std::vector<GemmProblem>& problems, bool trans_a,
+                                bool trans_b, double beta, const Fp8Gemm& spec) {
+  for (const GemmProblem& p : problems) {
+    Tensor c = p.c;
+    do_gemm_fp8(p.a, trans_a, p.b, trans_b, c, beta, p.bias, Tensor(), spec);
+  }
+}
+
 void Backend::add_bias(Tensor& y, const Tensor& bias) {
   need_ndim("add_bias", "y", y, 2);
   need_shape("add_bias", "bias", bias, {y.dim(1)});

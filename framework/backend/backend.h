@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "framework/backend/profile.h"
+#include "framework/core/fp8.h"
 #include "framework/core/sync_counter.h"
 #include "framework/core/tensor.h"
 #include "framework/data/packed_batch.h"
@@ -222,6 +223,30 @@ class Backend {
   };
   void gemm_group(const std::vector<GemmProblem>& problems, bool trans_a, bool trans_b,
                   double beta);
+  // ---- FP8 GEMMs (docs/design.md, "FP8 training"; numerics in framework/core/fp8.h) ---------
+  // How the two operands of an FP8 product are quantized, each along the contraction dimension
+  // K of op(a) [M,K] and op(b) [K,N]: the recipe and each operand's role (kBlock128: kData 1x128
+  // blocks along K, kWeight 128x128 tiles of the stored matrix, the same tiles whether it is
+  // used transposed or not; kMx32: 1x32 blocks along K for both). The products of a layer:
+  // forward y = x W and input gradient dX = dY W^T take {kData, kWeight}; weight gradient
+  // dW = X^T dY takes {kData, kData}, both blocked along the token dimension.
+  struct Fp8Gemm {
+    fp8::Recipe recipe = fp8::Recipe::kBlock128;
+    fp8::Role a = fp8::Role::kData;
+    fp8::Role b = fp8::Role::kWeight;
+  };
+  // c = Q(op(a)) @ Q(op(b)) + beta * c (+ bias[N] on every row where bias is defined) (+ r where
+  // r is defined), 2-D, shapes as gemm; Q quantizes to E4M3 with the spec's block scales. With a
+  // bias or r, beta must be 0; r has c's shape and dtype and does not alias c. A backend without
+  // FP8 GEMMs fails (the options refuse precision=fp8 for it first). CPU: the reference
+  // emulation, each block's products summed exactly, the scaled block sums accumulated in fp64,
+  // beta * c, bias and r added, and the result rounded once to c's dtype.
+  void gemm_fp8(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c,
+                double beta, const Tensor& bias, const Tensor& r, const Fp8Gemm& spec);
+  // gemm_group's problems (same rules, biases included) as FP8 products of one spec. Default:
+  // gemm_fp8 one problem after another.
+  void gemm_fp8_group(const std::vector<GemmProblem>& problems, bool trans_a, bool trans_b,
+                      double beta, const Fp8Gemm& spec);
   // y[M,N] += b[N] broadcast over rows.
   void add_bias(Tensor& y, const Tensor& bias);
   // db[N] += sum over rows of dy[M,N].
@@ -360,6 +385,11 @@ class Backend {
                            const Tensor& r, Tensor& c, const Tensor& bias);
   virtual void do_gemm_group(const std::vector<GemmProblem>& problems, bool trans_a, bool trans_b,
                              double beta);
+  // Default: an error (a backend without FP8 GEMMs).
+  virtual void do_gemm_fp8(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c,
+                           double beta, const Tensor& bias, const Tensor& r, const Fp8Gemm& spec);
+  virtual void do_gemm_fp8_group(const std::vector<GemmProblem>& problems, bool trans_a,
+                                 bool trans_b, double beta, const Fp8Gemm& spec);
   virtual void do_add_bias(Tensor& y, const Tensor& bias) = 0;
   virtual void do_bias_grad(const Tensor& dy, Tensor& db) = 0;
   virtual void do_bias_grad_segments(const Tensor& dy, const std::vector<RowSegment>& segments);

@@ -18,6 +18,7 @@
 #include "framework/backend/backend.h"
 #include "framework/backend/cpu/cpu_copy_queue.h"
 #include "framework/backend/cpu/cpu_kernels.h"
+#include "framework/core/fp8.h"
 #include "framework/core/rng.h"
 
 namespace hp {
@@ -72,6 +73,82 @@ void check_ids(const char* op, const char* name, const Tensor& ids, int64_t limi
   for (int64_t i = 0; i < ids.numel(); ++i) {
     HP_CHECK(p[i] >= 0 && p[i] < limit, op, ": ", name, "[", i, "] = ", p[i],
              " is out of range [0, ", limit, ") (tensor ", ids.desc(), ")");
+  }
+}
+
+// ---- FP8 GEMM emulation (backend.h, gemm_fp8) -----------------------------------------------
+
+// c = Q(op(a)) @ Q(op(b)) + beta * c + bias + r (docs/design.md, "FP8 training"). Each K block's
+// products are summed over E4M3 values, which are multiples of 2^-9 below 2^9: a product is a
+// multiple of 2^-18 below 2^18, and a block's sum of at most 128 of them needs 43 bits, so the
+// fp64 sum is exact in any order (dgemm's included). The block sums, times both blocks' scales,
+// accumulate in fp64 in K order; the result is rounded once to T.
+template <typename T>
+void fp8_gemm_reference(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c,
+                        double beta, const Tensor& bias, const Tensor& r,
+                        const Backend::Fp8Gemm& spec) {
+  const int64_t m = trans_a ? a.dim(1) : a.dim(0);
+  const int64_t k = trans_a ? a.dim(0) : a.dim(1);
+  const int64_t n = trans_b ? b.dim(0) : b.dim(1);
+  if (m == 0 || n == 0) return;
+  const int64_t lda = a.dim(1), ldb = b.dim(1);
+  // The operands as float (the fp64 reference backend's values rounded to float first).
+  auto as_float = [](const Tensor& t, std::vector<float>& buf) -> const float* {
+    if constexpr (std::is_same_v<T, float>) {
+      return t.data<float>();
+    } else {
+      buf.resize(static_cast<size_t>(t.numel()));
+      const T* p = t.data<T>();
+      for (size_t i = 0; i < buf.size(); ++i) buf[i] = static_cast<float>(p[i]);
+      return buf.data();
+    }
+  };
+  std::vector<float> abuf, bbuf;
+  const float* ap = as_float(a, abuf);
+  const float* bp = as_float(b, bbuf);
+  // op(a) as [m, k] and op(b) transposed, [n, k]: both with K along their second index.
+  const fp8::Role ra = spec.recipe == fp8::Recipe::kMx32 ? fp8::Role::kData : spec.a;
+  const fp8::Role rb = spec.recipe == fp8::Recipe::kMx32 ? fp8::Role::kData : spec.b;
+  const fp8::Quantized qa = fp8::quantize(ap, m, k, trans_a ? 1 : lda, trans_a ? lda : 1,
+                                          spec.recipe, ra);
+  const fp8::Quantized qb = fp8::quantize(bp, n, k, trans_b ? ldb : 1, trans_b ? 1 : ldb,
+                                          spec.recipe, rb);
+  std::vector<double> acc(static_cast<size_t>(m * n), 0.0);
+  if (k > 0) {
+    std::vector<double> av(static_cast<size_t>(m * k)), bv(static_cast<size_t>(n * k));
+    for (size_t i = 0; i < av.size(); ++i) av[i] = fp8::e4m3_to_float(qa.codes[i]);
+    for (size_t i = 0; i < bv.size(); ++i) bv[i] = fp8::e4m3_to_float(qb.codes[i]);
+    const int64_t bk = qa.block_k, kb = qa.k_blocks();
+    std::vector<double> part(static_cast<size_t>(m * n));
+    for (int64_t blk = 0; blk < kb; ++blk) {
+      const int64_t k0 = blk * bk, kw = std::min(k, k0 + bk) - k0;
+      cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(m),
+                  static_cast<int>(n), static_cast<int>(kw), 1.0, av.data() + k0,
+                  static_cast<int>(k), bv.data() + k0, static_cast<int>(k), 0.0, part.data(),
+                  static_cast<int>(n));
+#pragma omp parallel for schedule(static) if (m * n > kParallelMin)
+      for (int64_t i = 0; i < m; ++i) {
+        const double sa = qa.scale(i, k0);
+        for (int64_t j = 0; j < n; ++j) {
+          const size_t ij = static_cast<size_t>(i * n + j);
+          acc[ij] += part[ij] * (sa * static_cast<double>(qb.scale(j, k0)));
+        }
+      }
+    }
+  }
+  T* cp = c.data<T>();
+  const T* biasp = bias.defined() ? bias.data<T>() : nullptr;
+  const T* rp = r.defined() ? r.data<T>() : nullptr;
+#pragma omp parallel for schedule(static) if (m * n > kParallelMin)
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t j = 0; j < n; ++j) {
+      const size_t ij = static_cast<size_t>(i * n + j);
+      double v = acc[ij];
+      if (beta != 0) v += beta * static_cast<double>(cp[ij]);
+      if (biasp) v += static_cast<double>(biasp[j]);
+      if (rp) v += static_cast<double>(rp[ij]);
+      cp[ij] = static_cast<T>(v);
+    }
   }
 }
 
@@ -412,6 +489,15 @@ class CpuBackend final : public Backend {
                   static_cast<int>(k), alpha, a.data<double>(), lda, b.data<double>(), ldb, beta,
                   cp, static_cast<int>(n));
     }
+  }
+
+  void do_gemm_fp8(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c,
+                   double beta, const Tensor& bias, const Tensor& r,
+                   const Fp8Gemm& spec) override {
+    check_dtypes("gemm_fp8", kDType, {{"a", &a}, {"b", &b}, {"c", &c}});
+    if (bias.defined()) check_dtype("gemm_fp8", "bias", bias, kDType);
+    if (r.defined()) check_dtype("gemm_fp8", "r", r, kDType);
+    fp8_gemm_reference<T>(a, trans_a, b, trans_b, c, beta, bias, r, spec);
   }
 
   void do_add_bias(Tensor& y, const Tensor& bias) override {
