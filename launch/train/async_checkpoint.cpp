@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "framework/core/log.h"
+#include "launch/train/fault_injection.h"
 #include "parallel/mpi_checkpoint_group.h"
 
 namespace hp {
@@ -147,6 +148,7 @@ void CheckpointSaver::save(const RunState& run) {
   Communicator* comm = writer_comm_.get();
   writer_ = std::thread([this, prepared, r, keep_last, comm]() mutable {
     try {
+      maybe_delay_background_save(rank_, r.step);
       const SaveStats st = write_prepared(*prepared, be_, comm, keep_last);
       r.write_ms = st.seconds * 1e3;
       r.bytes = st.bytes;
@@ -173,7 +175,10 @@ void CheckpointSaver::save_now(const RunState& run) {
   const auto t0 = Clock::now();
   CheckpointReport r;
   r.step = run.position.step;
+  const bool in_flight = writer_.joinable();
   wait(&r.wait_ms);
+  if (in_flight && rank_ == 0)
+    log_info("checkpoint: waited ", fmt_sig(r.wait_ms, 4), " ms for the background save in flight");
   if (async_) check_failure(run.ctx);
   if (committed_step_ == r.step) return;
   const SaveStats st = save_checkpoint(run, o_.checkpoint.dir, o_.checkpoint.keep_last);

@@ -22,7 +22,7 @@ constexpr const char* kFailPoints[] = {"snapshot", "data", "close"};
   HP_USER_ERROR(ErrorKind::kConfig, "HOTPATH_FAULT='", text, "': ", why,
                 "; expected KIND:RANK:STEP with KIND throw, kill, hang, nan, sigterm, "
                 "kill-save-POINT (POINT: snapshot, begin, data, close, rename, latest) or "
-                "fail-save-POINT (POINT: snapshot, data, close; RANK -1: every rank)");
+                "fail-save-POINT (POINT: snapshot, data, close; RANK -1: every rank) or slow-save");
 }
 
 bool parse_integer(const std::string& s, long long* out) {
@@ -56,6 +56,8 @@ FaultSpec parse_fault_spec(const std::string& text) {
     f.kind = FaultKind::kNan;
   } else if (kind == "sigterm") {
     f.kind = FaultKind::kSigterm;
+  } else if (kind == "slow-save") {
+    f.kind = FaultKind::kSlowSave;
   } else if (kind.rfind(kSavePrefix, 0) == 0) {
     f.kind = FaultKind::kKillInSave;
     f.save_point = kind.substr(std::char_traits<char>::length(kSavePrefix));
@@ -86,7 +88,7 @@ const std::optional<FaultSpec>& injected_fault() {
 void maybe_inject_step_fault(int rank, int64_t step, double collective_timeout_s) {
   const std::optional<FaultSpec>& f = injected_fault();
   if (!f || f->kind == FaultKind::kKillInSave || f->kind == FaultKind::kFailSave ||
-      f->kind == FaultKind::kNan || f->rank != rank ||
+      f->kind == FaultKind::kSlowSave || f->kind == FaultKind::kNan || f->rank != rank ||
       f->step != step)
     return;
   const char* name = f->kind == FaultKind::kThrow     ? "throw"
@@ -145,6 +147,16 @@ bool maybe_inject_save_failure(const char* point, int rank, int64_t step) {
   if (f->save_point == "snapshot") return true;
   HP_FAIL(ErrorKind::kIo, "writing the checkpoint of step ", step,
           ": No space left on device (ENOSPC, injected by HOTPATH_FAULT at '", point, "')");
+}
+
+void maybe_delay_background_save(int rank, int64_t step) {
+  const std::optional<FaultSpec>& f = injected_fault();
+  if (!f || f->kind != FaultKind::kSlowSave || (f->rank != rank && f->rank != -1) ||
+      f->step != step)
+    return;
+  log_warn("injecting fault 'slow-save': the background write of step ", step,
+           " starts 2 s late (HOTPATH_FAULT)");
+  std::this_thread::sleep_for(std::chrono::seconds(2));
 }
 
 }  // namespace hp

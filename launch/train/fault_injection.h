@@ -26,6 +26,8 @@
 //                      host snapshot is damaged after its checksum was taken). RANK -1: every
 //                      rank (a collective write that fails on one rank only would leave the
 //                      others inside the collective).
+//   slow-save          the background write of the checkpoint of step STEP starts 2 s late on
+//                      RANK (-1: every rank), so that a test finds it still in flight
 #pragma once
 
 #include <cstdint>
@@ -34,7 +36,7 @@
 
 namespace hp {
 
-enum class FaultKind { kThrow, kKill, kHang, kKillInSave, kFailSave, kNan, kSigterm };
+enum class FaultKind { kThrow, kKill, kHang, kKillInSave, kFailSave, kSlowSave, kNan, kSigterm };
 
 struct FaultSpec {
   FaultKind kind = FaultKind::kThrow;
@@ -72,5 +74,9 @@ void maybe_inject_save_fault(const char* point, int rank, int64_t step);
 // every rank): at data and close throws Error (kIo) as a full disk would; at snapshot returns
 // true (the caller damages its snapshot). False when not asked.
 bool maybe_inject_save_failure(const char* point, int rank, int64_t step);
+
+// At the start of the background write of step `step`: sleeps 2 s when slow-save is asked for
+// this rank (or every rank).
+void maybe_delay_background_save(int rank, int64_t step);
 
 }  // namespace hp

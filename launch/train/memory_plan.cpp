@@ -129,6 +129,7 @@ MemoryPlan plan_memory(const TrainOptions& o, const PlanLayout& layout, bool cud
                   : layout.checkpoint_activations      ? p.act_checkpointed
                                                        : p.act_full;
   if (layout.offload != OffloadMode::kNone) p.host_pinned = (c.n_layers - 1) * block_in;
+  if (!o.checkpoint.dir.empty() && o.checkpoint.async) p.host_snapshot = optimizer;
 
   // Logits of one cross-entropy chunk (activation dtype, their gradient written in place) and
   // bf16 copies of gradient buckets on the wire.
@@ -220,6 +221,7 @@ Json plan_json(const MemoryPlan& p, int64_t device_bytes) {
   j["rounding_bytes"] = p.rounding;
   j["reserve_bytes"] = p.reserve;
   j["host_pinned_bytes"] = p.host_pinned;
+  j["host_snapshot_bytes"] = p.host_snapshot;
   j["total_bytes"] = p.total;
   j["device_bytes"] = device_bytes;
   j["fits"] = device_bytes <= 0 || p.total <= device_bytes;
@@ -250,6 +252,9 @@ std::string format_plan(const MemoryPlan& p, int64_t device_bytes) {
     s += str_cat("  reserve          ", gib(p.reserve), "  (CUDA context, workspaces, NCCL)\n");
   s += str_cat("  total            ", gib(p.total), "\n");
   if (p.host_pinned) s += str_cat("  host (pinned)    ", gib(p.host_pinned), "\n");
+  if (p.host_snapshot)
+    s += str_cat("  host (snapshot)  ", gib(p.host_snapshot),
+                 "  (at most: background checkpoint saves, checkpoint_async)\n");
   if (device_bytes > 0)
     s += str_cat("  device           ", gib(device_bytes),
                  p.total <= device_bytes ? "  fits" : "  DOES NOT FIT", "\n");

@@ -49,6 +49,9 @@ struct MemoryPlan {
   int64_t rounding = 0;          // allocator blocks beyond the bytes asked for (CUDA)
   int64_t reserve = 0;           // CUDA context, library workspaces, NCCL
   int64_t host_pinned = 0;       // host memory for offloaded block inputs (not on the device)
+  // Host memory of a background checkpoint's snapshot (checkpoint_async with a checkpoint_dir):
+  // at most the masters and moments this rank owns (under MPI it copies only the rows it writes).
+  int64_t host_snapshot = 0;
   int64_t total = 0;             // device bytes: everything above but host_pinned
 };
 
