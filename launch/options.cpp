@@ -44,6 +44,32 @@ const Names<WindowLayers> kWindowNames = {
 const Names<NonfinitePolicy> kNonfiniteNames = {{"abort", NonfinitePolicy::kAbort},
                                                 {"skip", NonfinitePolicy::kSkip}};
 const Names<Packing> kPackingNames = {{"stream", Packing::kStream}, {"whole", Packing::kWhole}};
+const Names<GemmPrecision> kPrecisionNames = {{"bf16", GemmPrecision::kBF16},
+                                              {"fp8", GemmPrecision::kFP8}};
+
+// fp8_gemms: a comma list of the classes dense and experts, at least one.
+Fp8GemmClasses parse_fp8_gemms(const std::string& text) {
+  Fp8GemmClasses c;
+  c.dense = c.experts = false;
+  std::stringstream list(text);
+  std::string item;
+  bool any = false;
+  while (std::getline(list, item, ',')) {
+    if (item == "dense") {
+      c.dense = true;
+    } else if (item == "experts") {
+      c.experts = true;
+    } else {
+      HP_USER_ERROR(ErrorKind::kConfig, "config key 'fp8_gemms': must be a comma list of dense "
+                    "and experts, got '", text, "' ('", item, "' is neither)");
+    }
+    any = true;
+  }
+  if (!any)
+    HP_USER_ERROR(ErrorKind::kConfig, "config key 'fp8_gemms': must be a comma list of dense "
+                  "and experts, got '", text, "'");
+  return c;
+}
 
 // The spelling of `value` (a struct's default, for --help).
 template <typename E>
@@ -71,6 +97,8 @@ struct RawEnums {
   std::string seed = std::to_string(RunOptions{}.seed);  // digits only: "-1" must not wrap
   std::string nonfinite = name_of(kNonfiniteNames, RunOptions{}.nonfinite);
   std::string packing = name_of(kPackingNames, DataConfig{}.packing);
+  std::string precision = name_of(kPrecisionNames, ModelOptions{}.precision);
+  std::string fp8_gemms = "dense,experts";
   std::string allow_config_change;  // comma list of model keys
   std::string attention = attention_impl_name(CudaBackendOptions{}.attention);
   std::string expert_gemm = expert_gemm_impl_name(CudaBackendOptions{}.expert_gemm);
@@ -119,6 +147,8 @@ void parse_enums(const RawEnums& raw, TrainOptions& o) {
   o.compute.offload.pinned_pool_bytes = raw.pinned_pool_mib << 20;
   o.compute.metadata = parse_enum<MetadataMode>("metadata", raw.metadata, kMetadataNames);
   o.compute.routing = parse_enum<RoutingMode>("routing", raw.routing, kRoutingNames);
+  o.compute.precision = parse_enum<GemmPrecision>("precision", raw.precision, kPrecisionNames);
+  o.compute.fp8_gemms = parse_fp8_gemms(raw.fp8_gemms);
   o.compute.offload.mode = parse_enum<OffloadMode>("offload", raw.offload, kOffloadNames);
   o.link.enabled =
       parse_enum<bool>("link_arbiter", raw.link_arbiter, kOnOffNames);
@@ -239,6 +269,12 @@ po::options_description describe_options(TrainOptions& o, RawEnums& raw) {
       "packed metadata: cached (built once per batch) | per-layer (baseline)")(
       "routing", po::value(&raw.routing)->default_value(raw.routing),
       "MoE routing: bincount (1 sync per layer) | per-expert (baseline)")(
+      "precision", po::value(&raw.precision)->default_value(raw.precision),
+      "GEMM precision: bf16 (the activation dtype) | fp8 (E4M3 with block scales for the classes "
+      "fp8_gemms names; the CPU backend's reference emulation only in this build)")(
+      "fp8_gemms", po::value(&raw.fp8_gemms)->default_value(raw.fp8_gemms),
+      "precision=fp8: which products run in FP8, a comma list of dense (attention projections, "
+      "dense FFN) and experts (MoE expert FFNs); router, attention and unembedding stay bf16")(
       "ep_size", po::value(&o.parallel.ep_size)->default_value(o.parallel.ep_size),
       "expert-parallel ranks (world = dp x ep_size)")(
       "bootstrap", po::value(&raw.bootstrap)->default_value(raw.bootstrap),
@@ -673,6 +709,14 @@ void validate_train_options(const TrainOptions& o, int world) {
   require(std::isfinite(opt.grad_clip) && opt.grad_clip >= 0, "grad_clip",
           str_cat("must be finite and >= 0 (0: no clipping), got ", opt.grad_clip));
   require(o.compute.ce_chunk_tokens >= 1, "ce_chunk_tokens", "must be >= 1");
+  // FP8 GEMMs exist as the CPU backend's reference emulation only (docs/design.md, "FP8
+  // training"); device=auto that finds a GPU is refused where the model is built.
+  require(o.compute.precision != GemmPrecision::kFP8 || o.device.kind != DeviceKind::kCuda,
+          "precision", "fp8 runs its GEMMs on the CPU backend's reference emulation only in this "
+          "build (no CUDA FP8 GEMMs yet); use precision=bf16 with device=cuda, or device=cpu");
+  require(o.compute.precision != GemmPrecision::kFP8 || o.model.is_moe() ||
+              o.compute.fp8_gemms.dense,
+          "fp8_gemms", "a dense model has no expert GEMMs: with precision=fp8 include dense");
   const ParallelOptions& par = o.parallel;
   require(par.ep_size >= 1 && world % par.ep_size == 0, "ep_size",
           str_cat("must divide the world size ", world, ", got ", par.ep_size));

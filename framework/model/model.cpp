@@ -102,6 +102,12 @@ Model::Model(const ModelConfig& cfg, const ModelOptions& opts, Backend& be,
   glu_.alpha = cfg_.swiglu_alpha;
   glu_.limit = cfg_.swiglu_limit;
   if (!exchange_) exchange_ = std::make_shared<LocalExpertExchange>();
+  // FP8 GEMMs exist as the CPU backend's reference emulation only (docs/design.md, "FP8
+  // training"): a GPU backend (device=auto that found one) is refused before any work.
+  if ((opts_.fp8_dense() || opts_.fp8_experts()) && be_.device() != Device::kCPU)
+    HP_USER_ERROR(ErrorKind::kConfig, "config key 'precision': fp8 runs its GEMMs on the CPU "
+                  "backend's reference emulation only in this build (no CUDA FP8 GEMMs yet); "
+                  "use precision=bf16 on backend ", be_.name(), ", or device=cpu");
   if (cfg_.is_moe()) {
     const int ep = exchange_->ep_size();
     if (cfg_.n_experts % ep != 0)
@@ -263,6 +269,34 @@ void Model::settle_grads(int l) {
   }
 }
 
+void Model::dense_gemm(const Tensor& a, bool ta, const Tensor& b, bool tb, Tensor& c,
+                       double beta, const Tensor& bias, const Tensor& r, bool weight_grad) {
+  if (opts_.fp8_dense()) {
+    Backend::Fp8Gemm spec;
+    spec.recipe = opts_.fp8_recipe;
+    if (weight_grad) spec.b = fp8::Role::kData;
+    be_.gemm_fp8(a, ta, b, tb, c, beta, bias, r, spec);
+  } else if (r.defined()) {
+    be_.gemm_add(a, ta, b, tb, r, c, bias);
+  } else if (bias.defined()) {
+    be_.gemm_bias(a, ta, b, tb, c, bias);
+  } else {
+    be_.gemm(a, ta, b, tb, c, 1.0, beta);
+  }
+}
+
+void Model::expert_gemms(const std::vector<Backend::GemmProblem>& problems, bool ta, bool tb,
+                         double beta, bool weight_grad) {
+  if (opts_.fp8_experts()) {
+    Backend::Fp8Gemm spec;
+    spec.recipe = opts_.fp8_recipe;
+    if (weight_grad) spec.b = fp8::Role::kData;
+    be_.gemm_fp8_group(problems, ta, tb, beta, spec);
+  } else {
+    be_.gemm_group(problems, ta, tb, beta);
+  }
+}
+
 Tensor Model::new_act(Shape s) { return be_.empty(std::move(s), be_.act_dtype()); }
 Tensor Model::new_master(Shape s) { return be_.empty(std::move(s), be_.master_dtype()); }
 
@@ -281,10 +315,8 @@ void Model::layer_forward(int l, const BatchMeta& meta_in, LayerActs& a, bool re
   be_.rmsnorm_fwd(a.x, L.attn_norm->work, cfg_.norm_eps, a.xn, a.rstd1);
   family(be_, OpFamily::kDenseGemm);
   Tensor qkv_flat = new_act({n, htot * hd});
-  if (L.bqkv)
-    be_.gemm_bias(a.xn, false, L.wqkv->work, false, qkv_flat, L.bqkv->work);
-  else
-    matmul(be_, a.xn, L.wqkv->work, qkv_flat);
+  dense_gemm(a.xn, false, L.wqkv->work, false, qkv_flat, 0.0, L.bqkv ? L.bqkv->work : Tensor(),
+             Tensor(), false);
   a.qkv = qkv_flat.reshape({n, htot, hd});
   family(be_, OpFamily::kElementwise);
   if (cfg_.qk_norm) {
@@ -304,7 +336,8 @@ void Model::layer_forward(int l, const BatchMeta& meta_in, LayerActs& a, bool re
   a.h = new_act({n, d});
   family(be_, OpFamily::kDenseGemm);
   const Tensor attn_flat = a.attn.reshape({n, hq * hd});
-  be_.gemm_add(attn_flat, false, L.wo->work, false, a.x, a.h, L.bo ? L.bo->work : Tensor());
+  dense_gemm(attn_flat, false, L.wo->work, false, a.h, 0.0, L.bo ? L.bo->work : Tensor(), a.x,
+             false);
   family(be_, OpFamily::kElementwise);
   // FFN block.
   a.hn = new_act({n, d});
@@ -316,7 +349,7 @@ void Model::layer_forward(int l, const BatchMeta& meta_in, LayerActs& a, bool re
     const int64_t f = cfg_.ffn_dim;
     a.gu = new_act({n, 2 * f});
     family(be_, OpFamily::kDenseGemm);
-    matmul(be_, a.hn, L.w_gate_up->work, a.gu);
+    dense_gemm(a.hn, false, L.w_gate_up->work, false, a.gu, 0.0, Tensor(), Tensor(), false);
     family(be_, OpFamily::kElementwise);
     a.act = new_act({n, f});
     be_.glu_fwd(a.gu, glu_, a.act);
@@ -367,9 +400,9 @@ void Model::moe_forward(int l, LayerActs& a, bool recompute) {
   }
   family(be_, OpFamily::kExpertGemm);
   if (rows > 0) {
-    be_.gemm_group(up, false, false, 0.0);
+    expert_gemms(up, false, false, 0.0, false);
     be_.glu_fwd(a.he, glu_, a.ae);
-    be_.gemm_group(down, false, false, 0.0);
+    expert_gemms(down, false, false, 0.0, false);
   }
   family(be_, OpFamily::kRouting);
   a.ys = exchange_->combine(be_, a.plan, a.ye);
@@ -427,8 +460,8 @@ void Model::forward(const BatchMeta& meta, const Tensor& aux_sum, Pass pass,
       be_.add(out, a.h, out);
     } else {
       family(be_, OpFamily::kDenseGemm);
-      be_.gemm_add(a.act, false, layers_[static_cast<size_t>(l)]->w_down->work, false, a.h, out,
-                   Tensor());
+      dense_gemm(a.act, false, layers_[static_cast<size_t>(l)]->w_down->work, false, out, 0.0,
+                 Tensor(), a.h, false);
     }
     if (!train) a = LayerActs();
     if (ckpt) a.drop_intermediates();
@@ -523,14 +556,16 @@ void Model::layer_backward(int l, LayerActs& a, Tensor& dx) {
     const int64_t f = cfg_.ffn_dim;
     Tensor dact = new_act({n, f});
     family(be_, OpFamily::kDenseGemm);
-    matmul(be_, dx, L.w_down->work, dact, false, true);
-    matmul(be_, a.act, dx, L.w_down->grad, true, false, grad_beta(*L.w_down));
+    dense_gemm(dx, false, L.w_down->work, true, dact, 0.0, Tensor(), Tensor(), false);
+    dense_gemm(a.act, true, dx, false, L.w_down->grad, grad_beta(*L.w_down), Tensor(), Tensor(),
+               true);
     Tensor dgu = new_act({n, 2 * f});
     family(be_, OpFamily::kElementwise);
     be_.glu_bwd(a.gu, dact, glu_, dgu);
     family(be_, OpFamily::kDenseGemm);
-    matmul(be_, dgu, L.w_gate_up->work, dhn, false, true);
-    matmul(be_, a.hn, dgu, L.w_gate_up->grad, true, false, grad_beta(*L.w_gate_up));
+    dense_gemm(dgu, false, L.w_gate_up->work, true, dhn, 0.0, Tensor(), Tensor(), false);
+    dense_gemm(a.hn, true, dgu, false, L.w_gate_up->grad, grad_beta(*L.w_gate_up), Tensor(),
+               Tensor(), true);
   }
   // dh = dx + d(norm path), accumulated into dx's buffer (the FFN path has read dx by now).
   family(be_, OpFamily::kElementwise);
@@ -539,10 +574,11 @@ void Model::layer_backward(int l, LayerActs& a, Tensor& dx) {
   // h = x + attn @ wo + bo.
   family(be_, OpFamily::kDenseGemm);
   if (L.bo) be_.bias_grad(dh, grad_acc(*L.bo));
-  matmul(be_, a.attn.reshape({n, hq * hd}), dh, L.wo->grad, true, false, grad_beta(*L.wo));
+  dense_gemm(a.attn.reshape({n, hq * hd}), true, dh, false, L.wo->grad, grad_beta(*L.wo),
+             Tensor(), Tensor(), true);
   Tensor dattn = new_act({n, hq, hd});
   Tensor dattn_flat = dattn.reshape({n, hq * hd});
-  matmul(be_, dh, L.wo->work, dattn_flat, false, true);
+  dense_gemm(dh, false, L.wo->work, true, dattn_flat, 0.0, Tensor(), Tensor(), false);
   Tensor dqkv = new_act({n, htot, hd});
   Tensor no_sinks;
   Tensor dsinks = L.sinks ? grad_acc(*L.sinks) : no_sinks;
@@ -560,9 +596,10 @@ void Model::layer_backward(int l, LayerActs& a, Tensor& dx) {
   Tensor dqkv_flat = dqkv.reshape({n, htot * hd});
   family(be_, OpFamily::kDenseGemm);
   if (L.bqkv) be_.bias_grad(dqkv_flat, grad_acc(*L.bqkv));
-  matmul(be_, a.xn, dqkv_flat, L.wqkv->grad, true, false, grad_beta(*L.wqkv));
+  dense_gemm(a.xn, true, dqkv_flat, false, L.wqkv->grad, grad_beta(*L.wqkv), Tensor(), Tensor(),
+             true);
   Tensor dxn = new_act({n, d});
-  matmul(be_, dqkv_flat, L.wqkv->work, dxn, false, true);
+  dense_gemm(dqkv_flat, false, L.wqkv->work, true, dxn, 0.0, Tensor(), Tensor(), false);
   // d(layer input) = dh + d(norm path), into dh's buffer (the attention path has read dh).
   family(be_, OpFamily::kElementwise);
   be_.rmsnorm_bwd(a.x, L.attn_norm->work, a.rstd1, dxn, dh, grad_acc(*L.attn_norm), true);
@@ -619,8 +656,8 @@ void Model::moe_backward(int l, LayerActs& a, const Tensor& dy, Tensor& dhn) {
   }
   auto run_dw = [&](const std::vector<std::array<std::vector<Backend::GemmProblem>, 2>>& groups) {
     for (const auto& g : groups) {
-      be_.gemm_group(g[0], true, false, 0.0);
-      be_.gemm_group(g[1], true, false, 1.0);
+      expert_gemms(g[0], true, false, 0.0, true);
+      expert_gemms(g[1], true, false, 1.0, true);
     }
   };
   // Each expert's bias gradient adds its chunks' rows (zero-filled once, first), in chunk order.
@@ -634,11 +671,11 @@ void Model::moe_backward(int l, LayerActs& a, const Tensor& dy, Tensor& dhn) {
   if (rows > 0) {
     bias_grads(dye, *L.b2);
     run_dw(dw2);
-    be_.gemm_group(dact, false, true, 0.0);
+    expert_gemms(dact, false, true, 0.0, false);
     be_.glu_bwd(a.he, dae, glu_, dhe);
     bias_grads(dhe, *L.b1);
     run_dw(dw1);
-    be_.gemm_group(dinput, false, true, 0.0);
+    expert_gemms(dinput, false, true, 0.0, false);
   }
   family(be_, OpFamily::kRouting);
   Tensor dxs = exchange_->combine(be_, a.plan, dxe);

@@ -25,6 +25,17 @@ namespace hp {
 
 enum class MetadataMode { kCached, kPerLayer };
 
+// precision=bf16|fp8 (docs/design.md, "FP8 training"): bf16 runs every GEMM in the backend's
+// activation dtype (bf16 on CUDA, cpu_dtype on the CPU); fp8 runs the classes fp8_gemms names
+// (forward, input-gradient and weight-gradient products) through Backend::gemm_fp8. The router,
+// attention and the unembedding stay in the activation dtype either way.
+enum class GemmPrecision { kBF16, kFP8 };
+// fp8_gemms: which classes of products precision=fp8 quantizes.
+struct Fp8GemmClasses {
+  bool dense = true;    // the attention projections (qkv, out) and the dense FFN
+  bool experts = true;  // the experts' FFN products of a MoE layer
+};
+
 struct ModelOptions {
   bool checkpoint_activations = false;  // keep only block inputs; recompute in backward
   // Where the block inputs live between forward and backward (mode != none implies
@@ -34,6 +45,12 @@ struct ModelOptions {
   RoutingMode routing = RoutingMode::kBincount;
   int64_t ce_chunk_tokens = 4096;  // rows of logits materialized at once
   int64_t max_positions = 4096;    // RoPE table length (>= seq_len)
+  GemmPrecision precision = GemmPrecision::kBF16;  // key precision
+  Fp8GemmClasses fp8_gemms;                        // key fp8_gemms
+  fp8::Recipe fp8_recipe = fp8::Recipe::kBlock128;
+
+  bool fp8_dense() const { return precision == GemmPrecision::kFP8 && fp8_gemms.dense; }
+  bool fp8_experts() const { return precision == GemmPrecision::kFP8 && fp8_gemms.experts; }
 };
 
 // Scalars of one micro-batch, on the device (master dtype, shape [1]) until the trainer reads them.
@@ -124,6 +141,14 @@ class Model {
   double grad_beta(Param& p);
   Tensor& grad_acc(Param& p);
   void settle_grads(int l);
+  // A dense projection's product c = op(a) op(b) (+ beta c) (+ bias) (+ r): FP8 under
+  // precision=fp8 with the dense class (weight_grad: the dW = X^T dY product, both operands
+  // data-blocked), else gemm, gemm_bias or gemm_add.
+  void dense_gemm(const Tensor& a, bool ta, const Tensor& b, bool tb, Tensor& c, double beta,
+                  const Tensor& bias, const Tensor& r, bool weight_grad);
+  // gemm_group, or gemm_fp8_group under precision=fp8 with the experts class.
+  void expert_gemms(const std::vector<Backend::GemmProblem>& problems, bool ta, bool tb,
+                    double beta, bool weight_grad);
   Tensor new_act(Shape s);
   Tensor new_master(Shape s);
 

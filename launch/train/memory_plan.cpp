@@ -49,6 +49,12 @@ int64_t layer_act_bytes(const ModelConfig& c, int64_t n, int ep, int64_t a, int6
   return b;
 }
 
+// E4M3 bytes of a [rows, cols] matrix quantized in blocks of br x bc, with one fp32 scale per
+// block (framework/core/fp8.h).
+int64_t fp8_bytes(int64_t rows, int64_t cols, int64_t br, int64_t bc) {
+  return rows * cols + ((rows + br - 1) / br) * ((cols + bc - 1) / bc) * 4;
+}
+
 }  // namespace
 
 std::string PlanLayout::describe() const {
@@ -143,7 +149,41 @@ MemoryPlan plan_memory(const TrainOptions& o, const PlanLayout& layout, bool cud
     p.rounding = rounding + p.activations / 8;
     p.reserve = static_cast<int64_t>(1.5 * kGiB) + (world > 1 ? (int64_t{1} << 29) : 0);
   }
+  if (o.compute.precision == GemmPrecision::kFP8) {
+    // Each FP8-class weight in 128x128 tiles, twice: Hopper's FP8 tensor cores read both
+    // operands along K, so the forward (K = rows) and the input gradient (K = columns) each
+    // need their own copy. Per layer, the inputs of its FP8 products that the weight gradient
+    // reads, blocked 1x128 along the tokens; with checkpointing one layer's at a time.
+    const int64_t d = c.d_model, hd = c.head_dim, hq = c.n_heads, hkv = c.n_kv_heads;
+    const bool dense = o.compute.fp8_gemms.dense, experts = o.compute.fp8_gemms.experts;
+    int64_t w = 0, act = 0;
+    const int64_t rounding_before = rounding;
+    auto weight = [&](int64_t rows, int64_t cols, int64_t matrices) {
+      for (int64_t i = 0; i < 2 * matrices * c.n_layers; ++i)
+        w += count(fp8_bytes(rows, cols, 128, 128));
+    };
+    if (dense) {
+      weight(d, (hq + 2 * hkv) * hd, 1);
+      weight(hq * hd, d, 1);
+      act += fp8_bytes(n, d, 128, 1) + fp8_bytes(n, hq * hd, 128, 1);  // xn, attention output
+      if (!c.is_moe()) {
+        weight(d, 2 * c.ffn_dim, 1);
+        weight(c.ffn_dim, d, 1);
+        act += fp8_bytes(n, d, 128, 1) + fp8_bytes(n, c.ffn_dim, 128, 1);  // hn, activation
+      }
+    }
+    if (experts && c.is_moe()) {
+      const int64_t f = c.expert_ffn_dim, local = c.n_experts / ep, rows = n * c.top_k;
+      weight(d, 2 * f, local);
+      weight(f, d, local);
+      act += fp8_bytes(rows, d, 128, 1) + fp8_bytes(rows, f, 128, 1);  // expert inputs
+    }
+    p.fp8_weights = w;
+    p.fp8_activations = (layout.checkpoint_activations ? 1 : c.n_layers) * act;
+    if (cuda) p.rounding += rounding - rounding_before + p.fp8_activations / 8;
+  }
   p.total = p.params + p.grads + p.optimizer + p.activations + p.staging + p.rounding + p.reserve;
+  if (cuda) p.total += p.fp8_weights + p.fp8_activations;
   return p;
 }
 
@@ -221,6 +261,8 @@ Json plan_json(const MemoryPlan& p, int64_t device_bytes) {
   j["rounding_bytes"] = p.rounding;
   j["reserve_bytes"] = p.reserve;
   j["host_pinned_bytes"] = p.host_pinned;
+  j["fp8_weight_bytes"] = p.fp8_weights;
+  j["fp8_activation_bytes"] = p.fp8_activations;
   j["host_snapshot_bytes"] = p.host_snapshot;
   j["total_bytes"] = p.total;
   j["device_bytes"] = device_bytes;
@@ -247,6 +289,12 @@ std::string format_plan(const MemoryPlan& p, int64_t device_bytes) {
   s += str_cat("  activations      ", gib(p.activations), "  (all kept ", gib(p.act_full),
                "; recompute ", gib(p.act_checkpointed), "; offload ", gib(p.act_offloaded), ")\n");
   s += str_cat("  staging buffers  ", gib(p.staging), "\n");
+  if (p.fp8_weights || p.fp8_activations) {
+    const char* note = p.cuda ? "  (CUDA FP8 path, not built yet)"
+                              : "  (CUDA FP8 path, not built yet; not held here, not in the total)";
+    s += str_cat("  fp8 weights      ", gib(p.fp8_weights), note, "\n");
+    s += str_cat("  fp8 activations  ", gib(p.fp8_activations), note, "\n");
+  }
   if (p.rounding) s += str_cat("  block rounding   ", gib(p.rounding), "\n");
   if (p.reserve)
     s += str_cat("  reserve          ", gib(p.reserve), "  (CUDA context, workspaces, NCCL)\n");
