@@ -1,5 +1,6 @@
 // Shared main for the test executables: MPI is initialised once (several tests use MPI-IO or
-// communicators) and finalised after the run.
+// communicators), at the thread level the program asks for (MPI_THREAD_MULTIPLE: a background
+// checkpoint writer runs collectives next to the training thread), and finalised after the run.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -29,7 +30,7 @@
 int main(int argc, char** argv) {
   ::testing::InitGoogleTest(&argc, argv);
   int provided = 0;
-  HP_LSAN_IGNORE(MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided));
+  HP_LSAN_IGNORE(MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided));
   int rc = RUN_ALL_TESTS();
   HP_LSAN_IGNORE(MPI_Finalize());
   return rc;
