@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 
 #include "framework/core/error.h"
@@ -10,47 +11,51 @@ namespace hp {
 namespace fp8 {
 
 uint8_t e4m3_from_float(float x) {
-  const uint8_t sign = std::signbit(x) ? 0x80 : 0x00;
-  if (std::isnan(x)) return static_cast<uint8_t>(sign | kE4M3NaN);
-  const float a = std::fabs(x);
-  if (a >= kE4M3Max) return static_cast<uint8_t>(sign | 0x7E);  // saturate (inf included)
-  if (a == 0) return sign;
-  // The spacing of E4M3 values around a: 2^(e - 3) in the binade [2^e, 2^(e+1)) of a normal
-  // value, 2^-9 below 2^-6 (subnormals). a / spacing is exact (a power-of-two division in
-  // range), and nearbyint rounds it to nearest, ties to even, in the default rounding mode.
-  int e = 0;
-  std::frexp(a, &e);  // a = f * 2^e, f in [0.5, 1): the binade's exponent is e - 1
-  const int step_exp = std::max(e - 1, -6) - 3;
-  const float units = std::nearbyint(std::ldexp(a, -step_exp));  // multiples of the spacing
-  // Value = units * 2^step_exp. In the subnormal range the code is the unit count itself (8
-  // units = 2^-6 is code 0x08, the smallest normal). In a normal binade the mantissa field is
-  // units - 8; 16 units (rounded up to the next binade) carries into the exponent field, which
-  // the same sum gives.
-  const int u = static_cast<int>(units);
-  int code = 0;
-  if (step_exp == -9) {
-    code = u;
-  } else {
-    const int biased = (step_exp + 3) + 7;  // the binade's biased exponent
-    code = biased * 8 + (u - 8);
+  uint32_t bits = 0;
+  std::memcpy(&bits, &x, sizeof bits);
+  const uint8_t sign = static_cast<uint8_t>((bits >> 24) & 0x80);
+  const uint32_t mag = bits & 0x7FFFFFFFu;
+  if (mag > 0x7F800000u) return static_cast<uint8_t>(sign | kE4M3NaN);
+  if (mag >= 0x43E00000u) return static_cast<uint8_t>(sign | 0x7E);  // >= 448 (inf included)
+  if (mag < 0x3C800000u) {
+    // Below 2^-6, E4M3's subnormals: multiples of 2^-9, so the code is the count of 2^-9 units,
+    // rounded to nearest even (a * 512 is exact; 8 units is 2^-6, the smallest normal, code 8).
+    float a = 0;
+    std::memcpy(&a, &mag, sizeof a);
+    return static_cast<uint8_t>(sign | static_cast<int>(std::nearbyint(a * 512.0f)));
   }
-  if (code > 0x7E) code = 0x7E;  // a value in [448, 464) rounds to 448 anyway; never NaN
-  return static_cast<uint8_t>(sign | code);
+  // A normal value: float's exponent (bias 127) and top 3 mantissa bits become E4M3's (bias 7)
+  // after rounding the 20 dropped bits to nearest even; a carry out of the mantissa moves into
+  // the exponent field, which is the right next value. Below 448 the result is at most 0x7E.
+  const uint32_t rounded = mag + 0x7FFFFu + ((mag >> 20) & 1u);
+  return static_cast<uint8_t>(sign | ((rounded >> 20) - (120u << 3)));
 }
 
-float e4m3_to_float(uint8_t code) {
-  const bool neg = (code & 0x80) != 0;
-  const int exp_field = (code >> 3) & 0xF;
-  const int mant = code & 0x7;
-  float v = 0;
-  if (exp_field == 0xF && mant == 0x7) {
-    v = std::numeric_limits<float>::quiet_NaN();
-  } else if (exp_field == 0) {
-    v = std::ldexp(static_cast<float>(mant), -9);
-  } else {
-    v = std::ldexp(static_cast<float>(8 + mant), exp_field - 7 - 3);
+namespace {
+// Every code's value, from its fields: 2^(E-7) * (1 + M/8), subnormal 2^-6 * M/8, NaN at
+// S.1111.111.
+struct E4M3Table {
+  float v[256];
+  E4M3Table() {
+    for (int code = 0; code < 256; ++code) {
+      const int exp_field = (code >> 3) & 0xF, mant = code & 0x7;
+      float a = 0;
+      if (exp_field == 0xF && mant == 0x7) {
+        a = std::numeric_limits<float>::quiet_NaN();
+      } else if (exp_field == 0) {
+        a = std::ldexp(static_cast<float>(mant), -9);
+      } else {
+        a = std::ldexp(static_cast<float>(8 + mant), exp_field - 7 - 3);
+      }
+      v[code] = (code & 0x80) ? -a : a;
+    }
   }
-  return neg ? -v : v;
+};
+}  // namespace
+
+float e4m3_to_float(uint8_t code) {
+  static const E4M3Table table;
+  return table.v[code];
 }
 
 uint8_t e8m0_scale_code(float amax) {
