@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <string>
 #include <vector>
 
 #include "framework/backend/backend.h"
@@ -260,11 +261,6 @@ Tensor random_tensor(Backend& be, Shape shape, const std::string& purpose, doubl
   return t;
 }
 
-// op(t) as quantized by the reference along K: [rows of op(t) or its transpose, K].
-struct Operand {
-  fp8::Quantized q;
-};
-
 // sum_k deq(op(a))[i][k] deq(op(b))[k][j] in fp64 (and the unquantized product), independently
 // of the backend: each operand quantized from its logical view with the stated role.
 void reference_products(const Tensor& a, bool ta, const Tensor& b, bool tb,
@@ -412,6 +408,47 @@ TEST(Fp8Gemm, BetaBiasAndResidual) {
   be->gemm_fp8(a, false, b, false, s1, 0.0, bias, Tensor(), spec);
   EXPECT_EQ(std::memcmp(g1.raw(), s1.raw(), static_cast<size_t>(s1.nbytes())), 0);
   EXPECT_EQ(std::memcmp(g2.raw(), plain.raw(), static_cast<size_t>(s1.nbytes())), 0);
+}
+
+TEST(Fp8Gemm, ContractsAreCheckedBeforeAnyWork) {
+  auto be = make_cpu_backend(DType::kF32);
+  Tensor a = random_tensor(*be, {8, 16}, "contract a", 1.0);
+  Tensor b = random_tensor(*be, {16, 4}, "contract b", 1.0);
+  Tensor wrong = be->empty({8, 5}, DType::kF32);
+  try {
+    be->gemm_fp8(a, false, b, false, wrong, 0.0, Tensor(), Tensor(), {});
+    FAIL() << "a c of the wrong shape was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("gemm_fp8"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("[8, 4]"), std::string::npos) << e.what();
+  }
+  Tensor c = be->empty({8, 4}, DType::kF32);
+  EXPECT_THROW(be->gemm_fp8(a, false, b, false, c, 0.0, Tensor(), c, {}), Error);  // r aliases c
+  Tensor big = be->empty({16, 4}, DType::kF32);  // two problems writing overlapping rows
+  EXPECT_THROW(be->gemm_fp8_group({{a, b, big.slice(0, 8), {}}, {a, b, big.slice(4, 12), {}}},
+                                  false, false, 0.0, {}),
+               Error);
+}
+
+// The fp64 reference backend rounds its operands to float, quantizes them the same way and keeps
+// the fp64 sum: rounded to float, it is the fp32 backend's result bit for bit.
+TEST(Fp8Gemm, TheFp64BackendComputesTheSameProduct) {
+  auto f32 = make_cpu_backend(DType::kF32);
+  auto f64 = make_cpu_backend(DType::kF64);
+  const int64_t m = 50, k = 260, n = 40;
+  Tensor a = random_tensor(*f32, {k, m}, "f64 a", 1.0);
+  Tensor b = random_tensor(*f32, {k, n}, "f64 b", 1.0);
+  Tensor a64 = f64->empty({k, m}, DType::kF64), b64 = f64->empty({k, n}, DType::kF64);
+  for (int64_t i = 0; i < a.numel(); ++i) a64.data<double>()[i] = a.data<float>()[i];
+  for (int64_t i = 0; i < b.numel(); ++i) b64.data<double>()[i] = b.data<float>()[i];
+  Backend::Fp8Gemm spec;
+  spec.b = fp8::Role::kData;  // the weight-gradient product: both along the tokens
+  Tensor c = f32->empty({m, n}, DType::kF32);
+  Tensor c64 = f64->empty({m, n}, DType::kF64);
+  f32->gemm_fp8(a, true, b, false, c, 0.0, Tensor(), Tensor(), spec);
+  f64->gemm_fp8(a64, true, b64, false, c64, 0.0, Tensor(), Tensor(), spec);
+  for (int64_t i = 0; i < m * n; ++i)
+    ASSERT_EQ(static_cast<float>(c64.data<double>()[i]), c.data<float>()[i]) << i;
 }
 
 }  // namespace
