@@ -60,6 +60,14 @@ class RecordingBackend final : public Backend {
   void do_gemm_group(const std::vector<GemmProblem>&, bool, bool, double) override {
     calls.push_back("gemm_group");
   }
+  void do_gemm_fp8(const Tensor&, bool, const Tensor&, bool, Tensor&, double, const Tensor&,
+                   const Tensor&, const Fp8Gemm&) override {
+    calls.push_back("gemm_fp8");
+  }
+  void do_gemm_fp8_group(const std::vector<GemmProblem>&, bool, bool, double,
+                         const Fp8Gemm&) override {
+    calls.push_back("gemm_fp8_group");
+  }
   void do_add_bias(Tensor&, const Tensor&) override { calls.push_back("add_bias"); }
   void do_bias_grad(const Tensor&, Tensor&) override { calls.push_back("bias_grad"); }
   void do_bias_grad_segments(const Tensor&, const std::vector<RowSegment>&) override {
@@ -255,6 +263,27 @@ std::vector<Case> cases() {
                      {f32({2, 3}), f32({3, 5}), f32({2, 5}), {}},
                      {f32({2, 3}), f32({3, 5}), f32({ok ? 2 : 3, 5}), {}}};
                  be.gemm_group(ps, false, false, 0.0);
+               }});
+  c.push_back({"gemm_fp8", "does not fit c", [](Backend& be, bool ok) {
+                 Tensor c = f32({2, ok ? 5 : 4});
+                 be.gemm_fp8(f32({3, 2}), true, f32({5, 3}), true, c, 0, {}, {}, {});
+               }});
+  c.push_back({"gemm_fp8", "a bias or r needs beta == 0", [](Backend& be, bool ok) {
+                 Tensor c = f32({2, 5});
+                 be.gemm_fp8(f32({2, 3}), false, f32({3, 5}), false, c, ok ? 0 : 1, f32({5}), {},
+                             {});
+               }});
+  c.push_back({"gemm_fp8", "r must not alias c", [](Backend& be, bool ok) {
+                 Tensor c = f32({2, 5});
+                 be.gemm_fp8(f32({2, 3}), false, f32({3, 5}), false, c, 0, {},
+                             ok ? f32({2, 5}) : c, {});
+               }});
+  c.push_back({"gemm_fp8_group", "overlap", [](Backend& be, bool ok) {
+                 Tensor out = f32({4, 5});
+                 std::vector<Backend::GemmProblem> ps{
+                     {f32({2, 3}), f32({3, 5}), out.slice(0, 2), {}},
+                     {f32({2, 3}), f32({3, 5}), out.slice(ok ? 2 : 1, ok ? 4 : 3), {}}};
+                 be.gemm_fp8_group(ps, false, false, 0.0, {});
                }});
   c.push_back({"add_bias", "'bias'", [](Backend& be, bool ok) {
                  Tensor y = f32({2, 5});
@@ -484,6 +513,8 @@ TEST(BackendContract, CpuBackendGivesTheInterfaceError) {
                          "gemm_bias",
                          "gemm_add",
                          "gemm_group",
+                         "gemm_fp8",
+                         "gemm_fp8_group",
                          "add_bias",
                          "bias_grad",
                          "bias_grad_segments",
