@@ -21,6 +21,7 @@
 #include "framework/backend/cuda/cuda_kernels.h"
 #include "framework/backend/cuda/cuda_profiler.h"
 #include "framework/backend/cuda/cudnn_attention.h"
+#include "framework/backend/cuda/fp8_gemm.h"
 #include "framework/backend/cuda/lt_gemm.h"
 #include "framework/backend/cuda/mark_written.h"
 #include "framework/backend/link_arbiter.h"
@@ -186,6 +187,8 @@ class CudaBackend final : public Backend {
       HP_USER_ERROR(ErrorKind::kConfig, "CUDA device ", device, " requested but ", count,
                     " device(s) are visible");
     CUDA_CHECK(cudaSetDevice(device));
+    CUDA_CHECK(cudaDeviceGetAttribute(&cc_major_, cudaDevAttrComputeCapabilityMajor, device));
+    CUDA_CHECK(cudaDeviceGetAttribute(&cc_minor_, cudaDevAttrComputeCapabilityMinor, device));
     for (cudaStream_t& s : streams_)
       CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
     CUBLAS_CHECK(cublasCreate(&cublas_));
@@ -615,6 +618,77 @@ class CudaBackend final : public Backend {
         cublas_grouped(ps, dims, trans_a, trans_b, beta))
       return;
     gemm_group_on_side_streams(ps, dims, trans_a, trans_b, beta);
+  }
+
+  // ---- FP8 GEMMs (fp8_gemm.h) ----------------------------------------------------------------
+
+  void check_fp8(const char* op, const Tensor& a, const Tensor& b, const Tensor& c,
+                 const Tensor& bias, const Tensor& r) {
+    check_float(op, "a", a);
+    check_float(op, "b", b);
+    check_float(op, "c", c);
+    if (bias.defined()) check_float(op, "bias", bias);
+    if (r.defined()) check_dtype(op, "r", r, c.dtype());
+  }
+
+  cuda::Fp8Context fp8_context() {
+    if (!fp8_lt_) fp8_lt_ = std::make_unique<cuda::Fp8Lt>();
+    cuda::Fp8Context x;
+    x.alloc = alloc_;
+    x.stream = cur_stream();
+    x.workspace = cublas_workspace_.raw();
+    x.workspace_bytes = static_cast<size_t>(cublas_workspace_.nbytes());
+    x.lt = fp8_lt_.get();
+    x.device = device_;
+    x.cc_major = cc_major_;
+    x.cc_minor = cc_minor_;
+    return x;
+  }
+
+  void do_gemm_fp8(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c,
+                   double beta, const Tensor& bias, const Tensor& r,
+                   const Fp8Gemm& spec) override {
+    check_fp8("gemm_fp8", a, b, c, bias, r);
+    cuda::fp8_gemm(fp8_context(), a, trans_a, b, trans_b, c, beta, bias, r, spec);
+  }
+
+  // One product after another on the current stream (each its own quantization and matmul), all
+  // problems checked first.
+  void do_gemm_fp8_group(const std::vector<GemmProblem>& ps, bool trans_a, bool trans_b,
+                         double beta, const Fp8Gemm& spec) override {
+    for (const GemmProblem& p : ps) check_fp8("gemm_fp8_group", p.a, p.b, p.c, p.bias, Tensor());
+    const cuda::Fp8Context x = fp8_context();
+    for (const GemmProblem& p : ps) {
+      Tensor c = p.c;
+      cuda::fp8_gemm(x, p.a, trans_a, p.b, trans_b, c, beta, p.bias, Tensor(), spec);
+    }
+  }
+
+  // gemm_fp8's quantization of one operand alone (cuda_backend.h); read back where `fetch`.
+  fp8::Quantized fp8_quantize(const Tensor& x, bool trans, fp8::Recipe recipe, fp8::Role role,
+                              bool fetch) {
+    const char* op = "cuda_fp8_quantize";
+    check_float(op, "x", x);
+    HP_CHECK(x.ndim() == 2, op, ": x must be 2-D, got ", x.desc());
+    const cuda::Fp8Operand q =
+        cuda::fp8_quantize_operand(*alloc_, x, trans, recipe, role, 1, cur_stream());
+    if (!fetch) return {};
+    std::vector<uint8_t> codes(static_cast<size_t>(q.codes.nbytes()));
+    std::vector<uint8_t> scales(static_cast<size_t>(q.scales.nbytes()));
+    CUDA_CHECK(cudaMemcpyAsync(codes.data(), q.codes.raw(), codes.size(), cudaMemcpyDeviceToHost,
+                               cur_stream()));
+    CUDA_CHECK(cudaMemcpyAsync(scales.data(), q.scales.raw(), scales.size(),
+                               cudaMemcpyDeviceToHost, cur_stream()));
+    CUDA_CHECK(cudaStreamSynchronize(cur_stream()));
+    return cuda::fp8_reference_form(q.layout, codes, scales);
+  }
+
+  fp8::Recipe fp8_recipe() const {
+    fp8::Recipe r{};
+    HP_CHECK(cuda::fp8_device_recipe(cc_major_, &r), "CUDA device ", device_,
+             " (compute capability ", cc_major_, ".", cc_minor_,
+             ") has no block-scaled FP8 GEMMs in this backend (9.x: block128, 10.x: mxfp8)");
+    return r;
   }
 
   // The problems of a group spread round-robin over the compute stream and kGemmStreams - 1 side
@@ -1360,9 +1434,11 @@ class CudaBackend final : public Backend {
   }
 
   int device_;
+  int cc_major_ = 0, cc_minor_ = 0;  // compute capability
   CudaBackendOptions options_;
   CudaCachingAllocator* alloc_;
   cuda::LtGemm lt_;                              // bf16 GEMMs (lt_gemm.h)
+  std::unique_ptr<cuda::Fp8Lt> fp8_lt_;          // FP8 GEMMs (fp8_gemm.h), made at first use
   bool in_group_ = false;                        // inside gemm_group: products not tuned
   std::unique_ptr<cuda::CudnnAttention> cudnn_;  // null: the tiled kernels
   std::string attention_desc_;
@@ -1418,5 +1494,17 @@ int cuda_gemm_tuned_buckets(Backend& b) { return as_cuda(b).gemm_tuned_buckets()
 int cuda_gemm_warmed_algos(Backend& b) { return as_cuda(b).gemm_warmed_algos(); }
 
 int cuda_attention_tuned_graphs(Backend& b) { return as_cuda(b).attention_tuned_graphs(); }
+
+fp8::Recipe cuda_fp8_recipe(Backend& b) { return as_cuda(b).fp8_recipe(); }
+
+fp8::Quantized cuda_fp8_quantize(Backend& b, const Tensor& x, bool trans, fp8::Recipe recipe,
+                                 fp8::Role role) {
+  return as_cuda(b).fp8_quantize(x, trans, recipe, role, true);
+}
+
+void cuda_fp8_quantize_only(Backend& b, const Tensor& x, bool trans, fp8::Recipe recipe,
+                            fp8::Role role) {
+  as_cuda(b).fp8_quantize(x, trans, recipe, role, false);
+}
 
 }  // namespace hp

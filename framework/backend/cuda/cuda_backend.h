@@ -46,6 +46,19 @@ int cuda_gemm_warmed_algos(Backend& b);
 // cuDNN attention forward graphs whose plans have been timed and compared (attention_autotune;
 // 0 without cuDNN). Throws if `b` is not a CUDA backend.
 int cuda_attention_tuned_graphs(Backend& b);
+// FP8 GEMMs (Backend::gemm_fp8; docs/design.md, "FP8 on the GPU"): the recipe this device's
+// block-scaled cuBLASLt GEMMs take (block128 on compute capability 9.x, mxfp8 on 10.x); throws
+// on other devices. Throws if `b` is not a CUDA backend.
+fp8::Recipe cuda_fp8_recipe(Backend& b);
+// x (2-D, f32 or bf16, on the device) quantized as gemm_fp8 quantizes an operand, X = x^T where
+// `trans`, else x, blocked along X's columns (the contraction dimension) by `role` under
+// `recipe`; returned in the CPU reference's form (framework/core/fp8.h), read back (waits for
+// the device). Any device with FP8 conversions (compute capability 8.9 and later).
+fp8::Quantized cuda_fp8_quantize(Backend& b, const Tensor& x, bool trans, fp8::Recipe recipe,
+                                 fp8::Role role);
+// The same quantization enqueued and not read back (what a benchmark times).
+void cuda_fp8_quantize_only(Backend& b, const Tensor& x, bool trans, fp8::Recipe recipe,
+                            fp8::Role role);
 // The device ordinal of a CUDA backend. Throws if `b` is not a CUDA backend.
 int cuda_backend_device(Backend& b);
 

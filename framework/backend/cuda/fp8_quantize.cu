@@ -1,0 +1,228 @@
+// FP8 quantization for the CUDA backend's FP8 GEMMs (fp8_gemm.h), bit for bit the math of the
+// CPU reference (framework/core/fp8.cpp), and the epilogue kernel for what cuBLASLt's own
+// epilogue does not take.
+//
+// One thread block per 128 x 128 tile of X [rows_pad, ldk] (fp8_layout.h): a tile holds one
+// 128x128 weight block, 128 rows of one 1x128 data block each, or 128 rows of four 1x32 MX
+// blocks. Pass 1 reads the tile and takes the magnitude maxima per row and 32 columns (as the
+// bits of |x|: for non-negative floats the integer order is the float order, and a NaN's bits
+// exceed infinity's, so a NaN anywhere wins as the reference's amax does); the scales follow
+// from them; pass 2 reads the tile again (from L2), quantizes into shared memory and writes the
+// codes K-contiguous in 4-byte words. A source stored K-contiguous is read along K; a source
+// stored the other way (the transposed copies the backward products need) is read along its
+// rows, so every read is coalesced either way.
+#include <cuda_fp8.h>
+
+#include <type_traits>
+
+#include "framework/backend/cuda/cuda_check.h"
+#include "framework/backend/cuda/cuda_common.cuh"
+#include "framework/backend/cuda/fp8_gemm.h"
+
+namespace hp {
+namespace cuda {
+namespace {
+
+constexpr int kTile = 128;
+constexpr int kThreads = 256;
+constexpr unsigned kInfBits = 0x7F800000u;
+
+// The reference's block_scale(amax) from the bits of amax: amax / 448 rounded to nearest (an
+// IEEE division, subnormals kept), 1 where that is 0, NaN where amax is not finite.
+__device__ __forceinline__ float block_scale_bits(unsigned amax_bits) {
+  if (amax_bits >= kInfBits) return __uint_as_float(0x7FC00000u);
+  const float s = __fdiv_rn(__uint_as_float(amax_bits), fp8::kE4M3Max);
+  return s > 0.f ? s : 1.f;
+}
+
+// The reference's e8m0_scale_code(amax): 127 + clamp(floor(log2 amax) - 8, -127, 127); 127 for
+// 0; 0xFF when not finite. A subnormal amax (below 2^-126) clamps to -127 like any amax below
+// 2^-118.
+__device__ __forceinline__ unsigned char e8m0_code_bits(unsigned amax_bits) {
+  if (amax_bits >= kInfBits) return fp8::kE8M0NaN;
+  if (amax_bits == 0) return 127;
+  const int e = static_cast<int>(amax_bits >> 23);  // biased exponent field, 0 for subnormals
+  int x = e == 0 ? -127 : e - 127 - fp8::kE4M3Emax;
+  x = x < -127 ? -127 : (x > 127 ? 127 : x);
+  return static_cast<unsigned char>(x + 127);
+}
+
+// 2^(code - 127) as a float (code 0: the subnormal 2^-127); NaN for 0xFF.
+__device__ __forceinline__ float e8m0_value(unsigned char code) {
+  if (code == fp8::kE8M0NaN) return __uint_as_float(0x7FC00000u);
+  if (code == 0) return __uint_as_float(0x00400000u);
+  return __uint_as_float(static_cast<unsigned>(code) << 23);
+}
+
+// e4m3(x / s) as the reference computes it: the quotient rounded to fp32, then to E4M3 with
+// round-to-nearest-even and saturation to +-448; a NaN scale gives the NaN code.
+__device__ __forceinline__ unsigned char quantize_one(float x, float s) {
+  if (isnan(s)) return fp8::kE4M3NaN;
+  return static_cast<unsigned char>(
+      __nv_cvt_float_to_fp8(__fdiv_rn(x, s), __NV_SATFINITE, __NV_E4M3));
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+    quantize_kernel(const T* __restrict__ x, int64_t row_stride, int64_t col_stride, Fp8Layout l,
+                    unsigned char* __restrict__ codes, void* __restrict__ scales_out) {
+  __shared__ unsigned amax[kTile][4];  // |x| bits, per row and 32 columns of the tile
+  __shared__ float scale[kTile][4];    // the dequantization scale of each row's 32 columns
+  __shared__ unsigned char tile[kTile][kTile + 4];
+  const int tid = threadIdx.x;
+  const int64_t r0 = static_cast<int64_t>(blockIdx.y) * kTile;
+  const int64_t c0 = static_cast<int64_t>(blockIdx.x) * kTile;
+  for (int i = tid; i < kTile * 4; i += kThreads) amax[i / 4][i % 4] = 0;
+  __syncthreads();
+  // Along the rows where the source is row-contiguous (a transposed copy), else along K.
+  const bool by_rows = col_stride != 1 && row_stride == 1;
+  auto load = [&](int r, int c) -> float {
+    const int64_t gr = r0 + r, gc = c0 + c;
+    if (gr >= l.rows || gc >= l.k) return 0.f;
+    return to_f32(x[gr * row_stride + gc * col_stride]);
+  };
+  if (by_rows) {
+    // Thread t covers row t % 128 and columns t / 128 + 2i: its maxima stay in registers.
+    const int r = tid % kTile;
+    unsigned m[4] = {0, 0, 0, 0};
+#pragma unroll
+    for (int i = 0; i < kTile * kTile / kThreads; ++i) {
+      const int c = tid / kTile + 2 * i;  // in the 32-column group i / 16
+      const unsigned bits = __float_as_uint(load(r, c)) & 0x7FFFFFFFu;
+      m[i / 16] = max(m[i / 16], bits);
+    }
+    for (int j = 0; j < 4; ++j) atomicMax(&amax[r][j], m[j]);
+  } else {
+    // A warp covers 32 consecutive columns (one 32-column group) of one row.
+    const int c = tid % kTile;
+    for (int i = 0; i < kTile * kTile / kThreads; ++i) {
+      const int r = tid / kTile + 2 * i;
+      const unsigned bits = __float_as_uint(load(r, c)) & 0x7FFFFFFFu;
+      const unsigned wm = __reduce_max_sync(0xFFFFFFFFu, bits);
+      if (tid % 32 == 0) atomicMax(&amax[r][c / 32], wm);
+    }
+  }
+  __syncthreads();
+  // Scales: one thread per row (the weight tile: thread 0 for all).
+  if (tid < kTile) {
+    const int r = tid;
+    const int64_t gr = r0 + r;
+    if (l.mx()) {
+      for (int j = 0; j < 4; ++j) {
+        const int64_t b = c0 / 32 + j;
+        const unsigned char code = e8m0_code_bits(amax[r][j]);
+        scale[r][j] = e8m0_value(code);
+        // The tiled layout's padding (rows past rows_pad, blocks past k) holds zeros.
+        const bool inside = gr < l.rows_pad && b < l.k_blocks();
+        static_cast<unsigned char*>(scales_out)[l.scale_index(gr, b)] = inside ? code : 0;
+      }
+    } else if (l.weight) {
+      if (r == 0) {
+        unsigned m = 0;
+        for (int i = 0; i < kTile; ++i)
+          for (int j = 0; j < 4; ++j) m = max(m, amax[i][j]);
+        const float s = block_scale_bits(m);
+        for (int i = 0; i < kTile; ++i)
+          for (int j = 0; j < 4; ++j) scale[i][j] = s;
+        const int64_t b = c0 / kTile;
+        float* out = static_cast<float*>(scales_out);
+        out[l.scale_index(r0, b)] = s;
+        // The stride's padding columns, written once per row of tiles.
+        if (b == l.k_blocks() - 1)
+          for (int64_t p = l.k_blocks(); p < l.k_blocks4(); ++p) out[l.scale_index(r0, p)] = 0.f;
+      }
+    } else {
+      const unsigned m = max(max(amax[r][0], amax[r][1]), max(amax[r][2], amax[r][3]));
+      const float s = block_scale_bits(m);
+      for (int j = 0; j < 4; ++j) scale[r][j] = s;
+      if (gr < l.rows_pad) static_cast<float*>(scales_out)[l.scale_index(gr, c0 / kTile)] = s;
+    }
+  }
+  __syncthreads();
+  // Pass 2: the codes into shared memory (zeros outside X), read the way pass 1 read.
+  for (int i = 0; i < kTile * kTile / kThreads; ++i) {
+    int r, c;
+    if (by_rows) {
+      r = tid % kTile;
+      c = tid / kTile + 2 * i;
+    } else {
+      r = tid / kTile + 2 * i;
+      c = tid % kTile;
+    }
+    const bool inside = r0 + r < l.rows && c0 + c < l.k;
+    tile[r][c] = inside ? quantize_one(load(r, c), scale[r][c / 32]) : 0;
+  }
+  __syncthreads();
+  // Out K-contiguous, a 4-byte word per thread and step (ldk is a multiple of 16).
+  for (int i = tid; i < kTile * kTile / 4; i += kThreads) {
+    const int r = i / (kTile / 4), w = i % (kTile / 4);
+    const int64_t gr = r0 + r, gc = c0 + 4 * w;
+    if (gr >= l.rows_pad || gc >= l.ldk) continue;
+    const unsigned word = static_cast<unsigned>(tile[r][4 * w]) |
+                          static_cast<unsigned>(tile[r][4 * w + 1]) << 8 |
+                          static_cast<unsigned>(tile[r][4 * w + 2]) << 16 |
+                          static_cast<unsigned>(tile[r][4 * w + 3]) << 24;
+    *reinterpret_cast<unsigned*>(codes + gr * l.ldk + gc) = word;
+  }
+}
+
+template <typename C>
+__device__ __forceinline__ double load_d(const void* p, int64_t i) {
+  return static_cast<double>(to_f32(static_cast<const C*>(p)[i]));
+}
+
+// c[i, j] = d[i * ldd + j] + beta * c[i, j] + bias[j] + r[i, j] in double, rounded once to C.
+template <typename C, typename B>
+__global__ void combine_kernel(const float* __restrict__ d, int64_t ldd, C* c, int64_t m, int64_t n,
+                               double beta, const B* __restrict__ bias, const C* __restrict__ r) {
+  for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < m * n;
+       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t i = e / n, j = e % n;
+    double v = d ? static_cast<double>(d[i * ldd + j]) : 0.0;
+    if (beta != 0) v += beta * static_cast<double>(to_f32(c[e]));
+    if (bias) v += static_cast<double>(to_f32(bias[j]));
+    if (r) v += static_cast<double>(to_f32(r[e]));
+    if constexpr (std::is_same_v<C, float>) {
+      c[e] = static_cast<float>(v);
+    } else {
+      c[e] = __double2bfloat16(v);
+    }
+  }
+}
+
+}  // namespace
+
+void launch_fp8_quantize(const void* x, DType x_t, int64_t row_stride, int64_t col_stride,
+                         const Fp8Layout& l, void* codes, void* scales, cudaStream_t stream) {
+  if (l.rows_pad == 0 || l.ldk == 0) return;
+  const dim3 grid(static_cast<unsigned>((l.ldk + kTile - 1) / kTile),
+                  static_cast<unsigned>(l.row_tiles()));
+  HP_CHECK(l.row_tiles() <= 65535, "fp8 quantize: ", l.rows_pad, " rows exceed the grid");
+  dispatch_float(x_t, [&](auto tag) {
+    using T = decltype(tag);
+    quantize_kernel<T><<<grid, kThreads, 0, stream>>>(static_cast<const T*>(x), row_stride,
+                                                      col_stride, l,
+                                                      static_cast<unsigned char*>(codes), scales);
+  });
+  CUDA_CHECK_LAUNCH();
+}
+
+void launch_fp8_combine(const float* d, int64_t ldd, void* c, DType c_t, int64_t m, int64_t n,
+                        double beta, const void* bias, DType bias_t, const void* r,
+                        cudaStream_t stream) {
+  if (m == 0 || n == 0) return;
+  const unsigned blocks = grid_for(m * n, kThreads);
+  dispatch_float(c_t, [&](auto ctag) {
+    using C = decltype(ctag);
+    dispatch_float(bias ? bias_t : c_t, [&](auto btag) {
+      using B = decltype(btag);
+      combine_kernel<C, B><<<blocks, kThreads, 0, stream>>>(d, ldd, static_cast<C*>(c), m, n, beta,
+                                                            static_cast<const B*>(bias),
+                                                            static_cast<const C*>(r));
+    });
+  });
+  CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace cuda
+}  // namespace hp
