@@ -646,8 +646,7 @@ class CudaBackend final : public Backend {
   }
 
   void do_gemm_fp8(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c,
-                   double beta, const Tensor& bias, const Tensor& r,
-                   const Fp8Gemm& spec) override {
+                   double beta, const Tensor& bias, const Tensor& r, const Fp8Gemm& spec) override {
     check_fp8("gemm_fp8", a, b, c, bias, r);
     cuda::fp8_gemm(fp8_context(), a, trans_a, b, trans_b, c, beta, bias, r, spec);
   }
@@ -677,8 +676,8 @@ class CudaBackend final : public Backend {
     std::vector<uint8_t> scales(static_cast<size_t>(q.scales.nbytes()));
     CUDA_CHECK(cudaMemcpyAsync(codes.data(), q.codes.raw(), codes.size(), cudaMemcpyDeviceToHost,
                                cur_stream()));
-    CUDA_CHECK(cudaMemcpyAsync(scales.data(), q.scales.raw(), scales.size(),
-                               cudaMemcpyDeviceToHost, cur_stream()));
+    CUDA_CHECK(cudaMemcpyAsync(scales.data(), q.scales.raw(), scales.size(), cudaMemcpyDeviceToHost,
+                               cur_stream()));
     CUDA_CHECK(cudaStreamSynchronize(cur_stream()));
     return cuda::fp8_reference_form(q.layout, codes, scales);
   }
