@@ -243,6 +243,9 @@ class Backend {
   // beta * c, bias and r added, and the result rounded once to c's dtype.
   void gemm_fp8(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c,
                 double beta, const Tensor& bias, const Tensor& r, const Fp8Gemm& spec);
+  // Whether gemm_fp8 and gemm_fp8_group run on this backend (the model refuses precision=fp8
+  // where they do not, naming the key). Default: false; the CPU reference: true.
+  virtual bool has_fp8_gemms() const { return false; }
   // gemm_group's problems (same rules, biases included) as FP8 products of one spec. Default:
   // gemm_fp8 one problem after another.
   void gemm_fp8_group(const std::vector<GemmProblem>& problems, bool trans_a, bool trans_b,

@@ -102,12 +102,12 @@ Model::Model(const ModelConfig& cfg, const ModelOptions& opts, Backend& be,
   glu_.alpha = cfg_.swiglu_alpha;
   glu_.limit = cfg_.swiglu_limit;
   if (!exchange_) exchange_ = std::make_shared<LocalExpertExchange>();
-  // FP8 GEMMs exist as the CPU backend's reference emulation only (docs/design.md, "FP8
-  // training"): a GPU backend (device=auto that found one) is refused before any work.
-  if ((opts_.fp8_dense() || opts_.fp8_experts()) && be_.device() != Device::kCPU)
+  // precision=fp8 needs a backend with FP8 GEMMs (docs/design.md, "FP8 training"): one without
+  // them (device=auto that found a GPU) is refused before any work, never run in bf16.
+  if ((opts_.fp8_dense() || opts_.fp8_experts()) && !be_.has_fp8_gemms())
     HP_USER_ERROR(ErrorKind::kConfig, "config key 'precision': fp8 runs its GEMMs on the CPU "
-                  "backend's reference emulation only in this build (no CUDA FP8 GEMMs yet); "
-                  "use precision=bf16 on backend ", be_.name(), ", or device=cpu");
+                  "backend's reference emulation only in this build (backend ", be_.name(),
+                  " has no FP8 GEMMs); use precision=bf16, or device=cpu");
   if (cfg_.is_moe()) {
     const int ep = exchange_->ep_size();
     if (cfg_.n_experts % ep != 0)

@@ -13,6 +13,7 @@
 #include "framework/backend/backend.h"
 #include "framework/backend/link_arbiter.h"
 #include "framework/core/error.h"
+#include "framework/model/model.h"
 
 namespace hp {
 namespace {
@@ -546,6 +547,32 @@ TEST(BackendContract, CpuBackendGivesTheInterfaceError) {
                          "adamw"}) {
     EXPECT_NE(std::find(ops.begin(), ops.end(), op), ops.end()) << op << " has no case";
   }
+}
+
+// A backend without FP8 GEMMs (the default) reaches no FP8 product: the model refuses
+// precision=fp8 on it before any work, naming the key; the CPU reference has them.
+TEST(BackendContract, ModelRefusesFp8OnABackendWithoutFp8Gemms) {
+  RecordingBackend be;
+  EXPECT_FALSE(be.has_fp8_gemms());
+  EXPECT_TRUE(make_cpu_backend(DType::kF32)->has_fp8_gemms());
+  ModelConfig cfg;
+  cfg.vocab_size = 11;
+  cfg.d_model = 8;
+  cfg.n_layers = 1;
+  cfg.n_heads = 2;
+  cfg.n_kv_heads = 1;
+  cfg.head_dim = 4;
+  cfg.ffn_dim = 8;
+  ModelOptions opts;
+  opts.precision = GemmPrecision::kFP8;
+  try {
+    Model model(cfg, opts, be);
+    FAIL() << "precision=fp8 was accepted";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("config key 'precision'"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_TRUE(be.calls.empty()) << be.calls.front() << " ran first";
 }
 
 }  // namespace

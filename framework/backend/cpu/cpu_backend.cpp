@@ -491,6 +491,8 @@ class CpuBackend final : public Backend {
     }
   }
 
+  bool has_fp8_gemms() const override { return true; }
+
   void do_gemm_fp8(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c,
                    double beta, const Tensor& bias, const Tensor& r,
                    const Fp8Gemm& spec) override {
