@@ -39,7 +39,7 @@ constexpr const char* kUsage =
     "  train --config FILE [--key=value ...]   train a model (--dry-run: validate and count)\n"
     "  bench <scenario> --config FILE [...]    time hot-path variants side by side:\n"
     "                                          step, metadata, routing, alltoall, offload,\n"
-    "                                          attention\n"
+    "                                          attention, gemm\n"
     "  eval --config FILE --checkpoint C [--data D] [--batches N]\n"
     "                                          mean loss of a checkpoint: eval_loss=... "
     "tokens=...\n"
@@ -101,7 +101,7 @@ int run(std::vector<std::string> args, int* argc, char*** argv) {
     if (args.empty() || args[0].rfind("--", 0) == 0)
       HP_USER_ERROR(ErrorKind::kUser,
                     "hotpath bench: name a scenario first (step, metadata, routing, alltoall, "
-                    "offload, attention), e.g. 'hotpath bench step --config FILE'");
+                    "offload, attention, gemm), e.g. 'hotpath bench step --config FILE'");
     scenario = args[0];
     args.erase(args.begin());
   }

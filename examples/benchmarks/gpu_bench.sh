@@ -23,6 +23,9 @@
 #   node       (4+ GPUs) the most GPT-OSS-120b layers whose memory plan fits every GPU of the
 #              host (at most 8), benchmarked; every rank offloading
 #   sweep      the one-GPU scaling sweep (examples/scaling/sweeps/gpu-1x.ini) and its report
+#   gemm       `hotpath bench gemm`: bf16 against FP8 GEMMs (quantization included, and alone) at
+#              8192^3 and at the layer products of GPT-OSS-20b (expert rows 16,384 * 4 / 32) and
+#              Llama-3.2-1B, 16,384 tokens
 # Environment: GPU_BIN (default .gpu/bin), LOG_DIR, ANCHOR_DIR (default .gpu/anchors: the
 # anchor's torch_ref.py and make_uniform_docs.py), MODELS (default "gptoss llama qwen"),
 # PACKINGS (default "stream whole"), STEP_ARGS (extra flags for every bench step), BENCH_GPUS
@@ -36,8 +39,8 @@ per_gpu=${TOKENS_PER_GPU:-16384}
 gpus=${BENCH_GPUS:-$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)}
 [ -x "$bin/hotpath" ] || { echo "gpu_bench.sh: no $bin/hotpath (pack it with launch/scripts/gpu_bundle.sh; see GPU_BIN)" >&2; exit 2; }
 for s in $sections; do
-  case $s in attention | step | experts | pair | node | sweep) ;;
-    *) echo "gpu_bench.sh: unknown section '$s' (valid: attention step experts pair node sweep)" >&2; exit 2 ;;
+  case $s in attention | step | experts | pair | node | sweep | gemm) ;;
+    *) echo "gpu_bench.sh: unknown section '$s' (valid: attention step experts pair node sweep gemm)" >&2; exit 2 ;;
   esac
 done
 mkdir -p "$log_dir"
@@ -167,6 +170,13 @@ if want sweep; then
   run sweep_report python3 examples/scaling/sweep.py report "$log_dir/scaling/results.csv" \
     --md "$log_dir/scaling/scaling.md"
 fi
+if want gemm; then
+  for m in gptoss llama; do
+    # shellcheck disable=SC2086
+    run "gemm_$m" "${hp[@]}" bench gemm --config ${cfg[$m]} --device=cuda --batch_tokens=16384 \
+      --bench_warmup=2 --bench_steps=10 --bench_json="$log_dir/gemm_$m.json"
+  done
+fi
 
 # ---- the tables, from the --bench_json files -----------------------------------------------------
 python3 - "$log_dir" "$sections" "${MODELS:-gptoss llama qwen}" "${PACKINGS:-stream whole}" <<'PY'
@@ -221,6 +231,20 @@ if "experts" in sections:
             ex = j["profile"]["by_family_ms"].get("expert_gemm", 0)
             print(f"{shape:5s} {impl:8s} step {j['profile']['wall_ms']:8.1f} ms, expert GEMMs {ex:7.1f} ms, "
                   f"{j['tokens_per_s']:8.0f} tok/s, ratio {j['tokens_per_s'] / base:6.3f}")
+if "gemm" in sections:
+    print("\n-- bf16 against FP8 GEMMs (hotpath bench gemm; TFLOP/s as 2mnk)")
+    print(f"{'model':7s} {'weight':15s} {'product':11s} {'m':>6s} {'n':>6s} {'k':>6s} {'bf16':>7s} {'fp8':>7s} {'matmul':>7s} {'quant ms':>9s}")
+    for m in ("gptoss", "llama"):
+        j = load(f"gemm_{m}")
+        if not j:
+            print(f"{m:7s} (no result)"); continue
+        for r in j["rows"]:
+            f = lambda v: f"{v:7.1f}" if v is not None else f"{'-':>7s}"
+            q = f"{r['quant_ms']:9.4f}" if r["quant_ms"] is not None else f"{'-':>9s}"
+            print(f"{m:7s} {r['weight']:15s} {r['product']:11s} {r['m']:6d} {r['n']:6d} {r['k']:6d} "
+                  f"{f(r['act_tflops'])} {f(r['fp8_tflops'])} {f(r['fp8_matmul_tflops'])} {q}")
+        if not j["fp8_available"]:
+            print(f"{m:7s} fp8 unavailable: {j['fp8_unavailable_reason']}")
 def step_row(label, j, one):
     if not j:
         print(f"{label:34s} (no result)"); return

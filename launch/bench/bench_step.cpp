@@ -12,6 +12,7 @@
 #include "framework/core/error.h"
 #include "launch/bench/bench_attention.h"
 #include "launch/bench/bench_comm.h"
+#include "launch/bench/bench_gemm.h"
 #include "launch/bench/bench_model.h"
 #include "launch/bench/bench_offload.h"
 #include "launch/bench/bench_util.h"
@@ -70,8 +71,9 @@ int run_bench(const std::string& scenario, const TrainOptions& o, const RankCont
   if (scenario == "offload") return run_bench_offload(o, ctx);
   if (scenario == "step") return run_bench_step(o, ctx);
   if (scenario == "attention") return run_bench_attention(o, ctx);
+  if (scenario == "gemm") return run_bench_gemm(o, ctx);
   HP_USER_ERROR(ErrorKind::kUser, "hotpath bench: unknown scenario '", scenario,
-                "'; available: step, metadata, routing, alltoall, offload, attention");
+                "'; available: step, metadata, routing, alltoall, offload, attention, gemm");
 }
 
 BenchStepResult measure_bench_step(const TrainOptions& o, const RankContext& ctx) {

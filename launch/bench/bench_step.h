@@ -10,8 +10,8 @@
 
 namespace hp {
 
-// Runs one benchmark scenario (step, metadata, routing, alltoall, offload, attention) and prints
-// its table.
+// Runs one benchmark scenario (step, metadata, routing, alltoall, offload, attention, gemm) and
+// prints its table.
 int run_bench(const std::string& scenario, const TrainOptions& o, const RankContext& ctx);
 
 // What `bench step` measures on rank 0. Timed steps run unprofiled; the breakdown comes from as
