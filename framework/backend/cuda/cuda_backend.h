@@ -53,7 +53,7 @@ fp8::Recipe cuda_fp8_recipe(Backend& b);
 // x (2-D, f32 or bf16, on the device) quantized as gemm_fp8 quantizes an operand, X = x^T where
 // `trans`, else x, blocked along X's columns (the contraction dimension) by `role` under
 // `recipe`; returned in the CPU reference's form (framework/core/fp8.h), read back (waits for
-// the device). Any device with FP8 conversions (compute capability 8.9 and later).
+// the device). Runs on any device of the build (the MX kernels on Hopper too).
 fp8::Quantized cuda_fp8_quantize(Backend& b, const Tensor& x, bool trans, fp8::Recipe recipe,
                                  fp8::Role role);
 // The same quantization enqueued and not read back (what a benchmark times).
