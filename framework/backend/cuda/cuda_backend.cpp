@@ -670,7 +670,7 @@ class CudaBackend final : public Backend {
     check_float(op, "x", x);
     HP_CHECK(x.ndim() == 2, op, ": x must be 2-D, got ", x.desc());
     const cuda::Fp8Operand q =
-        cuda::fp8_quantize_operand(*alloc_, x, trans, recipe, role, 1, cur_stream());
+        cuda::fp8_quantize_operand(*alloc_, x, trans, recipe, role, 1, 16, cur_stream());
     if (!fetch) return {};
     std::vector<uint8_t> codes(static_cast<size_t>(q.codes.nbytes()));
     std::vector<uint8_t> scales(static_cast<size_t>(q.scales.nbytes()));

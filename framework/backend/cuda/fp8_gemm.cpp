@@ -1,5 +1,6 @@
 #include "framework/backend/cuda/fp8_gemm.h"
 
+#include <array>
 #include <cstring>
 #include <limits>
 
@@ -56,11 +57,12 @@ Tensor scratch_bytes(Allocator& alloc, int64_t bytes) {
 }  // namespace
 
 Fp8Operand fp8_quantize_operand(Allocator& alloc, const Tensor& x, bool trans, fp8::Recipe recipe,
-                                fp8::Role role, int64_t row_multiple, cudaStream_t stream) {
+                                fp8::Role role, int64_t row_multiple, int64_t k_multiple,
+                                cudaStream_t stream) {
   const int64_t d0 = x.dim(0), d1 = x.dim(1);
   const int64_t rows = trans ? d1 : d0, k = trans ? d0 : d1;
   Fp8Operand q;
-  q.layout = fp8_layout(rows, k, recipe, role, row_multiple);
+  q.layout = fp8_layout(rows, k, recipe, role, row_multiple, k_multiple);
   q.codes = scratch_bytes(alloc, q.layout.code_bytes());
   q.scales = scratch_bytes(alloc, q.layout.scale_count() * (q.layout.mx() ? 1 : 4));
   // x row-major [d0, d1]: X[r][c] = x[r][c], or x[c][r] when transposed.
@@ -248,52 +250,75 @@ void fp8_gemm(const Fp8Context& ctx, const Tensor& a, bool trans_a, const Tensor
   }
   // Row-major c [m, n] is cuBLASLt's column-major D [n, m] = op(b)^T op(a)^T: its A is op(b)^T
   // (n rows of K), its B is op(a) (m rows of K), both stored K-contiguous ("TN").
-  const Fp8Operand qa =
-      fp8_quantize_operand(*ctx.alloc, a, trans_a, spec.recipe, role_a, 4, ctx.stream);
-  const Fp8Operand qb =
-      fp8_quantize_operand(*ctx.alloc, b, !trans_b, spec.recipe, role_b, 8, ctx.stream);
-  const int m_pad = static_cast<int>(qa.layout.rows_pad),
-            n_pad = static_cast<int>(qb.layout.rows_pad);
-  const int kk = static_cast<int>(qa.layout.ldk);
-  Fp8Lt::Problem p;
-  p.a = &qb;
-  p.b = &qa;
-  p.m = n_pad;
-  p.n = m_pad;
-  p.k = kk;
-  // Straight into c: the epilogue adds beta * c, or the residual as C apart from D, and a bf16
-  // bias.
-  const bool bias_ok = !bias.defined() || (bias.dtype() == DType::kBF16 && aligned(bias.raw()));
-  if (m_pad == m && n_pad == n && bias_ok && aligned(c.raw()) &&
-      (!r.defined() || aligned(r.raw()))) {
-    p.d = c.raw();
-    p.d_type = c.dtype() == DType::kBF16 ? CUDA_R_16BF : CUDA_R_32F;
-    p.ldd = static_cast<int>(n);
-    p.c_in = r.defined() ? r.raw() : c.raw();
-    p.beta = r.defined() ? 1.f : static_cast<float>(beta);
-    p.bias = bias.defined() ? bias.raw() : nullptr;
-    if (ctx.lt->run(p, ctx.workspace, ctx.workspace_bytes, ctx.stream)) {
-      mark_written(c.raw(), c.nbytes(), ctx.stream);
-      return;
-    }
-  }
+  const uint64_t shape = hash64_bytes(
+      std::array<int64_t, 5>{n, k, static_cast<int64_t>(spec.recipe), static_cast<int64_t>(role_a),
+                             static_cast<int64_t>(role_b)}
+          .data(),
+      5 * sizeof(int64_t));
+  auto quantize = [&](bool wide, Fp8Operand& qa, Fp8Operand& qb) {
+    // Narrow: rows to 4 (a) and 8 (b), K to 16 bytes. Wide: rows to 128, K to the block length.
+    const int64_t kq = wide ? fp8::block_k(spec.recipe) : 16;
+    qa = fp8_quantize_operand(*ctx.alloc, a, trans_a, spec.recipe, role_a, wide ? 128 : 4, kq,
+                              ctx.stream);
+    qb = fp8_quantize_operand(*ctx.alloc, b, !trans_b, spec.recipe, role_b, wide ? 128 : 8, kq,
+                              ctx.stream);
+  };
+  auto problem = [](const Fp8Operand& qa, const Fp8Operand& qb) {
+    Fp8Lt::Problem p;
+    p.a = &qb;
+    p.b = &qa;
+    p.m = static_cast<int>(qb.layout.rows_pad);
+    p.n = static_cast<int>(qa.layout.rows_pad);
+    p.k = static_cast<int>(qa.layout.ldk);
+    return p;
+  };
   // Into an fp32 scratch of the padded shape, then beta * c, bias and residual in one pass.
-  Tensor d = Tensor::empty(*ctx.alloc, {static_cast<int64_t>(m_pad) * n_pad}, DType::kF32);
-  p.d = d.raw();
-  p.d_type = CUDA_R_32F;
-  p.ldd = n_pad;
-  p.c_in = d.raw();
-  p.beta = 0.f;
-  p.bias = nullptr;
-  if (!ctx.lt->run(p, ctx.workspace, ctx.workspace_bytes, ctx.stream))
+  auto through_scratch = [&](const Fp8Operand& qa, const Fp8Operand& qb) {
+    Fp8Lt::Problem p = problem(qa, qb);
+    Tensor d = Tensor::empty(*ctx.alloc, {static_cast<int64_t>(p.m) * p.n}, DType::kF32);
+    p.d = d.raw();
+    p.d_type = CUDA_R_32F;
+    p.ldd = p.m;
+    p.c_in = d.raw();
+    p.beta = 0.f;
+    p.bias = nullptr;
+    if (!ctx.lt->run(p, ctx.workspace, ctx.workspace_bytes, ctx.stream)) return false;
+    mark_written(d.raw(), d.nbytes(), ctx.stream);
+    launch_fp8_combine(static_cast<const float*>(d.raw()), p.m, c.raw(), c.dtype(), m, n, beta,
+                       bias.defined() ? bias.raw() : nullptr, bias_t,
+                       r.defined() ? r.raw() : nullptr, ctx.stream);
+    return true;
+  };
+  Fp8Operand qa, qb;
+  if (!ctx.lt->wide(shape)) {
+    quantize(false, qa, qb);
+    // Straight into c: the epilogue adds beta * c, or the residual as C apart from D, and a
+    // bf16 bias.
+    const bool bias_ok = !bias.defined() || (bias.dtype() == DType::kBF16 && aligned(bias.raw()));
+    if (qa.layout.rows_pad == m && qb.layout.rows_pad == n && bias_ok && aligned(c.raw()) &&
+        (!r.defined() || aligned(r.raw()))) {
+      Fp8Lt::Problem p = problem(qa, qb);
+      p.d = c.raw();
+      p.d_type = c.dtype() == DType::kBF16 ? CUDA_R_16BF : CUDA_R_32F;
+      p.ldd = static_cast<int>(n);
+      p.c_in = r.defined() ? r.raw() : c.raw();
+      p.beta = r.defined() ? 1.f : static_cast<float>(beta);
+      p.bias = bias.defined() ? bias.raw() : nullptr;
+      if (ctx.lt->run(p, ctx.workspace, ctx.workspace_bytes, ctx.stream)) {
+        mark_written(c.raw(), c.nbytes(), ctx.stream);
+        return;
+      }
+    }
+    if (through_scratch(qa, qb)) return;
+    ctx.lt->set_wide(shape);
+  }
+  // cuBLASLt took no narrow padding of this product: K padded to whole blocks and rows to 128.
+  quantize(true, qa, qb);
+  if (!through_scratch(qa, qb))
     HP_FAIL(ErrorKind::kCublas, op, ": cuBLASLt has no ", fp8::recipe_name(spec.recipe),
             " block-scaled FP8 algorithm for ", m, " x ", n, " x ", k, " (scale modes ",
             scale_mode(qb.layout), ", ", scale_mode(qa.layout), ") on CUDA device ", ctx.device,
             " (compute capability ", ctx.cc_major, ".", ctx.cc_minor, ")");
-  mark_written(d.raw(), d.nbytes(), ctx.stream);
-  launch_fp8_combine(static_cast<const float*>(d.raw()), n_pad, c.raw(), c.dtype(), m, n, beta,
-                     bias.defined() ? bias.raw() : nullptr, bias_t, r.defined() ? r.raw() : nullptr,
-                     ctx.stream);
 }
 
 }  // namespace hp::cuda

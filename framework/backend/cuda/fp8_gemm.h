@@ -26,6 +26,7 @@
 
 #include <cstdint>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "framework/backend/backend.h"
@@ -54,10 +55,11 @@ struct Fp8Operand {
 };
 
 // X = trans ? x^T : x (x 2-D, f32 or bf16, on the device) quantized along X's columns with
-// `role`'s blocks under `recipe`, rows padded to a multiple of `row_multiple`; scratch from
-// `alloc`, work on `stream`.
+// `role`'s blocks under `recipe`, rows padded to a multiple of `row_multiple` and K to one of
+// `k_multiple` (fp8_layout); scratch from `alloc`, work on `stream`.
 Fp8Operand fp8_quantize_operand(Allocator& alloc, const Tensor& x, bool trans, fp8::Recipe recipe,
-                                fp8::Role role, int64_t row_multiple, cudaStream_t stream);
+                                fp8::Role role, int64_t row_multiple, int64_t k_multiple,
+                                cudaStream_t stream);
 
 // The same operand in the CPU reference's form (framework/core/fp8.h, Quantized) from the
 // device buffers' bytes.
@@ -95,6 +97,10 @@ class Fp8Lt {
 
   // Heuristic queries made so far (each shape bucket asks once).
   int heuristic_queries() const { return queries_; }
+  // Products (by n, k and the operands' scale modes) that cuBLASLt took only with the widest
+  // padding (fp8_gemm): later ones quantize that way at once.
+  bool wide(uint64_t shape) const { return wide_.count(shape) != 0; }
+  void set_wide(uint64_t shape) { wide_.insert(shape); }
 
  private:
   struct Key {
@@ -113,6 +119,7 @@ class Fp8Lt {
   cublasLtHandle_t handle_ = nullptr;
   int queries_ = 0;
   std::unordered_map<Key, Entry, KeyHash> algos_;
+  std::unordered_set<uint64_t> wide_;
 };
 
 // What fp8_gemm runs with: the backend's allocator, stream, cuBLASLt workspace and device.

@@ -6,8 +6,9 @@
 // dimension K (op(a) itself, and op(b) transposed). Hopper's FP8 tensor-core GEMMs take only the
 // "TN" form (cuBLASLt: A transposed, B not), which in memory means both operands K-contiguous, so
 // every operand is stored that way whatever the transposes of the product:
-//  - codes: E4M3 bytes, row-major [rows_pad, ldk]; ldk = k rounded up to 16 (16-byte rows), and
-//    rows_pad >= rows as the caller asks (the GEMM's M and N). Padding holds zeros.
+//  - codes: E4M3 bytes, row-major [rows_pad, ldk]; ldk = k rounded up to 16 (16-byte rows; to
+//    the block length where a product needs it), rows_pad >= rows as the caller asks (the GEMM's
+//    M and N). Padding holds zeros, which change no block's amax or sum.
 //  - scales, by recipe and role (cuBLAS documentation, "128-element 1D and 128x128 2D Block
 //    Scaling For FP8 Data Types" and "1D Block Scaling Factors Layout"):
 //    * kBlock128, kData (CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F): fp32, "outer-major": the scale
@@ -62,16 +63,17 @@ struct Fp8Layout {
 };
 
 // The layout of X [rows, k] quantized under `recipe` with `role` (ignored under kMx32), rows
-// padded up to a multiple of `row_multiple`.
+// padded up to a multiple of `row_multiple`, K to a multiple of `k_multiple` (16 or a multiple
+// of it that divides the block length).
 inline Fp8Layout fp8_layout(int64_t rows, int64_t k, fp8::Recipe recipe, fp8::Role role,
-                            int64_t row_multiple) {
+                            int64_t row_multiple, int64_t k_multiple = 16) {
   Fp8Layout l;
   l.recipe = recipe;
   l.weight = recipe == fp8::Recipe::kBlock128 && role == fp8::Role::kWeight;
   l.rows = rows;
   l.k = k;
   l.rows_pad = (rows + row_multiple - 1) / row_multiple * row_multiple;
-  l.ldk = (k + 15) / 16 * 16;
+  l.ldk = (k + k_multiple - 1) / k_multiple * k_multiple;
   return l;
 }
 
