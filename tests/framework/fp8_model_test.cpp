@@ -3,6 +3,7 @@
 // bitwise reproducible, the recompute of a checkpointed layer quantizes exactly as its forward
 // did, and the loss and gradients stay close to the unquantized ones.
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <algorithm>
 #include <cmath>
@@ -15,6 +16,20 @@
 
 namespace hp {
 namespace {
+
+// The runs here are small: OpenMP threads only add their start and wait costs (several times
+// the work on a busy machine). Results do not depend on the thread count (the CPU backend's
+// reductions run in a fixed order), so each test runs on one thread and restores the setting.
+class OneThread {
+ public:
+  OneThread() : before_(omp_get_max_threads()) { omp_set_num_threads(1); }
+  ~OneThread() { omp_set_num_threads(before_); }
+  OneThread(const OneThread&) = delete;
+  OneThread& operator=(const OneThread&) = delete;
+
+ private:
+  int before_;
+};
 
 // A 2-layer MoE whose projections cross the 128 blocks along K (d_model 160) and whose batch
 // (192 tokens) has one full and one partial block of tokens for the weight gradients.
@@ -72,6 +87,7 @@ Fp8GemmClasses classes(bool dense, bool experts) {
 }
 
 TEST(Fp8Model, EachClassQuantizesItsOwnProducts) {
+  OneThread one;
   const Result ref = step(GemmPrecision::kBF16, classes(true, true));
   const Result dense = step(GemmPrecision::kFP8, classes(true, false));
   const Result experts = step(GemmPrecision::kFP8, classes(false, true));
@@ -110,6 +126,7 @@ TEST(Fp8Model, EachClassQuantizesItsOwnProducts) {
 }
 
 TEST(Fp8Model, StepsAreBitwiseReproducibleAndRecomputeMatchesForward) {
+  OneThread one;
   const Result a = step(GemmPrecision::kFP8, classes(true, true));
   const Result b = step(GemmPrecision::kFP8, classes(true, true));
   EXPECT_EQ(a.loss, b.loss);
