@@ -672,8 +672,10 @@ class CudaBackend final : public Backend {
     const cuda::Fp8Operand q =
         cuda::fp8_quantize_operand(*alloc_, x, trans, recipe, role, 1, 16, cur_stream());
     if (!fetch) return {};
-    std::vector<uint8_t> codes(static_cast<size_t>(q.codes.nbytes()));
-    std::vector<uint8_t> scales(static_cast<size_t>(q.scales.nbytes()));
+    // The layout's bytes only (the i32 storage may hold a few more, never written).
+    std::vector<uint8_t> codes(static_cast<size_t>(q.layout.code_bytes()));
+    std::vector<uint8_t> scales(
+        static_cast<size_t>(q.layout.scale_count() * (q.layout.mx() ? 1 : 4)));
     CUDA_CHECK(cudaMemcpyAsync(codes.data(), q.codes.raw(), codes.size(), cudaMemcpyDeviceToHost,
                                cur_stream()));
     CUDA_CHECK(cudaMemcpyAsync(scales.data(), q.scales.raw(), scales.size(), cudaMemcpyDeviceToHost,
