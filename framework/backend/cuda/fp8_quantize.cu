@@ -166,11 +166,6 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-template <typename C>
-__device__ __forceinline__ double load_d(const void* p, int64_t i) {
-  return static_cast<double>(to_f32(static_cast<const C*>(p)[i]));
-}
-
 // c[i, j] = d[i * ldd + j] + beta * c[i, j] + bias[j] + r[i, j] in double, rounded once to C.
 template <typename C, typename B>
 __global__ void combine_kernel(const float* __restrict__ d, int64_t ldd, C* c, int64_t m, int64_t n,
