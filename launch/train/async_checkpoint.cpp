@@ -41,6 +41,7 @@ int64_t host_available_bytes() {
 CheckpointSaver::CheckpointSaver(const TrainOptions& o, const RunState& run)
     : o_(o), be_(run.backend), rank_(run.ctx.rank()) {
   const RankContext& ctx = run.ctx;
+  g_background_failed = false;  // a new run (tests run several in one process)
   if (o.checkpoint.dir.empty()) return;
   std::string why_not;
   if (!o.checkpoint.async) {

@@ -13,18 +13,21 @@
 #include <fstream>
 #include <iterator>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "framework/checkpoint/checkpoint.h"
 #include "framework/core/hdf5_util.h"
 #include "framework/data/loader.h"
 #include "launch/json.h"
+#include "launch/train/fault_injection.h"
 #include "launch/train/async_checkpoint.h"
 #include "launch/train/rank_context.h"
 #include "launch/train/trainer.h"
 #include "parallel/launch_env.h"
 #include "tests/common/launch_fixtures.h"
 #include "tests/common/mpi_case.h"
+#include "tests/parallel/thread_comm.h"
 
 namespace fs = std::filesystem;
 
@@ -78,6 +81,35 @@ void expect_same_file(const TrainOptions& base, const RankContext& ctx, const fs
   EXPECT_GT(s.size(), 0u);
   EXPECT_TRUE(s == b) << sync.path << " and " << a << " differ (" << s.size() << " vs "
                       << b.size() << " bytes)";
+}
+
+// The fault points of background saves parse; a failure point that does not exist is refused
+// naming the variable and the points there are.
+TEST(AsyncCheckpoint, FaultPointsOfBackgroundSaves) {
+  for (const char* point : {"snapshot", "latest"}) {
+    const FaultSpec f = parse_fault_spec(std::string("kill-save-") + point + ":1:4");
+    EXPECT_EQ(f.kind, FaultKind::kKillInSave);
+    EXPECT_EQ(f.save_point, point);
+  }
+  for (const char* point : {"snapshot", "data", "close"}) {
+    const FaultSpec f = parse_fault_spec(std::string("fail-save-") + point + ":-1:6");
+    EXPECT_EQ(f.kind, FaultKind::kFailSave);
+    EXPECT_EQ(f.save_point, point);
+    EXPECT_EQ(f.rank, -1);
+    EXPECT_EQ(f.step, 6);
+  }
+  const FaultSpec slow = parse_fault_spec("slow-save:0:2");
+  EXPECT_EQ(slow.kind, FaultKind::kSlowSave);
+  EXPECT_EQ(slow.step, 2);
+  try {
+    parse_fault_spec("fail-save-rename:0:1");
+    ADD_FAILURE() << "fail-save-rename accepted";
+  } catch (const UserError& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("HOTPATH_FAULT='fail-save-rename:0:1'"), std::string::npos) << m;
+    EXPECT_NE(m.find("unknown failure point 'rename'"), std::string::npos) << m;
+    EXPECT_NE(m.find("fail-save-POINT (POINT: snapshot, data, close"), std::string::npos) << m;
+  }
 }
 
 TEST(AsyncCheckpoint, SameFileAsSynchronousSaveOnOneRank) {
@@ -192,6 +224,38 @@ TEST(AsyncCheckpoint, TrainsFromAnHdf5TokenFileWhileTheWriterWrites) {
   }
   EXPECT_EQ(read_latest((dir / "async").string()),
             (dir / "async" / checkpoint_file_name(4)).string());
+}
+
+// Several ranks without MPI (here threads over an in-process transport; on GPUs NCCL groups)
+// gather a save's shards over the tensor groups on the training thread: their saves stay
+// synchronous, whatever checkpoint_async says, and every rank decides so.
+TEST(AsyncCheckpoint, SynchronousOnSeveralRanksWithoutMpi) {
+  TrainOptions o = moe_options(OptimizerSharding::kZero1, 2);
+  o.checkpoint.dir = test::fresh_temp_dir("async_nonmpi").string();
+  o.checkpoint.async = true;
+  auto mailbox = std::make_shared<test::Mailbox>();
+  CommOptions co;
+  co.timeout = std::chrono::seconds(60);
+  auto worlds = test::ThreadCommunicator::world(2, mailbox, co);
+  std::vector<int> async(2, -1);
+  std::vector<std::string> errors(2);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        RankContext ctx;
+        ctx.groups = make_process_groups(worlds[static_cast<size_t>(r)], 2);
+        Trainer t(o, ctx);
+        CheckpointSaver saver(o, t.run_state());
+        async[static_cast<size_t>(r)] = saver.async() ? 1 : 0;
+      } catch (const std::exception& e) {
+        errors[static_cast<size_t>(r)] = e.what();
+        worlds[static_cast<size_t>(r)]->abort(e.what());
+      }
+    });
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(errors, (std::vector<std::string>{"", ""}));
+  EXPECT_EQ(async, (std::vector<int>{0, 0}));
 }
 
 // Under MPI: the world of this launch, with the process groups of `ep`.
