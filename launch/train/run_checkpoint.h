@@ -40,7 +40,10 @@
 // .tmp file, which is never loaded.
 //
 // Fault injection for tests: HOTPATH_FAULT=kill-save-<point>:RANK:STEP (launch/train/
-// fault_injection.h) makes RANK SIGKILL itself inside the save of step STEP.
+// fault_injection.h) makes RANK SIGKILL itself inside the save of step STEP, and
+// fail-save-<point> makes the save fail as a full disk would.
+//
+// The files carry no HDF5 object times: two saves of the same state are the same bytes.
 #pragma once
 
 #include <cstdint>
