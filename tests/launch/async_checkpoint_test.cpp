@@ -265,9 +265,8 @@ RankContext mpi_context(int ep) {
   const LaunchInfo info = detect_launch();
   RankContext ctx;
   ctx.launch = info;
-  static std::shared_ptr<Communicator> world =
-      info.use_mpi ? create_world(info, parse_bootstrap("mpi"), options) : nullptr;
-  if (world) ctx.groups = make_process_groups(world, ep);
+  // Not kept past the test: every communicator is freed before MPI is finalised.
+  if (info.use_mpi) ctx.groups = make_process_groups(create_world(info, parse_bootstrap("mpi"), options), ep);
   return ctx;
 }
 
