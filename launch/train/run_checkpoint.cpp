@@ -3,14 +3,17 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <iomanip>
 #include <iostream>
 #include <sstream>
+#include <thread>
 
 #include "framework/checkpoint/checkpoint.h"
 #include "framework/core/crc32c.h"
@@ -622,9 +625,18 @@ void SnapshotArena::reserve(Backend& be, size_t bytes) {
   bytes_ = bytes;
 }
 
+// A piece of one snapshot tensor (at most kPieceBytes): the unit of the snapshot's copies and
+// checksums, which run on all cores (a large model's snapshot is tens of GB).
+struct SnapshotPiece {
+  size_t tensor = 0;  // index into SavePlan::tensors
+  size_t offset = 0;  // bytes into the tensor
+  size_t bytes = 0;
+};
+
 struct PreparedSave {
   SavePlan plan;
-  std::vector<uint32_t> crc;  // CRC-32C of each planned tensor's snapshot, taken at the snapshot
+  std::vector<SnapshotPiece> pieces;
+  std::vector<uint32_t> crc;  // CRC-32C of each piece, taken at the snapshot
   int64_t bytes = 0;          // snapshot bytes of this rank
 };
 
@@ -639,6 +651,39 @@ Tensor written_rows(const SaveTensor& t, const Param& p, DType dtype) {
   if (t.rows.count == 0) return t.local.slice(0, 0);
   const auto first = static_cast<int64_t>(t.local_offset / row_bytes(p, dtype));
   return t.local.slice(first, first + t.rows.count);
+}
+
+constexpr size_t kPieceBytes = size_t{64} << 20;
+
+std::vector<SnapshotPiece> snapshot_pieces(const std::vector<SaveTensor>& tensors) {
+  std::vector<SnapshotPiece> pieces;
+  for (size_t i = 0; i < tensors.size(); ++i)
+    for (size_t at = 0, n = tensors[i].local.nbytes(); at < n; at += kPieceBytes)
+      pieces.push_back({i, at, std::min(kPieceBytes, n - at)});
+  return pieces;
+}
+
+// fn(k) for every k in [0, n), on up to one thread per core (fn must not throw).
+void for_each_parallel(size_t n, const std::function<void(size_t)>& fn) {
+  const size_t threads = std::min<size_t>(n, std::max(1u, std::thread::hardware_concurrency()));
+  std::atomic<size_t> next{0};
+  const auto work = [&] {
+    for (size_t k = next++; k < n; k = next++) fn(k);
+  };
+  std::vector<std::thread> pool;
+  for (size_t t = 1; t < threads; ++t) pool.emplace_back(work);
+  work();
+  for (std::thread& t : pool) t.join();
+}
+
+std::vector<uint32_t> piece_crcs(const std::vector<SaveTensor>& tensors,
+                                 const std::vector<SnapshotPiece>& pieces) {
+  std::vector<uint32_t> crc(pieces.size());
+  for_each_parallel(pieces.size(), [&](size_t k) {
+    const SnapshotPiece& p = pieces[k];
+    crc[k] = crc32c(tensors[p.tensor].local.data<char>() + p.offset, p.bytes);
+  });
+  return crc;
 }
 
 // Whether `flag` holds on any rank of `comm` (a rank alone: its own flag).
@@ -683,6 +728,7 @@ std::shared_ptr<PreparedSave> prepare_save(const RunState& run, const std::strin
   arena.reserve(be, total);
   size_t at = 0;
   bool on_device = false;
+  std::vector<const char*> host_src(plan.tensors.size(), nullptr);  // host tensors: copied below
   for (size_t i = 0; i < plan.tensors.size(); ++i) {
     SaveTensor& t = plan.tensors[i];
     const Tensor src = written_rows(t, *items[i].param, plan.dtype);
@@ -690,7 +736,7 @@ std::shared_ptr<PreparedSave> prepare_save(const RunState& run, const std::strin
                plan.dtype);
     if (src.numel() > 0) {
       if (src.device() == Device::kCPU) {
-        std::memcpy(dst.raw(), src.raw(), src.nbytes());
+        host_src[i] = src.data<char>();
       } else {
         be.copy(src, dst);
         on_device = true;
@@ -700,13 +746,16 @@ std::shared_ptr<PreparedSave> prepare_save(const RunState& run, const std::strin
     t.local = dst;
     t.local_offset = 0;
   }
+  save->pieces = snapshot_pieces(plan.tensors);
+  for_each_parallel(save->pieces.size(), [&](size_t k) {
+    const SnapshotPiece& p = save->pieces[k];
+    if (host_src[p.tensor] != nullptr)
+      std::memcpy(plan.tensors[p.tensor].local.data<char>() + p.offset,
+                  host_src[p.tensor] + p.offset, p.bytes);
+  });
   if (on_device) be.synchronize(SyncCause::kOther);
   save->bytes = static_cast<int64_t>(at);
-  save->crc.resize(plan.tensors.size());
-  for (size_t i = 0; i < plan.tensors.size(); ++i) {
-    const Tensor& t = plan.tensors[i].local;
-    save->crc[i] = t.numel() > 0 ? crc32c(t.raw(), t.nbytes()) : 0;
-  }
+  save->crc = piece_crcs(plan.tensors, save->pieces);
   if (maybe_inject_save_failure("snapshot", plan.rank, plan.step)) {
     for (const SaveTensor& t : plan.tensors)
       if (t.local.numel() > 0) {
@@ -727,13 +776,13 @@ SaveStats write_prepared(PreparedSave& save, Backend& be, Communicator* comm, in
   HP_CHECK(comm != nullptr || !plan.parallel, "a parallel save needs the writer's communicator");
   // The snapshot must still be what was taken: a damaged host buffer is never written.
   std::string error;
-  for (size_t i = 0; i < plan.tensors.size() && error.empty(); ++i) {
-    const Tensor& t = plan.tensors[i].local;
-    const uint32_t crc = t.numel() > 0 ? crc32c(t.raw(), t.nbytes()) : 0;
-    if (crc != save.crc[i])
-      error = str_cat("the host snapshot of ", plan.tensors[i].name,
-                      " changed after it was taken (CRC-32C ", crc, ", taken as ", save.crc[i],
-                      "): damaged memory");
+  const std::vector<uint32_t> crc = piece_crcs(plan.tensors, save.pieces);
+  for (size_t k = 0; k < crc.size() && error.empty(); ++k) {
+    if (crc[k] == save.crc[k]) continue;
+    const SnapshotPiece& p = save.pieces[k];
+    error = str_cat("the host snapshot of ", plan.tensors[p.tensor].name, " (bytes ", p.offset,
+                    "..", p.offset + p.bytes - 1, ") changed after it was taken (CRC-32C ",
+                    crc[k], ", taken as ", save.crc[k], "): damaged memory");
   }
   if (any_of(comm, !error.empty())) {
     if (plan.rank == 0) std::remove(plan.tmp_path.c_str());
