@@ -136,3 +136,17 @@ hp_ckpt_run(async.preempt.resumed 2 2 REQUIRES async_sig_checked SETUP async_sig
 hp_cli_check(async.preempt.resumed_bitwise NP 2 REQUIRES async_sig_resumed sig_straight
              ARGS losses ${AG}/a.jsonl,${AG}/b.jsonl ${G}/s.jsonl --same-steps
                   --steps ${SIG_STEPS})
+
+# The memory plan counts the snapshot's host memory when a run saves in the background (at most
+# the masters and moments a rank owns: `optimizer_bytes`), and none without background saves.
+hp_cli(async.dry_run.snapshot_in_plan SETUP async_plan CLEAN ${AS}/plan.json
+       PASS "host \\(snapshot\\) +[0-9.]+ MiB  \\(at most: background checkpoint saves"
+       COMMAND ${HP} ${TINY} --dry-run --checkpoint_dir=${AS}/never --plan_json=${AS}/plan.json)
+hp_cli_check(async.dry_run.snapshot_bytes REQUIRES async_plan
+             ARGS json ${AS}/plan.json --expect "host_snapshot_bytes == optimizer_bytes > 0")
+hp_cli(async.dry_run.no_snapshot_when_synchronous SETUP async_plan_sync
+       CLEAN ${AS}/plan_sync.json
+       COMMAND ${HP} ${TINY} --dry-run --checkpoint_dir=${AS}/never --checkpoint_async=false
+               --plan_json=${AS}/plan_sync.json)
+hp_cli_check(async.dry_run.no_snapshot_bytes REQUIRES async_plan_sync
+             ARGS json ${AS}/plan_sync.json --expect "host_snapshot_bytes == 0")
