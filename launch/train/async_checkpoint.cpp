@@ -62,10 +62,11 @@ CheckpointSaver::CheckpointSaver(const TrainOptions& o, const RunState& run)
       const int64_t avail = host_available_bytes();
       const bool fits = avail < 0 || snapshot_bytes_ * local <= avail;
       if (any_rank(ctx, !fits))
-        why_not = str_cat("the host snapshot (", mib_text(snapshot_bytes_), " MiB per rank, ",
-                          local, " rank(s) on this host) does not fit in the available host "
-                          "memory (MemAvailable ",
-                          avail < 0 ? std::string("unknown") : mib_text(avail) + " MiB", ")");
+        why_not =
+            str_cat("the host snapshot (", mib_text(snapshot_bytes_), " MiB per rank, ", local,
+                    " rank(s) on this host) does not fit in the available host "
+                    "memory (MemAvailable ",
+                    avail < 0 ? std::string("unknown") : mib_text(avail) + " MiB", ")");
     }
   }
   if (!why_not.empty()) {
@@ -141,8 +142,7 @@ void CheckpointSaver::save(const RunState& run) {
     report(r);
     return;
   }
-  std::shared_ptr<PreparedSave> prepared =
-      prepare_save(run, o_.checkpoint.dir, arena_, parallel_);
+  std::shared_ptr<PreparedSave> prepared = prepare_save(run, o_.checkpoint.dir, arena_, parallel_);
   r.async = true;
   r.stall_ms = ms_since(t0);
   const int64_t keep_last = o_.checkpoint.keep_last;

@@ -552,7 +552,8 @@ void close_tmp(const SavePlan& plan, CheckpointWriter* w) {
 // After every writer has closed and fsynced its part: barrier; rank 0 renames the .tmp to
 // step_<N>.h5 (fsyncing the directory), points `latest` at it and applies keep_last; barrier.
 // Collective over `comm` (the world's ranks: the training thread's world communicator, or a
-// background writer's own; null: this rank alone). The stats' size is rank 0's; the time is the caller's to fill in.
+// background writer's own; null: this rank alone). The stats' size is rank 0's; the time is the
+// caller's to fill in.
 SaveStats commit_tmp(const SavePlan& plan, Communicator* comm, int64_t keep_last) {
   if (comm != nullptr && comm->size() > 1) comm->barrier();
   SaveStats stats;
@@ -614,14 +615,15 @@ SaveStats save_checkpoint(const RunState& run, const std::string& dir, int64_t k
   return stats;
 }
 
-// ---- asynchronous saves: a snapshot now, the write later -----------------------------------------
+// ---- asynchronous saves: a snapshot now, the write later ----------------------------------
 
 void SnapshotArena::reserve(Backend& be, size_t bytes) {
   if (storage_ && bytes_ >= bytes) return;
   storage_.reset();
   storage_ = be.pinned_host_storage(std::max<size_t>(bytes, 1));
   pinned_ = storage_ != nullptr && be.device() != Device::kCPU;
-  if (!storage_) storage_ = std::make_shared<Storage>(&host_allocator(), std::max<size_t>(bytes, 1));
+  if (!storage_)
+    storage_ = std::make_shared<Storage>(&host_allocator(), std::max<size_t>(bytes, 1));
   bytes_ = bytes;
 }
 

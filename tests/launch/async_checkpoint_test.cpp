@@ -5,6 +5,8 @@
 // writes a checkpoint after every step ends as the same run with synchronous saves: the same
 // losses and the same files (its token file is chunked, so the training thread reads every
 // batch through HDF5 while the writer writes through it: the process-wide HDF5 lock at work).
+#include "launch/train/async_checkpoint.h"
+
 #include <gtest/gtest.h>
 #include <hdf5.h>
 
@@ -21,7 +23,6 @@
 #include "framework/data/loader.h"
 #include "launch/json.h"
 #include "launch/train/fault_injection.h"
-#include "launch/train/async_checkpoint.h"
 #include "launch/train/rank_context.h"
 #include "launch/train/trainer.h"
 #include "parallel/launch_env.h"
@@ -79,8 +80,8 @@ void expect_same_file(const TrainOptions& base, const RankContext& ctx, const fs
   EXPECT_FALSE(fs::exists(a.string() + ".tmp"));
   const std::vector<char> s = file_bytes(sync.path), b = file_bytes(a);
   EXPECT_GT(s.size(), 0u);
-  EXPECT_TRUE(s == b) << sync.path << " and " << a << " differ (" << s.size() << " vs "
-                      << b.size() << " bytes)";
+  EXPECT_TRUE(s == b) << sync.path << " and " << a << " differ (" << s.size() << " vs " << b.size()
+                      << " bytes)";
 }
 
 // The fault points of background saves parse; a failure point that does not exist is refused
@@ -119,7 +120,8 @@ TEST(AsyncCheckpoint, SameFileAsSynchronousSaveOnOneRank) {
 
 // A token file whose /tokens is chunked (64 tokens a chunk), so that the loader reads every batch
 // through HDF5 on the training thread, not with direct reads of the file.
-void write_chunked_token_file(const std::string& path, const std::vector<std::vector<int32_t>>& docs) {
+void write_chunked_token_file(const std::string& path,
+                              const std::vector<std::vector<int32_t>>& docs) {
   std::vector<uint32_t> tokens;
   std::vector<int64_t> offsets{0};
   for (const auto& d : docs) {
@@ -133,8 +135,8 @@ void write_chunked_token_file(const std::string& path, const std::vector<std::ve
   H5Handle tspace(H5Screate_simple(1, &nt, nullptr), H5Sclose);
   H5Handle dcpl(H5Pcreate(H5P_DATASET_CREATE), H5Pclose);
   ASSERT_GE(H5Pset_chunk(dcpl.get(), 1, &chunk), 0);
-  H5Handle t(H5Dcreate2(file.get(), "/tokens", H5T_STD_U32LE, tspace.get(), H5P_DEFAULT,
-                        dcpl.get(), H5P_DEFAULT),
+  H5Handle t(H5Dcreate2(file.get(), "/tokens", H5T_STD_U32LE, tspace.get(), H5P_DEFAULT, dcpl.get(),
+                        H5P_DEFAULT),
              H5Dclose);
   ASSERT_GE(H5Dwrite(t.get(), H5T_NATIVE_UINT32, H5S_ALL, H5S_ALL, H5P_DEFAULT, tokens.data()), 0);
   H5Handle ospace(H5Screate_simple(1, &no, nullptr), H5Sclose);
@@ -191,7 +193,8 @@ TEST(AsyncCheckpoint, TrainsFromAnHdf5TokenFileWhileTheWriterWrites) {
   std::vector<int64_t> async_steps;
   int sync_reports = 0;
   for (size_t i = 0; i < 4; ++i) {
-    EXPECT_EQ(runs[0][i]["loss"].get<double>(), runs[1][i]["loss"].get<double>()) << "step " << i + 1;
+    EXPECT_EQ(runs[0][i]["loss"].get<double>(), runs[1][i]["loss"].get<double>())
+        << "step " << i + 1;
     // Reports of saves that committed in the background ride on the following steps' lines.
     if (runs[0][i].contains("checkpoints"))
       for (const Json& c : runs[0][i]["checkpoints"]) {
@@ -266,7 +269,8 @@ RankContext mpi_context(int ep) {
   RankContext ctx;
   ctx.launch = info;
   // Not kept past the test: every communicator is freed before MPI is finalised.
-  if (info.use_mpi) ctx.groups = make_process_groups(create_world(info, parse_bootstrap("mpi"), options), ep);
+  if (info.use_mpi)
+    ctx.groups = make_process_groups(create_world(info, parse_bootstrap("mpi"), options), ep);
   return ctx;
 }
 
