@@ -1,6 +1,7 @@
 #include "launch/train/async_checkpoint.h"
 
 #include <chrono>
+#include <cstdint>
 #include <fstream>
 #include <sstream>
 
@@ -55,18 +56,23 @@ CheckpointSaver::CheckpointSaver(const TrainOptions& o, const RunState& run)
                         "; without a writer communicator of its own a save of several ranks "
                         "gathers the shards over the tensor groups, on the training thread");
     } else {
-      // The snapshots of this host's ranks must fit in its available memory (every rank of the
-      // host counts its own as that many times; the ranks then agree).
+      // The snapshots of a host's ranks must fit in its available memory (every rank counts its
+      // own as many times as its host has ranks); the ranks agree on the least room left (and
+      // the least available memory, which rank 0's line gives), so they all decide alike.
       snapshot_bytes_ = hp::snapshot_bytes(run, parallel_);
       const int local = std::max(1, ctx.launch.local_world);
-      const int64_t avail = host_available_bytes();
-      const bool fits = avail < 0 || snapshot_bytes_ * local <= avail;
-      if (any_rank(ctx, !fits))
-        why_not =
-            str_cat("the host snapshot (", mib_text(snapshot_bytes_), " MiB per rank, ", local,
-                    " rank(s) on this host) does not fit in the available host "
-                    "memory (MemAvailable ",
-                    avail < 0 ? std::string("unknown") : mib_text(avail) + " MiB", ")");
+      const int64_t own = host_memory_fault_injected(ctx.rank()) ? 0 : host_available_bytes();
+      Tensor least = Tensor::host_from(
+          std::vector<int64_t>{own < 0 ? INT64_MAX : own,
+                               own < 0 ? INT64_MAX : own - snapshot_bytes_ * local},
+          DType::kI64);
+      if (ctx.world() > 1) ctx.groups.world->all_reduce(least, ReduceOp::kMin);
+      const int64_t avail = least.data<int64_t>()[0], room = least.data<int64_t>()[1];
+      if (room < 0)
+        why_not = str_cat(
+            "the host snapshot (", mib_text(snapshot_bytes_), " MiB per rank, ", local,
+            " rank(s) on this host) does not fit in the available host memory (MemAvailable ",
+            mib_text(avail), " MiB", ctx.world() > 1 ? ", the least of the ranks' hosts" : "", ")");
     }
   }
   if (!why_not.empty()) {

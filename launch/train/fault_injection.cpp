@@ -22,7 +22,8 @@ constexpr const char* kFailPoints[] = {"snapshot", "data", "close"};
   HP_USER_ERROR(ErrorKind::kConfig, "HOTPATH_FAULT='", text, "': ", why,
                 "; expected KIND:RANK:STEP with KIND throw, kill, hang, nan, sigterm, "
                 "kill-save-POINT (POINT: snapshot, begin, data, close, rename, latest) or "
-                "fail-save-POINT (POINT: snapshot, data, close; RANK -1: every rank) or slow-save");
+                "fail-save-POINT (POINT: snapshot, data, close; RANK -1: every rank), slow-save or "
+                "no-host-memory (STEP 0)");
 }
 
 bool parse_integer(const std::string& s, long long* out) {
@@ -58,6 +59,9 @@ FaultSpec parse_fault_spec(const std::string& text) {
     f.kind = FaultKind::kSigterm;
   } else if (kind == "slow-save") {
     f.kind = FaultKind::kSlowSave;
+  } else if (kind == "no-host-memory") {
+    f.kind = FaultKind::kNoHostMemory;
+    if (step != 0) bad_spec(text, "no-host-memory acts before step 1: STEP must be 0");
   } else if (kind.rfind(kSavePrefix, 0) == 0) {
     f.kind = FaultKind::kKillInSave;
     f.save_point = kind.substr(std::char_traits<char>::length(kSavePrefix));
@@ -88,8 +92,8 @@ const std::optional<FaultSpec>& injected_fault() {
 void maybe_inject_step_fault(int rank, int64_t step, double collective_timeout_s) {
   const std::optional<FaultSpec>& f = injected_fault();
   if (!f || f->kind == FaultKind::kKillInSave || f->kind == FaultKind::kFailSave ||
-      f->kind == FaultKind::kSlowSave || f->kind == FaultKind::kNan || f->rank != rank ||
-      f->step != step)
+      f->kind == FaultKind::kSlowSave || f->kind == FaultKind::kNoHostMemory ||
+      f->kind == FaultKind::kNan || f->rank != rank || f->step != step)
     return;
   const char* name = f->kind == FaultKind::kThrow     ? "throw"
                      : f->kind == FaultKind::kKill    ? "kill"
@@ -157,6 +161,15 @@ void maybe_delay_background_save(int rank, int64_t step) {
   log_warn("injecting fault 'slow-save': the background write of step ", step,
            " starts 2 s late (HOTPATH_FAULT)");
   std::this_thread::sleep_for(std::chrono::seconds(2));
+}
+
+bool host_memory_fault_injected(int rank) {
+  const std::optional<FaultSpec>& f = injected_fault();
+  if (!f || f->kind != FaultKind::kNoHostMemory || (f->rank != rank && f->rank != -1)) return false;
+  log_warn(
+      "injecting fault 'no-host-memory': the host's available memory reads as 0 bytes "
+      "(HOTPATH_FAULT)");
+  return true;
 }
 
 }  // namespace hp

@@ -28,6 +28,9 @@
 //                      others inside the collective).
 //   slow-save          the background write of the checkpoint of step STEP starts 2 s late on
 //                      RANK (-1: every rank), so that a test finds it still in flight
+//   no-host-memory     when the run decides between background and synchronous saves (before
+//                      step 1; STEP must be 0), RANK (-1: every rank) reads its host's available
+//                      memory as 0 bytes, as on a host too full to hold the snapshot
 #pragma once
 
 #include <cstdint>
@@ -36,7 +39,17 @@
 
 namespace hp {
 
-enum class FaultKind { kThrow, kKill, kHang, kKillInSave, kFailSave, kSlowSave, kNan, kSigterm };
+enum class FaultKind {
+  kThrow,
+  kKill,
+  kHang,
+  kKillInSave,
+  kFailSave,
+  kSlowSave,
+  kNoHostMemory,
+  kNan,
+  kSigterm
+};
 
 struct FaultSpec {
   FaultKind kind = FaultKind::kThrow;
@@ -78,5 +91,9 @@ bool maybe_inject_save_failure(const char* point, int rank, int64_t step);
 // At the start of the background write of step `step`: sleeps 2 s when slow-save is asked for
 // this rank (or every rank).
 void maybe_delay_background_save(int rank, int64_t step);
+
+// Whether no-host-memory is asked for this rank (or every rank): the host's available memory is
+// then taken to be 0 bytes when the run decides on background saves.
+bool host_memory_fault_injected(int rank);
 
 }  // namespace hp

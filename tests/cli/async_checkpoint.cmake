@@ -137,6 +137,18 @@ hp_cli_check(async.preempt.resumed_bitwise NP 2 REQUIRES async_sig_resumed sig_s
              ARGS losses ${AG}/a.jsonl,${AG}/b.jsonl ${G}/s.jsonl --same-steps
                   --steps ${SIG_STEPS})
 
+# A host whose available memory cannot hold the snapshot (no-host-memory on rank 1 only): every
+# rank saves synchronously, rank 0 saying why before step 1, and the checkpoints are those of a
+# straight run.
+set(k ${AS}/no_memory)
+set(why "the host snapshot .*does not fit in the available host memory \\(MemAvailable 0")
+hp_ckpt_run(async.no_host_memory.synchronous 2 2 SETUP async_no_memory CLEAN ${k}
+            ENV HOTPATH_FAULT=no-host-memory:1:0 PASS "checkpoint: synchronous saves \\(${why}"
+            ARGS --steps=6 ${ASYNC} --checkpoint_every=2 --checkpoint_dir=${k})
+hp_cli_check(async.no_host_memory.same_params_as_straight NP 2
+             REQUIRES async_no_memory ckpt_np2_straight
+             ARGS digests --hotpath ${HP} ${k}/step_00000006.h5 ${C}/np2/straight/step_00000006.h5)
+
 # The memory plan counts the snapshot's host memory when a run saves in the background (at most
 # the masters and moments a rank owns: `optimizer_bytes`), and none without background saves.
 hp_cli(async.dry_run.snapshot_in_plan SETUP async_plan CLEAN ${AS}/plan.json

@@ -102,6 +102,17 @@ TEST(AsyncCheckpoint, FaultPointsOfBackgroundSaves) {
   const FaultSpec slow = parse_fault_spec("slow-save:0:2");
   EXPECT_EQ(slow.kind, FaultKind::kSlowSave);
   EXPECT_EQ(slow.step, 2);
+  const FaultSpec full = parse_fault_spec("no-host-memory:-1:0");
+  EXPECT_EQ(full.kind, FaultKind::kNoHostMemory);
+  EXPECT_EQ(full.rank, -1);
+  try {
+    parse_fault_spec("no-host-memory:0:3");
+    ADD_FAILURE() << "no-host-memory at step 3 accepted";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("no-host-memory acts before step 1: STEP must be 0"),
+              std::string::npos)
+        << e.what();
+  }
   try {
     parse_fault_spec("fail-save-rename:0:1");
     ADD_FAILURE() << "fail-save-rename accepted";
