@@ -290,8 +290,8 @@ std::string format_plan(const MemoryPlan& p, int64_t device_bytes) {
                "; recompute ", gib(p.act_checkpointed), "; offload ", gib(p.act_offloaded), ")\n");
   s += str_cat("  staging buffers  ", gib(p.staging), "\n");
   if (p.fp8_weights || p.fp8_activations) {
-    const char* note = p.cuda ? "  (CUDA FP8 path, not built yet)"
-                              : "  (CUDA FP8 path, not built yet; not held here, not in the total)";
+    const char* note = p.cuda ? "  (planned for the CUDA FP8 path, which has not run yet)"
+                              : "  (the CUDA FP8 path's; not held here, not in the total)";
     s += str_cat("  fp8 weights      ", gib(p.fp8_weights), note, "\n");
     s += str_cat("  fp8 activations  ", gib(p.fp8_activations), note, "\n");
   }

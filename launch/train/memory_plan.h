@@ -49,10 +49,10 @@ struct MemoryPlan {
   int64_t rounding = 0;          // allocator blocks beyond the bytes asked for (CUDA)
   int64_t reserve = 0;           // CUDA context, library workspaces, NCCL
   int64_t host_pinned = 0;       // host memory for offloaded block inputs (not on the device)
-  // precision=fp8 (docs/design.md, "FP8 training"): the E4M3 copies the CUDA FP8 path holds,
-  // each with its fp32 block scales. That path is not built yet (the CPU backend emulates FP8
-  // per product and keeps none of these); a CUDA plan counts them in its total, a CPU plan
-  // shows them only.
+  // precision=fp8 (docs/design.md, "FP8 training"): the E4M3 copies the CUDA FP8 path is to
+  // hold, each with its fp32 block scales. That path has not run yet and quantizes into scratch
+  // per product today; the CPU backend emulates FP8 per product and keeps none of these. A CUDA
+  // plan counts them in its total, a CPU plan shows them only.
   int64_t fp8_weights = 0;      // the FP8-class weights, in both orientations (128x128 tiles)
   int64_t fp8_activations = 0;  // FP8 GEMM inputs kept for the weight gradient (1x128 blocks
                                 // along the tokens), next to the activations above
