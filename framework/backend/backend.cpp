@@ -60,6 +60,29 @@ std::pair<int64_t, int64_t> need_gemm(const char* op, const Tensor& a, bool tran
   return {m, n};
 }
 
+// Every problem of a group as need_gemm checks one, a bias only with beta == 0, and no two c's
+// overlapping.
+void need_gemm_group(const char* op, const std::vector<Backend::GemmProblem>& problems,
+                     bool trans_a, bool trans_b, double beta) {
+  std::vector<std::pair<uintptr_t, uintptr_t>> spans;  // [begin, end) bytes of each c
+  spans.reserve(problems.size());
+  for (const Backend::GemmProblem& p : problems) {
+    const int64_t n = need_gemm(op, p.a, trans_a, p.b, trans_b, p.c).second;
+    if (p.bias.defined()) {
+      need_shape(op, "bias", p.bias, {n});
+      HP_CHECK(beta == 0, op, ": a bias needs beta == 0, got ", beta);
+    }
+    if (p.c.nbytes() > 0) {
+      const auto begin = reinterpret_cast<uintptr_t>(p.c.raw());
+      spans.emplace_back(begin, begin + p.c.nbytes());
+    }
+  }
+  std::sort(spans.begin(), spans.end());
+  for (size_t i = 1; i < spans.size(); ++i) {
+    HP_CHECK(spans[i - 1].second <= spans[i].first, op, ": the c's of two problems overlap");
+  }
+}
+
 void need_attention_shape(const char* op, const AttentionShape& s) {
   HP_CHECK(s.n_heads > 0 && s.n_kv_heads > 0 && s.n_heads % s.n_kv_heads == 0 && s.head_dim > 0 &&
                s.window >= 0 && std::isfinite(s.scale),
@@ -201,24 +224,7 @@ void Backend::gemm_add(const Tensor& a, bool trans_a, const Tensor& b, bool tran
 
 void Backend::gemm_group(const std::vector<GemmProblem>& problems, bool trans_a, bool trans_b,
                          double beta) {
-  const char* op = "gemm_group";
-  std::vector<std::pair<uintptr_t, uintptr_t>> spans;  // [begin, end) bytes of each c
-  spans.reserve(problems.size());
-  for (const GemmProblem& p : problems) {
-    const int64_t n = need_gemm(op, p.a, trans_a, p.b, trans_b, p.c).second;
-    if (p.bias.defined()) {
-      need_shape(op, "bias", p.bias, {n});
-      HP_CHECK(beta == 0, op, ": a bias needs beta == 0, got ", beta);
-    }
-    if (p.c.nbytes() > 0) {
-      const auto begin = reinterpret_cast<uintptr_t>(p.c.raw());
-      spans.emplace_back(begin, begin + p.c.nbytes());
-    }
-  }
-  std::sort(spans.begin(), spans.end());
-  for (size_t i = 1; i < spans.size(); ++i) {
-    HP_CHECK(spans[i - 1].second <= spans[i].first, op, ": the c's of two problems overlap");
-  }
+  need_gemm_group("gemm_group", problems, trans_a, trans_b, beta);
   do_gemm_group(problems, trans_a, trans_b, beta);
 }
 
@@ -239,29 +245,12 @@ void Backend::gemm_fp8(const Tensor& a, bool trans_a, const Tensor& b, bool tran
 
 void Backend::gemm_fp8_group(const std::vector<GemmProblem>& problems, bool trans_a, bool trans_b,
                              double beta, const Fp8Gemm& spec) {
-  const char* op = "gemm_fp8_group";
-  std::vector<std::pair<uintptr_t, uintptr_t>> spans;  // [begin, end) bytes of each c
-  spans.reserve(problems.size());
-  for (const GemmProblem& p : problems) {
-    const int64_t n = need_gemm(op, p.a, trans_a, p.b, trans_b, p.c).second;
-    if (p.bias.defined()) {
-      need_shape(op, "bias", p.bias, {n});
-      HP_CHECK(beta == 0, op, ": a bias needs beta == 0, got ", beta);
-    }
-    if (p.c.nbytes() > 0) {
-      const auto begin = reinterpret_cast<uintptr_t>(p.c.raw());
-      spans.emplace_back(begin, begin + p.c.nbytes());
-    }
-  }
-  std::sort(spans.begin(), spans.end());
-  for (size_t i = 1; i < spans.size(); ++i) {
-    HP_CHECK(spans[i - 1].second <= spans[i].first, op, ": the c's of two problems overlap");
-  }
+  need_gemm_group("gemm_fp8_group", problems, trans_a, trans_b, beta);
   do_gemm_fp8_group(problems, trans_a, trans_b, beta, spec);
 }
 
-void Backend::do_gemm_fp8(const Tensor&, bool, const Tensor&, bool, Tensor&, double,
-                          const Tensor&, const Tensor&, const Fp8Gemm&) {
+void Backend::do_gemm_fp8(const Tensor&, bool, const Tensor&, bool, Tensor&, double, const Tensor&,
+                          const Tensor&, const Fp8Gemm&) {
   HP_FAIL(ErrorKind::kInternal, "backend ", name(),
           " has no FP8 GEMMs (config key precision=fp8 runs on the CPU backend only)");
 }

@@ -140,12 +140,7 @@ void CheckpointSaver::save(const RunState& run) {
   wait(&r.wait_ms);
   if (async_) check_failure(run.ctx);
   if (!async_) {
-    const SaveStats st = save_checkpoint(run, o_.checkpoint.dir, o_.checkpoint.keep_last);
-    committed_step_ = r.step;
-    r.stall_ms = r.write_ms = ms_since(t0);
-    r.bytes = st.bytes;
-    r.committed_after_step = r.step;
-    report(r);
+    save_synchronously(run, t0, r);
     return;
   }
   std::shared_ptr<PreparedSave> prepared = prepare_save(run, o_.checkpoint.dir, arena_, parallel_);
@@ -188,6 +183,11 @@ void CheckpointSaver::save_now(const RunState& run) {
     log_info("checkpoint: waited ", fmt_sig(r.wait_ms, 4), " ms for the background save in flight");
   if (async_) check_failure(run.ctx);
   if (committed_step_ == r.step) return;
+  save_synchronously(run, t0, r);
+}
+
+void CheckpointSaver::save_synchronously(const RunState& run, Clock::time_point t0,
+                                         CheckpointReport r) {
   const SaveStats st = save_checkpoint(run, o_.checkpoint.dir, o_.checkpoint.keep_last);
   committed_step_ = r.step;
   r.stall_ms = r.write_ms = ms_since(t0);

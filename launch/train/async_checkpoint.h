@@ -30,6 +30,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -83,6 +84,10 @@ class CheckpointSaver {
   void wait(double* waited_ms);
   void check_failure(const RankContext& ctx);
   void report(CheckpointReport r);
+  // Saves run.position.step on this thread and reports it (r: its step and wait so far; the
+  // stall counts from t0).
+  void save_synchronously(const RunState& run, std::chrono::steady_clock::time_point t0,
+                          CheckpointReport r);
 
   const TrainOptions& o_;
   Backend& be_;

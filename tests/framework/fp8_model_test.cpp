@@ -3,7 +3,6 @@
 // bitwise reproducible, the recompute of a checkpointed layer quantizes exactly as its forward
 // did, and the loss and gradients stay close to the unquantized ones.
 #include <gtest/gtest.h>
-#include <omp.h>
 
 #include <algorithm>
 #include <cmath>
@@ -13,23 +12,13 @@
 
 #include "framework/model/model.h"
 #include "tests/common/fixtures.h"
+#include "tests/common/one_thread.h"
 
 namespace hp {
 namespace {
 
-// The runs here are small: OpenMP threads only add their start and wait costs (several times
-// the work on a busy machine). Results do not depend on the thread count (the CPU backend's
-// reductions run in a fixed order), so each test runs on one thread and restores the setting.
-class OneThread {
- public:
-  OneThread() : before_(omp_get_max_threads()) { omp_set_num_threads(1); }
-  ~OneThread() { omp_set_num_threads(before_); }
-  OneThread(const OneThread&) = delete;
-  OneThread& operator=(const OneThread&) = delete;
-
- private:
-  int before_;
-};
+// The runs here are small: each test runs on one OpenMP thread (tests/common/one_thread.h).
+using test::OneThread;
 
 // A 2-layer MoE whose projections cross the 128 blocks along K (d_model 160) and whose batch
 // (192 tokens) has one full and one partial block of tokens for the weight gradients.

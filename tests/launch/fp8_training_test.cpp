@@ -4,7 +4,6 @@
 // across a precision switch in both directions (precision is not part of the model config a
 // checkpoint is compared by).
 #include <gtest/gtest.h>
-#include <omp.h>
 
 #include <cmath>
 #include <filesystem>
@@ -18,25 +17,15 @@
 #include "launch/train/memory_plan.h"
 #include "launch/train/trainer.h"
 #include "tests/common/launch_fixtures.h"
+#include "tests/common/one_thread.h"
 
 namespace fs = std::filesystem;
 
 namespace hp {
 namespace {
 
-// The runs here are small: OpenMP threads only add their start and wait costs (several times
-// the work on a busy machine). Results do not depend on the thread count (the CPU backend's
-// reductions run in a fixed order), so each test runs on one thread and restores the setting.
-class OneThread {
- public:
-  OneThread() : before_(omp_get_max_threads()) { omp_set_num_threads(1); }
-  ~OneThread() { omp_set_num_threads(before_); }
-  OneThread(const OneThread&) = delete;
-  OneThread& operator=(const OneThread&) = delete;
-
- private:
-  int before_;
-};
+// The runs here are small: each test runs on one OpenMP thread (tests/common/one_thread.h).
+using test::OneThread;
 
 // Width 64 so the weight tiles and K blocks of 128 are partial and the blocks along the tokens
 // (256 a step) full; lr and warmup as examples/configs/tiny-dense.ini.
@@ -221,8 +210,8 @@ TEST(Fp8Options, MemoryPlanShowsTheFp8Copies) {
   const int64_t weight_elems = 64 * 128 + 64 * 64 + 4 * (64 * 128 + 64 * 64);
   EXPECT_EQ(fp8.fp8_weights, layers * (2 * weight_elems + 2 * mats * 4));
   EXPECT_GT(fp8.fp8_activations, 0);
-  EXPECT_EQ(fp8.total, bf16.total + fp8.fp8_weights + fp8.fp8_activations +
-                           (fp8.rounding - bf16.rounding));
+  EXPECT_EQ(fp8.total,
+            bf16.total + fp8.fp8_weights + fp8.fp8_activations + (fp8.rounding - bf16.rounding));
   const std::string text = format_plan(fp8, 0);
   EXPECT_NE(text.find("fp8 weights"), std::string::npos) << text;
   EXPECT_NE(text.find("fp8 activations"), std::string::npos) << text;
