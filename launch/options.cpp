@@ -709,13 +709,6 @@ void validate_train_options(const TrainOptions& o, int world) {
   require(std::isfinite(opt.grad_clip) && opt.grad_clip >= 0, "grad_clip",
           str_cat("must be finite and >= 0 (0: no clipping), got ", opt.grad_clip));
   require(o.compute.ce_chunk_tokens >= 1, "ce_chunk_tokens", "must be >= 1");
-  // FP8 GEMMs run on the CPU backend's reference emulation only; the CUDA backend's have not run
-  // on a GPU yet (docs/design.md, "FP8 training", "FP8 on the GPU"). device=auto that finds a
-  // GPU is refused where the model is built (Backend::has_fp8_gemms).
-  require(o.compute.precision != GemmPrecision::kFP8 || o.device.kind != DeviceKind::kCuda,
-          "precision", "fp8 runs its GEMMs on the CPU backend's reference emulation only in this "
-          "build (the CUDA FP8 GEMMs have not run on a GPU yet); use precision=bf16 with "
-          "device=cuda, or device=cpu");
   require(o.compute.precision != GemmPrecision::kFP8 || o.model.is_moe() ||
               o.compute.fp8_gemms.dense,
           "fp8_gemms", "a dense model has no expert GEMMs: with precision=fp8 include dense");

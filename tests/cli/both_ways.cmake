@@ -44,7 +44,6 @@ foreach(spec
     "metadata|--metadata=never|config key 'metadata'"
     "routing|--routing=random|config key 'routing'"
     "precision|--precision=fp16|config key 'precision': must be bf16 or fp8"
-    "precision_cuda|--precision=fp8 --device=cuda|config key 'precision': fp8 runs its GEMMs on the CPU"
     "fp8_gemms|--fp8_gemms=dense,router|config key 'fp8_gemms'"
     "fp8_gemms_dense|--n_experts=0 --ffn_dim=128 --precision=fp8 --fp8_gemms=experts|config key 'fp8_gemms'"
     "ce_chunk_tokens|--ce_chunk_tokens=0|config key 'ce_chunk_tokens'"

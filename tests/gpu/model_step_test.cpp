@@ -118,12 +118,17 @@ TEST(CudaModel, InitOnDeviceBitwiseEqualsCpu) {
   }
 }
 
-TEST(CudaModel, ForwardBackwardMatchesCpuReference) {
-  HP_REQUIRE_GPU();
+// One forward and backward of the same weights on the CPU reference and on the GPU under
+// `opts`; the loss and every gradient agree within the bounds. Returns the GPU's loss.
+struct Agreement {
+  double loss = 1e-2;  // relative
+  double grad = 0.15;  // relative L2 error of one parameter's gradient
+  double cancelling_grad = 0.3;
+  double all = 5e-2;  // of the whole model's gradient
+};
+
+double forward_backward_matches_cpu(const ModelOptions& opts, const Agreement& tol) {
   const ModelConfig cfg = gpu_moe_config();
-  ModelOptions opts;
-  opts.max_positions = 128;
-  opts.ce_chunk_tokens = 300;
   PackedBatch batch = synthetic_batch(cfg.vocab_size, 4, 128);
   const double scale = 1.0 / static_cast<double>(batch.num_valid_targets);
 
@@ -146,7 +151,7 @@ TEST(CudaModel, ForwardBackwardMatchesCpuReference) {
   LossSums sg = mg.forward_backward(metg, scale);
   const double lc = to_double_vector(sc.lm)[0] * scale;
   const double lg = host_values(*gpu, sg.lm)[0] * scale;
-  EXPECT_NEAR(lg, lc, 1e-2 * lc) << "loss cpu=" << lc << " gpu=" << lg;
+  EXPECT_NEAR(lg, lc, tol.loss * lc) << "loss cpu=" << lc << " gpu=" << lg;
   EXPECT_NEAR(host_values(*gpu, sg.aux)[0], to_double_vector(sc.aux)[0],
               2e-2 * to_double_vector(sc.aux)[0]);
 
@@ -160,11 +165,45 @@ TEST(CudaModel, ForwardBackwardMatchesCpuReference) {
     // A router bias gradient is a column sum of dlogits whose terms largely cancel (the top-k
     // softmax gradient sums to zero per token), so bf16 rounding weighs more in it.
     const bool cancelling = pc.name.find("moe.br") != std::string::npos;
-    EXPECT_LT(rel_err(gg, gc), cancelling ? 0.3 : 0.15) << pc.name;
+    EXPECT_LT(rel_err(gg, gc), cancelling ? tol.cancelling_grad : tol.grad) << pc.name;
     all_c.insert(all_c.end(), gc.begin(), gc.end());
     all_g.insert(all_g.end(), gg.begin(), gg.end());
   }
-  EXPECT_LT(rel_err(all_g, all_c), 5e-2);
+  EXPECT_LT(rel_err(all_g, all_c), tol.all);
+  return lg;
+}
+
+TEST(CudaModel, ForwardBackwardMatchesCpuReference) {
+  HP_REQUIRE_GPU();
+  ModelOptions opts;
+  opts.max_positions = 128;
+  opts.ce_chunk_tokens = 300;
+  forward_backward_matches_cpu(opts, Agreement{});
+}
+
+// precision=fp8 on the GPU (cuBLASLt block-scaled GEMMs) against the CPU backend's FP8
+// emulation: the operands quantize from bf16 on the GPU and from f32 on the CPU, so a code can
+// round to its neighbour (1/16 apart) where the two differ; the bounds allow for that, and the
+// FP8 loss must differ from the bf16 one (the FP8 products ran).
+TEST(CudaModel, Fp8ForwardBackwardMatchesCpuFp8Reference) {
+  HP_REQUIRE_GPU();
+  {
+    auto gpu = make_cuda_backend(0);
+    if (!gpu->has_fp8_gemms()) GTEST_SKIP() << "this GPU has no block-scaled FP8 GEMMs";
+  }
+  ModelOptions opts;
+  opts.max_positions = 128;
+  opts.ce_chunk_tokens = 300;
+  const double bf16 = forward_backward_matches_cpu(opts, Agreement{});
+  opts.precision = GemmPrecision::kFP8;
+  Agreement tol;
+  tol.loss = 2e-2;
+  tol.grad = 0.25;
+  tol.cancelling_grad = 0.5;
+  tol.all = 0.1;
+  const double fp8 = forward_backward_matches_cpu(opts, tol);
+  EXPECT_NE(fp8, bf16) << "precision=fp8 gave the bf16 loss bit for bit";
+  EXPECT_NEAR(fp8, bf16, 2e-2 * bf16);
 }
 
 TEST(CudaModel, SyncBudgetCachedAndBaselines) {

@@ -622,6 +622,12 @@ class CudaBackend final : public Backend {
 
   // ---- FP8 GEMMs (fp8_gemm.h) ----------------------------------------------------------------
 
+  // Block-scaled FP8 GEMMs exist on compute capability 9.x and 10.x (fp8_gemm.h).
+  bool has_fp8_gemms() const override {
+    fp8::Recipe r{};
+    return cuda::fp8_device_recipe(cc_major_, &r);
+  }
+
   void check_fp8(const char* op, const Tensor& a, const Tensor& b, const Tensor& c,
                  const Tensor& bias, const Tensor& r) {
     check_float(op, "a", a);
