@@ -11,9 +11,10 @@
 #              attention (64 heads, 8 kv heads, d64, sinks, window 128) and at 32/8 heads of d128,
 #              16,384 tokens as rows of 4,096, one sequence, realistic documents; next to
 #              PyTorch's varlen_attn on the same shapes (attention_vs_torch.py)
-#   step       `hotpath bench step` (packing stream and whole) next to the anchor's torch_ref.py
-#              --compile, on one HDF5 file of documents uniform in 64..4095 tokens, 16,384 tokens
-#              a step, for GPT-OSS-20b (4 layers), Llama-3.2-1B and Qwen3-0.6B
+#   step       `hotpath bench step` (packing stream and whole; each precision of PRECISIONS) next
+#              to the anchor's torch_ref.py --compile, on one HDF5 file of documents uniform in
+#              64..4095 tokens, 16,384 tokens a step, for GPT-OSS-20b (4 layers), Llama-3.2-1B and
+#              Qwen3-0.6B
 #   experts    the MoE expert GEMMs each way `expert_gemm` offers (serial, streams, grouped):
 #              `bench step` at GPT-OSS-20b (4 layers) and GPT-OSS-120b (1 layer)
 #   pair       (2+ GPUs) `bench step` on 2 ranks with comm_overlap on and off (ep=2 under none
@@ -28,7 +29,8 @@
 #              Llama-3.2-1B, 16,384 tokens
 # Environment: GPU_BIN (default .gpu/bin), LOG_DIR, ANCHOR_DIR (default .gpu/anchors: the
 # anchor's torch_ref.py and make_uniform_docs.py), MODELS (default "gptoss llama qwen"),
-# PACKINGS (default "stream whole"), STEP_ARGS (extra flags for every bench step), BENCH_GPUS
+# PACKINGS (default "stream whole"), PRECISIONS (the step section's; default "bf16", e.g.
+# "bf16 fp8"), STEP_ARGS (extra flags for every bench step), BENCH_GPUS
 # (the GPU count to plan for; default nvidia-smi's), TOKENS_PER_GPU (default 16384).
 set -uo pipefail
 bin=${GPU_BIN:-.gpu/bin}
@@ -79,10 +81,14 @@ if want step; then
   make_docs
   for m in ${MODELS:-gptoss llama qwen}; do
     for p in ${PACKINGS:-stream whole}; do
-      # shellcheck disable=SC2086
-      run "step_${m}_$p" "${hp[@]}" bench step --config ${cfg[$m]} --data="$docs" --eot_token=128001 \
-        --shuffle=false --seq_len=4096 --batch_tokens=16384 --packing="$p" --bench_steps=6 \
-        --bench_warmup=2 --bench_json="$log_dir/step_${m}_$p.json" ${STEP_ARGS:-}
+      for prec in ${PRECISIONS:-bf16}; do
+        name="step_${m}_$p"
+        [ "$prec" = bf16 ] || name="${name}_$prec"
+        # shellcheck disable=SC2086
+        run "$name" "${hp[@]}" bench step --config ${cfg[$m]} --data="$docs" --eot_token=128001 \
+          --shuffle=false --seq_len=4096 --batch_tokens=16384 --packing="$p" --precision="$prec" \
+          --bench_steps=6 --bench_warmup=2 --bench_json="$log_dir/$name.json" ${STEP_ARGS:-}
+      done
     done
     run "torch_$m" python3 "$anchors/torch_ref.py" --config "${ref[$m]}" --tokens 16384 --seq_len 4096 \
       --compile --steps 6 --h5 "$docs"
@@ -179,9 +185,10 @@ if want gemm; then
 fi
 
 # ---- the tables, from the --bench_json files -----------------------------------------------------
-python3 - "$log_dir" "$sections" "${MODELS:-gptoss llama qwen}" "${PACKINGS:-stream whole}" <<'PY'
+python3 - "$log_dir" "$sections" "${MODELS:-gptoss llama qwen}" "${PACKINGS:-stream whole}" "${PRECISIONS:-bf16}" <<'PY'
 import json, os, sys
-d, sections, models, packings = sys.argv[1], sys.argv[2].split(), sys.argv[3].split(), sys.argv[4].split()
+d, sections, models, packings, precisions = (sys.argv[1], sys.argv[2].split(), sys.argv[3].split(),
+                                          sys.argv[4].split(), sys.argv[5].split())
 def load(name):
     try:
         return json.load(open(os.path.join(d, name + ".json")))
@@ -203,7 +210,7 @@ if "attention" in sections:
                 print(f"{shape:14s} {p['path']}: unavailable ({p['reason']})")
 if "step" in sections:
     print("\n-- bench step vs the anchor's torch.compile, same token file")
-    print(f"{'model':7s} {'packing':8s} {'doc tok/s':>10s} {'padding':>8s} {'MFU':>6s} {'busy':>6s} {'torch tok/s':>11s} {'ratio':>6s}")
+    print(f"{'model':7s} {'packing':14s} {'doc tok/s':>10s} {'padding':>8s} {'MFU':>6s} {'busy':>6s} {'torch tok/s':>11s} {'ratio':>6s}")
     for m in models:
         t = {}
         try:
@@ -213,12 +220,15 @@ if "step" in sections:
             pass
         tps = float(t["doc_tok_s"]) if "doc_tok_s" in t else None
         for p in packings:
-            j = load(f"step_{m}_{p}")
-            if not j:
-                print(f"{m:7s} {p:8s} (no result)"); continue
-            ratio = f"{j['tokens_per_s'] / tps:6.3f}" if tps else f"{'-':>6s}"
-            print(f"{m:7s} {p:8s} {j['tokens_per_s']:10.0f} {100 * j['padding']:7.2f}% {100 * j['mfu']:5.1f}% "
-                  f"{100 * j['gpu_busy_fraction']:5.1f}% {tps or 0:11.0f} {ratio}")
+            for prec in precisions:
+                name = f"step_{m}_{p}" if prec == "bf16" else f"step_{m}_{p}_{prec}"
+                label = p if prec == "bf16" else f"{p} {prec}"
+                j = load(name)
+                if not j:
+                    print(f"{m:7s} {label:14s} (no result)"); continue
+                ratio = f"{j['tokens_per_s'] / tps:6.3f}" if tps else f"{'-':>6s}"
+                print(f"{m:7s} {label:14s} {j['tokens_per_s']:10.0f} {100 * j['padding']:7.2f}% {100 * j['mfu']:5.1f}% "
+                      f"{100 * j['gpu_busy_fraction']:5.1f}% {tps or 0:11.0f} {ratio}")
 if "experts" in sections:
     print("\n-- expert GEMMs by expert_gemm (ratio: tok/s over serial's)")
     for shape in ("20b", "120b"):

@@ -223,8 +223,10 @@ TEST(Fp8Layout, ScaleSlotsAreDistinctAndInRange) {
 }
 
 TEST_F(CudaFp8, QuantizeMatchesReferenceBitwise) {
+  // Rows of a multiple of 8 elements take the 16-byte kernels of block128 (fp8_quantize.cu),
+  // the others the general one: both, with and without whole blocks and tiles.
   const std::vector<std::pair<int64_t, int64_t>> shapes = {
-      {128, 256}, {200, 300}, {5, 17}, {257, 129}, {64, 40}};
+      {128, 256}, {200, 300}, {5, 17}, {257, 129}, {64, 40}, {130, 200}, {37, 264}, {300, 136}};
   uint64_t seed = 100;
   for (const auto& [d0, d1] : shapes) {
     const Tensor x = random_host(d0, d1, ++seed);
@@ -241,26 +243,29 @@ TEST_F(CudaFp8, QuantizeMatchesReferenceBitwise) {
 // Zeros, one large value in a block of small ones, values in E4M3's subnormal range after
 // scaling, amaxes whose scale is subnormal or clamps (MX), and non-finite blocks.
 TEST_F(CudaFp8, QuantizeEdgeValuesBitwise) {
-  const int64_t rows = 130, cols = 260;
-  Tensor x = random_host(rows, cols, 7);
-  float* p = x.data<float>();
-  for (int64_t c = 0; c < cols; ++c) p[0 * cols + c] = 0.f;                    // an all-zero row
-  for (int64_t c = 0; c < 128; ++c) p[1 * cols + c] = 1e-3f;                   // tiny beside ...
-  p[1 * cols + 5] = 3.0e4f;                                                    // ... one large
-  for (int64_t c = 0; c < cols; ++c) p[2 * cols + c] = 1e-40f * (c % 7);       // subnormal floats
-  for (int64_t c = 0; c < cols; ++c) p[3 * cols + c] = 1e-36f * (c - 100);     // amax near 2^-118
-  for (int64_t c = 0; c < cols; ++c) p[4 * cols + c] = 448.f + 8.f * (c % 5);  // saturating
-  p[5 * cols + 40] = std::numeric_limits<float>::quiet_NaN();
-  p[6 * cols + 200] = std::numeric_limits<float>::infinity();
-  p[7 * cols + 3] = -std::numeric_limits<float>::infinity();
-  for (int64_t c = 0; c < cols; ++c) p[8 * cols + c] = -0.f;
-  for (Recipe recipe : {Recipe::kBlock128, Recipe::kMx32})
-    for (Role role : {Role::kData, Role::kWeight})
-      for (bool trans : {false, true}) {
-        if (recipe == Recipe::kMx32 && role == Role::kWeight) continue;
-        // f32 only: the subnormal floats and 448 + 8j are not bf16 values.
-        check_quantize(x, trans, recipe, role, DType::kF32);
-      }
+  // 260 columns take the general kernel, 264 the 16-byte ones (fp8_quantize.cu).
+  for (const int64_t cols : {260, 264}) {
+    const int64_t rows = 130;
+    Tensor x = random_host(rows, cols, 7);
+    float* p = x.data<float>();
+    for (int64_t c = 0; c < cols; ++c) p[0 * cols + c] = 0.f;                    // an all-zero row
+    for (int64_t c = 0; c < 128; ++c) p[1 * cols + c] = 1e-3f;                   // tiny beside ...
+    p[1 * cols + 5] = 3.0e4f;                                                    // ... one large
+    for (int64_t c = 0; c < cols; ++c) p[2 * cols + c] = 1e-40f * (c % 7);       // subnormal floats
+    for (int64_t c = 0; c < cols; ++c) p[3 * cols + c] = 1e-36f * (c - 100);     // amax near 2^-118
+    for (int64_t c = 0; c < cols; ++c) p[4 * cols + c] = 448.f + 8.f * (c % 5);  // saturating
+    p[5 * cols + 40] = std::numeric_limits<float>::quiet_NaN();
+    p[6 * cols + 200] = std::numeric_limits<float>::infinity();
+    p[7 * cols + 3] = -std::numeric_limits<float>::infinity();
+    for (int64_t c = 0; c < cols; ++c) p[8 * cols + c] = -0.f;
+    for (Recipe recipe : {Recipe::kBlock128, Recipe::kMx32})
+      for (Role role : {Role::kData, Role::kWeight})
+        for (bool trans : {false, true}) {
+          if (recipe == Recipe::kMx32 && role == Role::kWeight) continue;
+          // f32 only: the subnormal floats and 448 + 8j are not bf16 values.
+          check_quantize(x, trans, recipe, role, DType::kF32);
+        }
+  }
 }
 
 // The layer's three products: forward y = x W (+ bias, + residual), input gradient

@@ -23,19 +23,6 @@ int32_t scale_mode(const Fp8Layout& l) {
                   : CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
 }
 
-// Created for one call and destroyed with it (a few host stores each).
-class Layout {
- public:
-  Layout(cudaDataType t, uint64_t rows, uint64_t cols, int64_t ld) {
-    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&l_, t, rows, cols, ld));
-  }
-  ~Layout() { cublasLtMatrixLayoutDestroy(l_); }
-  operator cublasLtMatrixLayout_t() const { return l_; }
-
- private:
-  cublasLtMatrixLayout_t l_ = nullptr;
-};
-
 class Desc {
  public:
   Desc() { CUBLAS_CHECK(cublasLtMatmulDescCreate(&d_, CUBLAS_COMPUTE_32F, CUDA_R_32F)); }
@@ -141,9 +128,9 @@ const Fp8Lt::Entry& Fp8Lt::entry(const Key& key, cublasLtMatmulDesc_t desc, cons
     CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, attr, &align, sizeof(align)));
   }
   // The bucket's largest problem (the key's n), the operands' leading dimensions unchanged.
-  const Layout la(CUDA_R_8F_E4M3, key.k, key.m, key.k);
-  const Layout lb(CUDA_R_8F_E4M3, key.k, key.n, key.k);
-  const Layout ld(p.d_type, key.m, key.n, p.ldd);
+  const LtLayout la(CUDA_R_8F_E4M3, key.k, key.m, key.k);
+  const LtLayout lb(CUDA_R_8F_E4M3, key.k, key.n, key.k);
+  const LtLayout ld(p.d_type, key.m, key.n, p.ldd);
   cublasLtMatmulHeuristicResult_t result{};
   int found = 0;
   const cublasStatus_t rc =
@@ -191,9 +178,9 @@ bool Fp8Lt::run(const Problem& p, void* workspace, size_t workspace_bytes, cudaS
   std::memset(&key, 0, sizeof(key));
   key = Key{p.m,         bucket_rows(p.n),  p.k, mode_a, mode_b, static_cast<int>(p.d_type),
             p.beta == 0, p.bias != nullptr, 0};
-  const Layout a(CUDA_R_8F_E4M3, p.k, p.m, la.ldk);
-  const Layout b(CUDA_R_8F_E4M3, p.k, p.n, lb.ldk);
-  const Layout d(p.d_type, p.m, p.n, p.ldd);
+  const LtLayout a(CUDA_R_8F_E4M3, p.k, p.m, la.ldk);
+  const LtLayout b(CUDA_R_8F_E4M3, p.k, p.n, lb.ldk);
+  const LtLayout d(p.d_type, p.m, p.n, p.ldd);
   const float alpha = 1.f;
   auto product = [&](const Entry& e) {
     if (!e.ok) return false;

@@ -2,17 +2,28 @@
 // CPU reference (framework/core/fp8.cpp), and the epilogue kernel for what cuBLASLt's own
 // epilogue does not take.
 //
-// One thread block per 128 x 128 tile of X [rows_pad, ldk] (fp8_layout.h): a tile holds one
-// 128x128 weight block, 128 rows of one 1x128 data block each, or 128 rows of four 1x32 MX
-// blocks. Pass 1 reads the tile and takes the magnitude maxima per row and 32 columns (as the
-// bits of |x|: for non-negative floats the integer order is the float order, and a NaN's bits
-// exceed infinity's, so a NaN anywhere wins as the reference's amax does); the scales follow
-// from them; pass 2 reads the tile again (from L2), quantizes into shared memory and writes the
-// codes K-contiguous in 4-byte words. A source stored K-contiguous is read along K; a source
-// stored the other way (the transposed copies the backward products need) is read along its
-// rows, so every read is coalesced either way.
+// Recipe block128 has two kernels that read their source once, 16 bytes per access:
+//  - data operands (1x128 blocks) stored K-contiguous, the activations and output gradients of
+//    the forward and input-gradient products: a warp covers 256 columns of one row, a half-warp
+//    one block; the block's amax by shuffles, the codes written 8 bytes per lane;
+//  - weight operands (128x128 tiles) either way round: a thread block loads one source tile
+//    into registers, reduces its amax, quantizes into shared memory and writes the tile out
+//    K-contiguous, transposed where the source is.
+// Everything else (recipe mxfp8, data operands stored the other way, sources whose rows are not
+// a multiple of 16 bytes) takes the general kernel: one thread block per 128 x 128 tile of X
+// [rows_pad, ldk] (fp8_layout.h), a tile holding one 128x128 weight block, 128 rows of one 1x128
+// data block each, or 128 rows of four 1x32 MX blocks. Its pass 1 reads the tile and takes the
+// magnitude maxima per row and 32 columns; the scales follow from them; pass 2 reads the tile
+// again (from L2), quantizes into shared memory and writes the codes K-contiguous in 4-byte
+// words. A source stored K-contiguous is read along K; a source stored the other way is read
+// along its rows, so every read is coalesced either way.
+//
+// Maxima are taken on the bits of |x|: for non-negative floats the integer order is the float
+// order, and a NaN's bits exceed infinity's, so a NaN anywhere wins as the reference's amax does.
 #include <cuda_fp8.h>
 
+#include <algorithm>
+#include <cstdint>
 #include <type_traits>
 
 #include "framework/backend/cuda/cuda_check.h"
@@ -166,23 +177,150 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// 8 consecutive elements of T from a 16-byte aligned address, as f32.
+template <typename T>
+__device__ __forceinline__ void load8(const T* p, float (&v)[8]) {
+  constexpr int kPer = Vec16<T>::kN;
+#pragma unroll
+  for (int h = 0; h < 8 / kPer; ++h) {
+    Vec16<T> q;
+    q.raw = reinterpret_cast<const uint4*>(p)[h];
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) v[h * kPer + i] = q.get(i);
+  }
+}
+
+__device__ __forceinline__ unsigned abs_bits(float x) { return __float_as_uint(x) & 0x7FFFFFFFu; }
+
+// Block128 data operand, source K-contiguous (X[r][c] = x[r * ld + c], ld and k multiples of 8,
+// x 16-byte aligned): one warp per 256 columns of a row; lanes 0-15 hold one 128-column block,
+// lanes 16-31 the next, 8 columns a lane. Rows in [rows, rows_pad) and columns in [k, ldk) are
+// zeros (scale 1 where a whole block is).
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+    quantize_data_kernel(const T* __restrict__ x, int64_t ld, Fp8Layout l,
+                         unsigned char* __restrict__ codes, float* __restrict__ scales) {
+  const int lane = threadIdx.x % 32;
+  const int64_t per_row = (l.ldk + 255) / 256;
+  const int64_t unit = static_cast<int64_t>(blockIdx.x) * (kThreads / 32) + threadIdx.x / 32;
+  if (unit >= l.rows_pad * per_row) return;  // the whole warp alike
+  const int64_t r = unit / per_row;
+  const int64_t c = (unit % per_row) * 256 + lane * 8;
+  const bool in = r < l.rows && c < l.k;  // k % 8 == 0: a lane's 8 columns are all in or all out
+  float v[8];
+  if (in) {
+    load8(x + r * ld + c, v);
+  } else {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) v[i] = 0.f;
+  }
+  unsigned m = 0;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) m = max(m, abs_bits(v[i]));
+#pragma unroll
+  for (int o = 8; o > 0; o >>= 1) m = max(m, __shfl_xor_sync(0xFFFFFFFFu, m, o));
+  const float s = block_scale_bits(m);
+  const int64_t b = c / kTile;
+  if (lane % 16 == 0 && b < l.k_blocks()) scales[l.scale_index(r, b)] = s;
+  if (c >= l.ldk) return;
+  unsigned word[2] = {0, 0};
+  if (in) {
+#pragma unroll
+    for (int i = 0; i < 8; ++i)
+      word[i / 4] |= static_cast<unsigned>(quantize_one(v[i], s)) << (8 * (i % 4));
+  }
+  *reinterpret_cast<uint2*>(codes + r * l.ldk + c) = make_uint2(word[0], word[1]);
+}
+
+// Block128 weight operand: one thread block per 128x128 tile of X, read from the source S
+// (S[i][j] = x[i * ld + j], ld a multiple of 8, x 16-byte aligned) as X[r][c] = S[r][c], or
+// S[c][r] where `trans`. Each thread loads 8 runs of 8 source elements of the tile; the tile's
+// amax by warp then block; the codes go to shared memory in the source's orientation and out
+// K-contiguous, a 4-byte word per thread and step.
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+    quantize_weight_kernel(const T* __restrict__ x, int64_t ld, bool trans, Fp8Layout l,
+                           unsigned char* __restrict__ codes, float* __restrict__ scales) {
+  constexpr int kRuns = kTile * kTile / 8 / kThreads;  // 8
+  constexpr int kStride = kTile + 1;  // bytes per row of the shared tile: transposed reads spread
+  __shared__ unsigned char tile[kTile * kStride];
+  __shared__ unsigned warp_max[kThreads / 32];
+  const int tid = threadIdx.x;
+  const int64_t r0 = static_cast<int64_t>(blockIdx.y) * kTile;
+  const int64_t c0 = static_cast<int64_t>(blockIdx.x) * kTile;
+  // The tile in source coordinates.
+  const int64_t s_rows = trans ? l.k : l.rows, s_cols = trans ? l.rows : l.k;
+  const int64_t i0 = trans ? c0 : r0, j0 = trans ? r0 : c0;
+  float v[kRuns][8];
+  unsigned m = 0;
+#pragma unroll
+  for (int q = 0; q < kRuns; ++q) {
+    const int run = tid + q * kThreads;
+    const int i = run / (kTile / 8), j = (run % (kTile / 8)) * 8;
+    if (i0 + i < s_rows && j0 + j < s_cols) {
+      load8(x + (i0 + i) * ld + j0 + j, v[q]);
+    } else {
+#pragma unroll
+      for (int e = 0; e < 8; ++e) v[q][e] = 0.f;
+    }
+#pragma unroll
+    for (int e = 0; e < 8; ++e) m = max(m, abs_bits(v[q][e]));
+  }
+  m = __reduce_max_sync(0xFFFFFFFFu, m);
+  if (tid % 32 == 0) warp_max[tid / 32] = m;
+  __syncthreads();
+#pragma unroll
+  for (int w = 0; w < kThreads / 32; ++w) m = max(m, warp_max[w]);
+  const float s = block_scale_bits(m);
+  if (tid == 0) {
+    const int64_t b = c0 / kTile;
+    scales[l.scale_index(r0, b)] = s;
+    // The stride's padding columns, written once per row of tiles.
+    if (b == l.k_blocks() - 1)
+      for (int64_t p = l.k_blocks(); p < l.k_blocks4(); ++p) scales[l.scale_index(r0, p)] = 0.f;
+  }
+#pragma unroll
+  for (int q = 0; q < kRuns; ++q) {
+    const int run = tid + q * kThreads;
+    const int i = run / (kTile / 8), j = (run % (kTile / 8)) * 8;
+    const bool in = i0 + i < s_rows && j0 + j < s_cols;
+#pragma unroll
+    for (int e = 0; e < 8; ++e) tile[i * kStride + j + e] = in ? quantize_one(v[q][e], s) : 0;
+  }
+  __syncthreads();
+  for (int w = tid; w < kTile * kTile / 4; w += kThreads) {
+    const int r = w / (kTile / 4), c = (w % (kTile / 4)) * 4;
+    const int64_t gr = r0 + r, gc = c0 + c;
+    if (gr >= l.rows_pad || gc >= l.ldk) continue;
+    unsigned word = 0;
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const unsigned char code = trans ? tile[(c + e) * kStride + r] : tile[r * kStride + c + e];
+      word |= static_cast<unsigned>(code) << (8 * e);
+    }
+    *reinterpret_cast<unsigned*>(codes + gr * l.ldk + gc) = word;
+  }
+}
+
 // c[i, j] = d[i * ldd + j] + beta * c[i, j] + bias[j] + r[i, j] in double, rounded once to C.
+// Rows along the grid's y, columns along x: no index division.
 template <typename C, typename B>
 __global__ void combine_kernel(const float* __restrict__ d, int64_t ldd, C* c, int64_t m, int64_t n,
                                double beta, const B* __restrict__ bias, const C* __restrict__ r) {
-  for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < m * n;
-       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t i = e / n, j = e % n;
-    double v = d ? static_cast<double>(d[i * ldd + j]) : 0.0;
-    if (beta != 0) v += beta * static_cast<double>(to_f32(c[e]));
-    if (bias) v += static_cast<double>(to_f32(bias[j]));
-    if (r) v += static_cast<double>(to_f32(r[e]));
-    if constexpr (std::is_same_v<C, float>) {
-      c[e] = static_cast<float>(v);
-    } else {
-      c[e] = __double2bfloat16(v);
+  for (int64_t i = blockIdx.y; i < m; i += gridDim.y)
+    for (int64_t j = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; j < n;
+         j += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+      const int64_t e = i * n + j;
+      double v = d ? static_cast<double>(d[i * ldd + j]) : 0.0;
+      if (beta != 0) v += beta * static_cast<double>(to_f32(c[e]));
+      if (bias) v += static_cast<double>(to_f32(bias[j]));
+      if (r) v += static_cast<double>(to_f32(r[e]));
+      if constexpr (std::is_same_v<C, float>) {
+        c[e] = static_cast<float>(v);
+      } else {
+        c[e] = __double2bfloat16(v);
+      }
     }
-  }
 }
 
 }  // namespace
@@ -190,14 +328,36 @@ __global__ void combine_kernel(const float* __restrict__ d, int64_t ldd, C* c, i
 void launch_fp8_quantize(const void* x, DType x_t, int64_t row_stride, int64_t col_stride,
                          const Fp8Layout& l, void* codes, void* scales, cudaStream_t stream) {
   if (l.rows_pad == 0 || l.ldk == 0) return;
-  const dim3 grid(static_cast<unsigned>((l.ldk + kTile - 1) / kTile),
-                  static_cast<unsigned>(l.row_tiles()));
   HP_CHECK(l.row_tiles() <= 65535, "fp8 quantize: ", l.rows_pad, " rows exceed the grid");
+  // The source's rows: along K where col_stride is 1, else along X's rows (a transposed copy).
+  const bool k_contiguous = col_stride == 1;
+  const int64_t ld = k_contiguous ? row_stride : col_stride;
+  const bool runs_of_8 = (k_contiguous || row_stride == 1) && ld % 8 == 0 &&
+                         (k_contiguous ? l.k : l.rows) % 8 == 0 &&
+                         reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
+                         reinterpret_cast<uintptr_t>(codes) % 8 == 0;
+  const bool block128 = l.recipe == fp8::Recipe::kBlock128;
   dispatch_float(x_t, [&](auto tag) {
     using T = decltype(tag);
-    quantize_kernel<T><<<grid, kThreads, 0, stream>>>(static_cast<const T*>(x), row_stride,
-                                                      col_stride, l,
-                                                      static_cast<unsigned char*>(codes), scales);
+    const T* src = static_cast<const T*>(x);
+    auto* out = static_cast<unsigned char*>(codes);
+    if (block128 && !l.weight && k_contiguous && runs_of_8) {
+      const int64_t units = l.rows_pad * ((l.ldk + 255) / 256);
+      const int64_t blocks = (units + kThreads / 32 - 1) / (kThreads / 32);
+      HP_CHECK(blocks <= 0x7FFFFFFF, "fp8 quantize: ", l.rows_pad, " x ", l.ldk, " is too large");
+      quantize_data_kernel<T><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
+          src, ld, l, out, static_cast<float*>(scales));
+    } else if (block128 && l.weight && runs_of_8) {
+      const dim3 grid(static_cast<unsigned>((l.ldk + kTile - 1) / kTile),
+                      static_cast<unsigned>(l.row_tiles()));
+      quantize_weight_kernel<T><<<grid, kThreads, 0, stream>>>(src, ld, !k_contiguous, l, out,
+                                                               static_cast<float*>(scales));
+    } else {
+      const dim3 grid(static_cast<unsigned>((l.ldk + kTile - 1) / kTile),
+                      static_cast<unsigned>(l.row_tiles()));
+      quantize_kernel<T><<<grid, kThreads, 0, stream>>>(src, row_stride, col_stride, l, out,
+                                                        scales);
+    }
   });
   CUDA_CHECK_LAUNCH();
 }
@@ -206,14 +366,15 @@ void launch_fp8_combine(const float* d, int64_t ldd, void* c, DType c_t, int64_t
                         double beta, const void* bias, DType bias_t, const void* r,
                         cudaStream_t stream) {
   if (m == 0 || n == 0) return;
-  const unsigned blocks = grid_for(m * n, kThreads);
+  const dim3 grid(static_cast<unsigned>(std::min<int64_t>((n + kThreads - 1) / kThreads, 64)),
+                  static_cast<unsigned>(std::min<int64_t>(m, 65535)));
   dispatch_float(c_t, [&](auto ctag) {
     using C = decltype(ctag);
     dispatch_float(bias ? bias_t : c_t, [&](auto btag) {
       using B = decltype(btag);
-      combine_kernel<C, B><<<blocks, kThreads, 0, stream>>>(d, ldd, static_cast<C*>(c), m, n, beta,
-                                                            static_cast<const B*>(bias),
-                                                            static_cast<const C*>(r));
+      combine_kernel<C, B><<<grid, kThreads, 0, stream>>>(d, ldd, static_cast<C*>(c), m, n, beta,
+                                                          static_cast<const B*>(bias),
+                                                          static_cast<const C*>(r));
     });
   });
   CUDA_CHECK_LAUNCH();

@@ -15,19 +15,6 @@ constexpr uint32_t kAlign = 16;
 // product (expert rows: up to every token of a 16K batch times top-4 on one expert).
 constexpr int64_t kPrefillRows = 65536;
 
-// A matrix layout created for one call and destroyed with it (creation is a few host stores).
-class Layout {
- public:
-  Layout(cudaDataType t, uint64_t rows, uint64_t cols, int64_t ld) {
-    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&l_, t, rows, cols, ld));
-  }
-  ~Layout() { cublasLtMatrixLayoutDestroy(l_); }
-  operator cublasLtMatrixLayout_t() const { return l_; }
-
- private:
-  cublasLtMatrixLayout_t l_ = nullptr;
-};
-
 }  // namespace
 
 int bucket_rows(int x) {
@@ -93,9 +80,9 @@ bool LtGemm::run(cublasOperation_t op_a, cublasOperation_t op_b, int m, int n, i
   if (bias)
     CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
                                                 sizeof(bias)));
-  const Layout la(CUDA_R_16BF, ia ? k : m, ia ? m : k, lda);
-  const Layout lb(CUDA_R_16BF, ib ? n : k, ib ? k : n, ldb);
-  const Layout lc(c_type, m, n, ldc);
+  const LtLayout la(CUDA_R_16BF, ia ? k : m, ia ? m : k, lda);
+  const LtLayout lb(CUDA_R_16BF, ib ? n : k, ib ? k : n, ldb);
+  const LtLayout lc(c_type, m, n, ldc);
   Key key;
   std::memset(&key, 0, sizeof(key));
   // A dimension may be bucketed where no stored matrix has it as its row count (so the leading
@@ -128,9 +115,9 @@ bool LtGemm::run(cublasOperation_t op_a, cublasOperation_t op_b, int m, int n, i
       kk.k_bucket = kq;
       if (algos_.count(kk)) return;
       Entry e;
-      const Layout ba(CUDA_R_16BF, ia ? kq : m, ia ? m : kq, lda);
-      const Layout bb(CUDA_R_16BF, ib ? nq : kq, ib ? kq : nq, ldb);
-      const Layout bc(c_type, m, nq, ldc);
+      const LtLayout ba(CUDA_R_16BF, ia ? kq : m, ia ? m : kq, lda);
+      const LtLayout bb(CUDA_R_16BF, ib ? nq : kq, ib ? kq : nq, ldb);
+      const LtLayout bc(c_type, m, nq, ldc);
       cublasLtMatmulHeuristicResult_t result{};
       int found = 0;
       if (cublasLtMatmulAlgoGetHeuristic(handle_, desc, ba, bb, bc, bc, pref, 1, &result, &found) ==
@@ -200,7 +187,7 @@ void LtGemm::warm_algos(const std::vector<cublasLtMatmulAlgo_t>& algos, cublasLt
   if (has_bias)
     CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
                                                 &scratch_bias, sizeof(scratch_bias)));
-  const Layout l(CUDA_R_16BF, kDim, kDim, kDim), lc(c_type, kDim, kDim, kDim);
+  const LtLayout l(CUDA_R_16BF, kDim, kDim, kDim), lc(c_type, kDim, kDim, kDim);
   const float alpha = 1.f;
   for (const cublasLtMatmulAlgo_t& algo : algos) {
     const cublasStatus_t rc =
@@ -233,9 +220,9 @@ void LtGemm::start_tuning(Entry& e, cublasLtMatmulDesc_t desc, cublasLtMatrixLay
     const uint32_t align = kAlign;
     CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, attr, &align, sizeof(align)));
   }
-  const Layout ba(CUDA_R_16BF, ia ? kq : m, ia ? m : kq, lda);
-  const Layout bb(CUDA_R_16BF, ib ? nq : kq, ib ? kq : nq, ldb);
-  const Layout bc(c_type, m, nq, ldc);
+  const LtLayout ba(CUDA_R_16BF, ia ? kq : m, ia ? m : kq, lda);
+  const LtLayout bb(CUDA_R_16BF, ib ? nq : kq, ib ? kq : nq, ldb);
+  const LtLayout bc(c_type, m, nq, ldc);
   cublasLtMatmulHeuristicResult_t results[kTuneCandidates];
   int found = 0;
   const cublasStatus_t hs = cublasLtMatmulAlgoGetHeuristic(handle_, desc, ba, bb, bc, bc, pref,

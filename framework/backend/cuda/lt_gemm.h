@@ -31,8 +31,25 @@
 #include <vector>
 
 #include "framework/backend/cuda/candidate_timer.h"
+#include "framework/backend/cuda/cuda_check.h"
 
 namespace hp::cuda {
+
+// A cuBLASLt matrix layout created for one call and destroyed with it (creation is a few host
+// stores); the bf16 GEMMs here and the FP8 GEMMs (fp8_gemm.cpp) both use it.
+class LtLayout {
+ public:
+  LtLayout(cudaDataType t, uint64_t rows, uint64_t cols, int64_t ld) {
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&l_, t, rows, cols, ld));
+  }
+  ~LtLayout() { cublasLtMatrixLayoutDestroy(l_); }
+  LtLayout(const LtLayout&) = delete;
+  LtLayout& operator=(const LtLayout&) = delete;
+  operator cublasLtMatrixLayout_t() const { return l_; }
+
+ private:
+  cublasLtMatrixLayout_t l_ = nullptr;
+};
 
 // The bucket a data-dependent GEMM dimension is rounded up to: 64 at least, else the smallest of
 // the eight evenly spaced sizes in (2^j, 2^(j+1)] that holds x (at most 1/8 larger than x).
