@@ -252,7 +252,8 @@ void Backend::gemm_fp8_group(const std::vector<GemmProblem>& problems, bool tran
 void Backend::do_gemm_fp8(const Tensor&, bool, const Tensor&, bool, Tensor&, double, const Tensor&,
                           const Tensor&, const Fp8Gemm&) {
   HP_FAIL(ErrorKind::kInternal, "backend ", name(),
-          " has no FP8 GEMMs (config key precision=fp8 runs on the CPU backend only)");
+          " has no FP8 GEMMs (config key precision=fp8 needs the CPU backend's emulation or a "
+          "CUDA device of compute capability 9.x or 10.x)");
 }
 
 void Backend::do_gemm_fp8_group(const std::vector<GemmProblem>& problems, bool trans_a,

@@ -246,6 +246,9 @@ class Backend {
   // Whether gemm_fp8 and gemm_fp8_group run on this backend (the model refuses precision=fp8
   // where they do not, naming the key). Default: false; the CPU reference: true.
   virtual bool has_fp8_gemms() const { return false; }
+  // The recipe this backend's FP8 GEMMs take (the model's specs carry it; asked only where
+  // has_fp8_gemms() is true). Default: kBlock128 (Hopper's); the CPU reference emulates any.
+  virtual fp8::Recipe fp8_recipe() const { return fp8::Recipe::kBlock128; }
   // gemm_group's problems (same rules, biases included) as FP8 products of one spec. Default:
   // gemm_fp8 one problem after another.
   void gemm_fp8_group(const std::vector<GemmProblem>& problems, bool trans_a, bool trans_b,

@@ -103,11 +103,11 @@ Model::Model(const ModelConfig& cfg, const ModelOptions& opts, Backend& be,
   glu_.limit = cfg_.swiglu_limit;
   if (!exchange_) exchange_ = std::make_shared<LocalExpertExchange>();
   // precision=fp8 needs a backend with FP8 GEMMs (docs/design.md, "FP8 training"): one without
-  // them (device=auto that found a GPU) is refused before any work, never run in bf16.
+  // them (a GPU of another compute capability) is refused before any work, never run in bf16.
   if ((opts_.fp8_dense() || opts_.fp8_experts()) && !be_.has_fp8_gemms())
-    HP_USER_ERROR(ErrorKind::kConfig, "config key 'precision': fp8 runs its GEMMs on the CPU "
-                  "backend's reference emulation only in this build (backend ", be_.name(),
-                  " has no FP8 GEMMs); use precision=bf16, or device=cpu");
+    HP_USER_ERROR(ErrorKind::kConfig, "config key 'precision': fp8 needs block-scaled FP8 GEMMs "
+                  "(the CPU backend's emulation, or a CUDA device of compute capability 9.x or "
+                  "10.x); backend ", be_.name(), " has none; use precision=bf16");
   if (cfg_.is_moe()) {
     const int ep = exchange_->ep_size();
     if (cfg_.n_experts % ep != 0)
@@ -271,10 +271,11 @@ void Model::settle_grads(int l) {
 
 void Model::dense_gemm(const Tensor& a, bool ta, const Tensor& b, bool tb, Tensor& c,
                        double beta, const Tensor& bias, const Tensor& r, bool weight_grad) {
-  if (opts_.fp8_dense()) {
+  // Weight gradients (dW = X^T dY, contracted over the tokens) stay in the activation dtype under
+  // precision=fp8 as well (docs/design.md, "FP8 training").
+  if (opts_.fp8_dense() && !weight_grad) {
     Backend::Fp8Gemm spec;
     spec.recipe = opts_.fp8_recipe;
-    if (weight_grad) spec.b = fp8::Role::kData;
     be_.gemm_fp8(a, ta, b, tb, c, beta, bias, r, spec);
   } else if (r.defined()) {
     be_.gemm_add(a, ta, b, tb, r, c, bias);
@@ -287,10 +288,9 @@ void Model::dense_gemm(const Tensor& a, bool ta, const Tensor& b, bool tb, Tenso
 
 void Model::expert_gemms(const std::vector<Backend::GemmProblem>& problems, bool ta, bool tb,
                          double beta, bool weight_grad) {
-  if (opts_.fp8_experts()) {
+  if (opts_.fp8_experts() && !weight_grad) {
     Backend::Fp8Gemm spec;
     spec.recipe = opts_.fp8_recipe;
-    if (weight_grad) spec.b = fp8::Role::kData;
     be_.gemm_fp8_group(problems, ta, tb, beta, spec);
   } else {
     be_.gemm_group(problems, ta, tb, beta);

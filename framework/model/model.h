@@ -26,9 +26,10 @@ namespace hp {
 enum class MetadataMode { kCached, kPerLayer };
 
 // precision=bf16|fp8 (docs/design.md, "FP8 training"): bf16 runs every GEMM in the backend's
-// activation dtype (bf16 on CUDA, cpu_dtype on the CPU); fp8 runs the classes fp8_gemms names
-// (forward, input-gradient and weight-gradient products) through Backend::gemm_fp8. The router,
-// attention and the unembedding stay in the activation dtype either way.
+// activation dtype (bf16 on CUDA, cpu_dtype on the CPU); fp8 runs the forward and input-gradient
+// products of the classes fp8_gemms names through Backend::gemm_fp8 with the recipe fp8_recipe
+// (the backend's: Backend::fp8_recipe). Their weight-gradient products, the router, attention and
+// the unembedding stay in the activation dtype either way.
 enum class GemmPrecision { kBF16, kFP8 };
 // fp8_gemms: which classes of products precision=fp8 quantizes.
 struct Fp8GemmClasses {
@@ -47,7 +48,7 @@ struct ModelOptions {
   int64_t max_positions = 4096;    // RoPE table length (>= seq_len)
   GemmPrecision precision = GemmPrecision::kBF16;  // key precision
   Fp8GemmClasses fp8_gemms;                        // key fp8_gemms
-  fp8::Recipe fp8_recipe = fp8::Recipe::kBlock128;
+  fp8::Recipe fp8_recipe = fp8::Recipe::kBlock128;  // the backend's (make_model_options)
 
   bool fp8_dense() const { return precision == GemmPrecision::kFP8 && fp8_gemms.dense; }
   bool fp8_experts() const { return precision == GemmPrecision::kFP8 && fp8_gemms.experts; }
@@ -142,11 +143,11 @@ class Model {
   Tensor& grad_acc(Param& p);
   void settle_grads(int l);
   // A dense projection's product c = op(a) op(b) (+ beta c) (+ bias) (+ r): FP8 under
-  // precision=fp8 with the dense class (weight_grad: the dW = X^T dY product, both operands
-  // data-blocked), else gemm, gemm_bias or gemm_add.
+  // precision=fp8 with the dense class unless weight_grad (the dW = X^T dY product), else gemm,
+  // gemm_bias or gemm_add.
   void dense_gemm(const Tensor& a, bool ta, const Tensor& b, bool tb, Tensor& c, double beta,
                   const Tensor& bias, const Tensor& r, bool weight_grad);
-  // gemm_group, or gemm_fp8_group under precision=fp8 with the experts class.
+  // gemm_group, or gemm_fp8_group under precision=fp8 with the experts class unless weight_grad.
   void expert_gemms(const std::vector<Backend::GemmProblem>& problems, bool ta, bool tb,
                     double beta, bool weight_grad);
   Tensor new_act(Shape s);

@@ -1,5 +1,6 @@
 // The model under precision=fp8 on the CPU reference (docs/design.md, "FP8 training"): each class
-// fp8_gemms names changes the results and the other classes' do not leak in, FP8 steps are
+// fp8_gemms names changes the results and the other classes' do not leak in, only forward and
+// input-gradient products are FP8 (weight gradients are the products bf16 runs), FP8 steps are
 // bitwise reproducible, the recompute of a checkpointed layer quantizes exactly as its forward
 // did, and the loss and gradients stay close to the unquantized ones.
 #include <gtest/gtest.h>
@@ -7,11 +8,13 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <map>
 #include <string>
 #include <vector>
 
 #include "framework/model/model.h"
 #include "tests/common/fixtures.h"
+#include "tests/framework/fp8_forwarding_backend.h"
 #include "tests/common/one_thread.h"
 
 namespace hp {
@@ -125,6 +128,104 @@ TEST(Fp8Model, StepsAreBitwiseReproducibleAndRecomputeMatchesForward) {
   const Result ckpt = step(GemmPrecision::kFP8, classes(true, true), true);
   EXPECT_EQ(ckpt.loss, a.loss);
   EXPECT_EQ(ckpt.grads, a.grads);
+}
+
+// Which op wrote each gradient of one step, and every FP8 product, through a backend that records
+// them.
+struct Recorded {
+  // Per parameter: the ops of the products whose output lies in its gradient, in order.
+  std::map<std::string, std::vector<std::string>> grad_ops;
+  std::vector<test::Fp8ForwardingBackend::Gemm> fp8;  // every FP8 product
+  int64_t other = 0;                                  // products into neither
+};
+
+Recorded record_step(const ModelConfig& cfg, GemmPrecision precision, Fp8GemmClasses classes,
+                     fp8::Recipe recipe) {
+  auto cpu = make_cpu_backend(DType::kF32);
+  test::Fp8ForwardingBackend be(*cpu);
+  ModelOptions opts;
+  opts.max_positions = 64;
+  opts.precision = precision;
+  opts.fp8_gemms = classes;
+  opts.fp8_recipe = recipe;
+  Model model(cfg, opts, be);
+  model.init_params(11);
+  const PackedBatch batch = test::synthetic_batch(cfg, 5, 64, 3, 20.0);
+  BatchMeta meta = be.upload_batch(batch);
+  model.zero_grads();
+  model.forward_backward(meta, 1.0 / batch.num_doc_tokens);
+  Recorded r;
+  for (const auto& g : be.gemms) {
+    const Param* into = nullptr;
+    for (auto& p : model.params().all()) {
+      const char* b = p->grad.data<char>();
+      if (g.c >= b && g.c < b + p->grad.nbytes()) into = p.get();
+    }
+    const bool fp8 = g.op == "gemm_fp8" || g.op == "gemm_fp8_group";
+    if (fp8) r.fp8.push_back(g);
+    if (into)
+      r.grad_ops[into->name].push_back(g.op);
+    else if (!fp8)
+      ++r.other;
+  }
+  return r;
+}
+
+ModelConfig dense_config() {
+  ModelConfig c = config();
+  c.n_experts = 0;
+  c.top_k = 0;
+  c.expert_ffn_dim = 0;
+  return c;
+}
+
+// Under fp8 the forward and input-gradient products of the FP8 classes are FP8 ({data, weight},
+// the model's recipe): 2 per projection per layer, 4 per expert chunk (its gate_up and down,
+// forward and input gradient; one weight-gradient product each into w1 and w2). Every weight
+// gradient is the product bf16 runs, op for op, and no FP8 product writes a gradient.
+TEST(Fp8Model, OnlyForwardAndInputGradientProductsAreFp8) {
+  OneThread one;
+  for (const bool moe : {true, false}) {
+    const ModelConfig cfg = moe ? config() : dense_config();
+    const Recorded bf16 =
+        record_step(cfg, GemmPrecision::kBF16, classes(true, true), fp8::Recipe::kBlock128);
+    const Recorded fp8 =
+        record_step(cfg, GemmPrecision::kFP8, classes(true, true), fp8::Recipe::kMx32);
+    EXPECT_TRUE(bf16.fp8.empty());
+    EXPECT_EQ(fp8.grad_ops, bf16.grad_ops) << (moe ? "moe" : "dense");
+    int64_t dense = 0, experts = 0;
+    for (const auto& g : fp8.fp8) {
+      EXPECT_EQ(g.spec.a, fp8::Role::kData);
+      EXPECT_EQ(g.spec.b, fp8::Role::kWeight);
+      EXPECT_EQ(g.spec.recipe, fp8::Recipe::kMx32);
+      (g.op == "gemm_fp8" ? dense : experts) += 1;
+    }
+    const int64_t layers = cfg.n_layers;
+    // Dense: qkv and out per layer, and the FFN's gate_up and down without experts.
+    EXPECT_EQ(dense, layers * 2 * (moe ? 2 : 4)) << (moe ? "moe" : "dense");
+    if (moe) {
+      int64_t chunks = 0;
+      for (int l = 0; l < layers; ++l) {
+        const auto& w1 = fp8.grad_ops.at("layers." + std::to_string(l) + ".moe.w1");
+        chunks += static_cast<int64_t>(std::count(w1.begin(), w1.end(), "gemm_group"));
+      }
+      EXPECT_GE(chunks, layers);
+      EXPECT_EQ(experts, 4 * chunks);
+    } else {
+      EXPECT_EQ(experts, 0);
+    }
+    // The FP8-class weights' gradients come from products that exist (the comparison above
+    // would also hold if none did).
+    for (const char* w : moe ? std::vector<const char*>{"attn.wqkv", "attn.wo", "moe.w1", "moe.w2"}
+                             : std::vector<const char*>{"attn.wqkv", "attn.wo", "mlp.w_gate_up",
+                                                        "mlp.w_down"}) {
+      const auto it = fp8.grad_ops.find(std::string("layers.0.") + w);
+      ASSERT_NE(it, fp8.grad_ops.end()) << w;
+      EXPECT_FALSE(it->second.empty()) << w;
+    }
+    // Everything else (router, attention, unembedding) is a product in the activation dtype.
+    EXPECT_EQ(fp8.other + static_cast<int64_t>(fp8.fp8.size()), bf16.other);
+  }
 }
 
 }  // namespace
