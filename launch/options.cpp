@@ -270,8 +270,9 @@ po::options_description describe_options(TrainOptions& o, RawEnums& raw) {
       "routing", po::value(&raw.routing)->default_value(raw.routing),
       "MoE routing: bincount (1 sync per layer) | per-expert (baseline)")(
       "precision", po::value(&raw.precision)->default_value(raw.precision),
-      "GEMM precision: bf16 (the activation dtype) | fp8 (E4M3 with block scales for the classes "
-      "fp8_gemms names; the CPU backend's reference emulation only in this build)")(
+      "GEMM precision: bf16 (the activation dtype) | fp8 (E4M3 with block scales for the forward "
+      "and input-gradient products of the classes fp8_gemms names, weight gradients in bf16; the "
+      "CPU backend's emulation, or CUDA on compute capability 9.x/10.x)")(
       "fp8_gemms", po::value(&raw.fp8_gemms)->default_value(raw.fp8_gemms),
       "precision=fp8: which products run in FP8, a comma list of dense (attention projections, "
       "dense FFN) and experts (MoE expert FFNs); router, attention and unembedding stay bf16")(
@@ -784,10 +785,13 @@ DataConfig make_data_config(const TrainOptions& o, int rank, int world) {
   return d;
 }
 
-ModelOptions make_model_options(const TrainOptions& o) {
+ModelOptions make_model_options(const TrainOptions& o, const Backend* be) {
   ModelOptions m = o.compute;
   if (m.offload.mode != OffloadMode::kNone) m.checkpoint_activations = true;
   m.max_positions = o.data.seq_len;
+  // The device's recipe; a backend without FP8 GEMMs is left to the model's refusal.
+  if (be && m.precision == GemmPrecision::kFP8 && be->has_fp8_gemms())
+    m.fp8_recipe = be->fp8_recipe();
   return m;
 }
 

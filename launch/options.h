@@ -198,9 +198,10 @@ void validate_train_options(const TrainOptions& o, int world_size);
 // The data loader's config of rank `rank` of `world`: o.data with the values the launch fills in
 // (vocab_size, eot_token's -1 resolved, rows_per_batch, seed, rank, world).
 DataConfig make_data_config(const TrainOptions& o, int rank, int world);
-// The model's options: o.compute with max_positions = seq_len, and checkpointing on where
-// offload is not none.
-ModelOptions make_model_options(const TrainOptions& o);
+// The model's options: o.compute with max_positions = seq_len, checkpointing on where offload is
+// not none, and under precision=fp8 the FP8 recipe of `be` (Backend::fp8_recipe) where it has FP8
+// GEMMs; without a backend the recipe stays kBlock128.
+ModelOptions make_model_options(const TrainOptions& o, const Backend* be = nullptr);
 
 // The model config as `key=value` lines, every key that changes what the model computes (its
 // shapes and its meaning), values printed exactly; saved in checkpoints and compared on load.

@@ -19,7 +19,7 @@ namespace {
 int run_bench_metadata(const TrainOptions& o, const RankContext& ctx) {
   std::unique_ptr<Backend> be = make_backend(o, ctx.launch.local_rank);
   auto loader = DataLoader::open(make_data_config(o, ctx.rank(), ctx.world()));
-  Model model(o.model, make_model_options(o), *be);
+  Model model(o.model, make_model_options(o, be.get()), *be);
   model.init_params(o.run.seed);
   PackedBatch batch = loader->next();
   BatchMeta meta = be->upload_batch(batch);

@@ -122,7 +122,7 @@ double max_over_min(const std::vector<double>& v) {
 int run_bench_offload(const TrainOptions& o, const RankContext& ctx) {
   std::unique_ptr<Backend> be = make_backend(o, ctx.launch.local_rank);
   auto loader = DataLoader::open(make_data_config(o, ctx.rank(), ctx.world()));
-  ModelOptions mo = make_model_options(o);
+  ModelOptions mo = make_model_options(o, be.get());
   mo.checkpoint_activations = true;
   OffloadOptions base = mo.offload;
   base.mode = OffloadMode::kNone;

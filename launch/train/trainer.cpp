@@ -79,7 +79,7 @@ Trainer::Trainer(const TrainOptions& o, const RankContext& ctx)
   std::shared_ptr<ExpertExchange> exchange;
   if (ctx_.world() > 1)
     exchange = std::make_shared<CommExpertExchange>(tensor_groups.ep, tensor_groups.world);
-  model_ = std::make_unique<Model>(o_.model, make_model_options(o_), *be_, exchange);
+  model_ = std::make_unique<Model>(o_.model, make_model_options(o_, be_.get()), *be_, exchange);
   if (o_.compute.offload.mode != OffloadMode::kNone) {
     // Over the ranks of this host (collective over the node group); link_arbiter=off gives a
     // local arbiter that grants at once but still counts the copies for the step stats.
