@@ -49,10 +49,21 @@ int64_t layer_act_bytes(const ModelConfig& c, int64_t n, int ep, int64_t a, int6
   return b;
 }
 
-// E4M3 bytes of a [rows, cols] matrix quantized in blocks of br x bc, with one fp32 scale per
-// block (framework/core/fp8.h).
-int64_t fp8_bytes(int64_t rows, int64_t cols, int64_t br, int64_t bc) {
-  return rows * cols + ((rows + br - 1) / br) * ((cols + bc - 1) / bc) * 4;
+// One operand of a CUDA FP8 product, quantized into scratch (framework/backend/cuda/
+// fp8_layout.h): X [rows, k] K-contiguous, E4M3 codes with rows padded to 8 and K to 16, and its
+// scales, the larger of the two recipes' (block128: fp32 per 1x128 block along K of each row for
+// a data operand, per 128x128 tile with the tile columns padded to 4 for a weight; mxfp8: one
+// E8M0 byte per 1x32 block in 128x4 tiles).
+struct Fp8Operand {
+  int64_t codes = 0, scales = 0;
+};
+Fp8Operand fp8_operand(int64_t rows, int64_t k, bool weight) {
+  const int64_t rows_pad = (rows + 7) / 8 * 8, row_tiles = (rows_pad + 127) / 128;
+  const int64_t blocks128 = (k + 127) / 128, blocks32 = (k + 31) / 32;
+  const int64_t block128 =
+      weight ? row_tiles * ((blocks128 + 3) / 4 * 4) * 4 : blocks128 * rows_pad * 4;
+  const int64_t mx = row_tiles * ((blocks32 + 3) / 4 * 4) * 128;
+  return {rows_pad * ((k + 15) / 16 * 16), std::max(block128, mx)};
 }
 
 }  // namespace
@@ -146,44 +157,55 @@ MemoryPlan plan_memory(const TrainOptions& o, const PlanLayout& layout, bool cud
   if (cuda) {
     // Activation tensors are many and short-lived: an eighth for their rounding. The CUDA
     // context and libraries, cuBLASLt / cuDNN workspaces and NCCL's buffers take the rest.
-    p.rounding = rounding + p.activations / 8;
     p.reserve = static_cast<int64_t>(1.5 * kGiB) + (world > 1 ? (int64_t{1} << 29) : 0);
   }
   if (o.compute.precision == GemmPrecision::kFP8) {
-    // Each FP8-class weight in 128x128 tiles, twice: Hopper's FP8 tensor cores read both
-    // operands along K, so the forward (K = rows) and the input gradient (K = columns) each
-    // need their own copy. Per layer, the inputs of its FP8 products that the weight gradient
-    // reads, blocked 1x128 along the tokens; with checkpointing one layer's at a time.
-    const int64_t d = c.d_model, hd = c.head_dim, hq = c.n_heads, hkv = c.n_kv_heads;
-    const bool dense = o.compute.fp8_gemms.dense, experts = o.compute.fp8_gemms.experts;
-    int64_t w = 0, act = 0;
-    const int64_t rounding_before = rounding;
-    auto weight = [&](int64_t rows, int64_t cols, int64_t matrices) {
-      for (int64_t i = 0; i < 2 * matrices * c.n_layers; ++i)
-        w += count(fp8_bytes(rows, cols, 128, 128));
+    // The CUDA FP8 path keeps no FP8 copies between products: each forward and input-gradient
+    // product of an FP8 class quantizes both operands into scratch (the data operand, the
+    // weight) and may write its product to an fp32 [m, n] scratch first; all of it is freed after
+    // the product, so the peak is the largest product's. Weight gradients run in bf16 and take
+    // none. An expert product (one chunk: an expert's rows from one source rank, at most that
+    // rank's tokens) is counted with the rank's routed rows, tokens x top_k, an upper bound
+    // however the group's products are run.
+    const int64_t d = c.d_model, hd = c.head_dim, qkv = (c.n_heads + 2 * c.n_kv_heads) * hd;
+    const int64_t attn = c.n_heads * hd;
+    int64_t best = 0;
+    std::vector<int64_t> best_parts;
+    // The product [m, k] x [k, cols] with a data operand of m rows and a weight of cols rows.
+    auto product = [&](int64_t m_rows, int64_t k, int64_t cols) {
+      const Fp8Operand x = fp8_operand(m_rows, k, false), w = fp8_operand(cols, k, true);
+      const std::vector<int64_t> parts = {x.codes, x.scales, w.codes, w.scales, m_rows * cols * 4};
+      int64_t sum = 0;
+      for (int64_t b : parts) sum += b;
+      if (sum > best) {
+        best = sum;
+        best_parts = parts;
+      }
     };
-    if (dense) {
-      weight(d, (hq + 2 * hkv) * hd, 1);
-      weight(hq * hd, d, 1);
-      act += fp8_bytes(n, d, 128, 1) + fp8_bytes(n, hq * hd, 128, 1);  // xn, attention output
+    // Forward y = x W ([rows, in] x [in, out]) and input gradient dX = dY W^T.
+    auto layer_matrix = [&](int64_t rows, int64_t in, int64_t out) {
+      product(rows, in, out);
+      product(rows, out, in);
+    };
+    if (o.compute.fp8_gemms.dense) {
+      layer_matrix(n, d, qkv);
+      layer_matrix(n, attn, d);
       if (!c.is_moe()) {
-        weight(d, 2 * c.ffn_dim, 1);
-        weight(c.ffn_dim, d, 1);
-        act += fp8_bytes(n, d, 128, 1) + fp8_bytes(n, c.ffn_dim, 128, 1);  // hn, activation
+        layer_matrix(n, d, 2 * c.ffn_dim);
+        layer_matrix(n, c.ffn_dim, d);
       }
     }
-    if (experts && c.is_moe()) {
-      const int64_t f = c.expert_ffn_dim, local = c.n_experts / ep, rows = n * c.top_k;
-      weight(d, 2 * f, local);
-      weight(f, d, local);
-      act += fp8_bytes(rows, d, 128, 1) + fp8_bytes(rows, f, 128, 1);  // expert inputs
+    if (o.compute.fp8_gemms.experts && c.is_moe()) {
+      const int64_t rows = n * c.top_k, f = c.expert_ffn_dim;
+      layer_matrix(rows, d, 2 * f);
+      layer_matrix(rows, f, d);
     }
-    p.fp8_weights = w;
-    p.fp8_activations = (layout.checkpoint_activations ? 1 : c.n_layers) * act;
-    if (cuda) p.rounding += rounding - rounding_before + p.fp8_activations / 8;
+    for (int64_t b : best_parts) p.fp8_scratch += count(b);
   }
-  p.total = p.params + p.grads + p.optimizer + p.activations + p.staging + p.rounding + p.reserve;
-  if (cuda) p.total += p.fp8_weights + p.fp8_activations;
+  p.total = p.params + p.grads + p.optimizer + p.activations + p.staging + p.reserve;
+  if (cuda) p.total += p.fp8_scratch;
+  p.rounding = cuda ? rounding + p.activations / 8 : 0;
+  p.total += p.rounding;
   return p;
 }
 
@@ -261,8 +283,7 @@ Json plan_json(const MemoryPlan& p, int64_t device_bytes) {
   j["rounding_bytes"] = p.rounding;
   j["reserve_bytes"] = p.reserve;
   j["host_pinned_bytes"] = p.host_pinned;
-  j["fp8_weight_bytes"] = p.fp8_weights;
-  j["fp8_activation_bytes"] = p.fp8_activations;
+  j["fp8_scratch_bytes"] = p.fp8_scratch;
   j["host_snapshot_bytes"] = p.host_snapshot;
   j["total_bytes"] = p.total;
   j["device_bytes"] = device_bytes;
@@ -289,12 +310,11 @@ std::string format_plan(const MemoryPlan& p, int64_t device_bytes) {
   s += str_cat("  activations      ", gib(p.activations), "  (all kept ", gib(p.act_full),
                "; recompute ", gib(p.act_checkpointed), "; offload ", gib(p.act_offloaded), ")\n");
   s += str_cat("  staging buffers  ", gib(p.staging), "\n");
-  if (p.fp8_weights || p.fp8_activations) {
-    const char* note = p.cuda ? "  (planned for the CUDA FP8 path, which has not run yet)"
-                              : "  (the CUDA FP8 path's; not held here, not in the total)";
-    s += str_cat("  fp8 weights      ", gib(p.fp8_weights), note, "\n");
-    s += str_cat("  fp8 activations  ", gib(p.fp8_activations), note, "\n");
-  }
+  if (p.fp8_scratch)
+    s += str_cat("  fp8 scratch      ", gib(p.fp8_scratch),
+                 p.cuda ? "  (the largest FP8 product's quantized operands and fp32 output)"
+                        : "  (the CUDA FP8 path's; not held here, not in the total)",
+                 "\n");
   if (p.rounding) s += str_cat("  block rounding   ", gib(p.rounding), "\n");
   if (p.reserve)
     s += str_cat("  reserve          ", gib(p.reserve), "  (CUDA context, workspaces, NCCL)\n");

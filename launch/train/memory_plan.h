@@ -49,13 +49,11 @@ struct MemoryPlan {
   int64_t rounding = 0;          // allocator blocks beyond the bytes asked for (CUDA)
   int64_t reserve = 0;           // CUDA context, library workspaces, NCCL
   int64_t host_pinned = 0;       // host memory for offloaded block inputs (not on the device)
-  // precision=fp8 (docs/design.md, "FP8 training"): the E4M3 copies the CUDA FP8 path is to
-  // hold, each with its fp32 block scales. That path has not run yet and quantizes into scratch
-  // per product today; the CPU backend emulates FP8 per product and keeps none of these. A CUDA
-  // plan counts them in its total, a CPU plan shows them only.
-  int64_t fp8_weights = 0;      // the FP8-class weights, in both orientations (128x128 tiles)
-  int64_t fp8_activations = 0;  // FP8 GEMM inputs kept for the weight gradient (1x128 blocks
-                                // along the tokens), next to the activations above
+  // precision=fp8 (docs/design.md, "The memory plan"): the CUDA FP8 path's scratch, the largest
+  // FP8 product's two quantized operands (E4M3 codes and their scales) and its fp32 output, held
+  // only during that product. The CPU backend emulates FP8 per product and holds none of it: a
+  // CUDA plan counts it in its total, a CPU plan shows it only.
+  int64_t fp8_scratch = 0;
   // Host memory of a background checkpoint's snapshot (checkpoint_async with a checkpoint_dir):
   // at most the masters and moments this rank owns (under MPI it copies only the rows it writes).
   int64_t host_snapshot = 0;

@@ -18,6 +18,7 @@
 #include "launch/train/trainer.h"
 #include "tests/common/launch_fixtures.h"
 #include "tests/common/one_thread.h"
+#include "tests/framework/fp8_forwarding_backend.h"
 
 namespace fs = std::filesystem;
 
@@ -192,27 +193,64 @@ TEST(Fp8Options, ParsedTypedAndValidated) {
   EXPECT_EQ(test::validation_message(dense), "");
 }
 
-// The plan states the FP8 copies the CUDA path will hold (weights in both orientations,
-// activations saved for the weight gradient), each with its fp32 scales, only under fp8.
-TEST(Fp8Options, MemoryPlanShowsTheFp8Copies) {
+// The model's FP8 recipe is the backend's under fp8 (a compute capability 10.x GPU reports mxfp8),
+// kBlock128 without a backend, and never asked of a backend without FP8 GEMMs or under bf16.
+TEST(Fp8Options, TheRecipeIsTheBackends) {
+  TrainOptions o = small_run(true);
+  o.compute.precision = GemmPrecision::kFP8;
+  auto cpu = make_cpu_backend(DType::kF32);
+  EXPECT_EQ(cpu->fp8_recipe(), fp8::Recipe::kBlock128);
+  test::Fp8ForwardingBackend mx(*cpu);
+  mx.set_fp8_recipe(fp8::Recipe::kMx32);
+  EXPECT_EQ(make_model_options(o, &mx).fp8_recipe, fp8::Recipe::kMx32);
+  EXPECT_EQ(make_model_options(o, cpu.get()).fp8_recipe, fp8::Recipe::kBlock128);
+  EXPECT_EQ(make_model_options(o).fp8_recipe, fp8::Recipe::kBlock128);
+  o.compute.precision = GemmPrecision::kBF16;
+  EXPECT_EQ(make_model_options(o, &mx).fp8_recipe, fp8::Recipe::kBlock128);
+}
+
+// The plan's one FP8 line, only under fp8: the scratch of the largest forward or input-gradient
+// FP8 product (both operands quantized, the fp32 output), counted in a CUDA plan's total and
+// shown, not counted, in a CPU plan's. The weight gradients run in bf16 and add nothing.
+TEST(Fp8Options, MemoryPlanCountsTheLargestProductsScratch) {
   TrainOptions o = small_run(true);
   const MemoryPlan bf16 = plan_memory(o, layout_of(o, 1), true);
-  EXPECT_EQ(bf16.fp8_weights, 0);
-  EXPECT_EQ(bf16.fp8_activations, 0);
+  EXPECT_EQ(bf16.fp8_scratch, 0);
+  EXPECT_EQ(format_plan(bf16, 0).find("fp8"), std::string::npos);
   o.compute.precision = GemmPrecision::kFP8;
   const MemoryPlan fp8 = plan_memory(o, layout_of(o, 1), true);
-  // Weights: per layer wqkv 64x128, wo 64x64, 4 experts of w1 64x128 and w2 64x64; two FP8
-  // copies each, plus one fp32 scale per 128x128 tile per copy (every matrix here is one tile).
-  const int64_t layers = 2;
-  const int64_t mats = 1 + 1 + 4 + 4;
-  const int64_t weight_elems = 64 * 128 + 64 * 64 + 4 * (64 * 128 + 64 * 64);
-  EXPECT_EQ(fp8.fp8_weights, layers * (2 * weight_elems + 2 * mats * 4));
-  EXPECT_GT(fp8.fp8_activations, 0);
-  EXPECT_EQ(fp8.total,
-            bf16.total + fp8.fp8_weights + fp8.fp8_activations + (fp8.rounding - bf16.rounding));
+  // 256 tokens, d_model 64, qkv 128 wide, attention 64, experts' gate_up 128 and down 64 wide;
+  // the experts' rows are counted as 256 x top_k 2 = 512. The largest product is an expert's
+  // gate_up forward [512, 64] x [64, 128]: data codes 512 x 64 and scales 512 rows x 1 block x 4
+  // bytes (mxfp8's 4 tiles x 4 x 128 bytes alike), weight codes 128 x 64 and scales mxfp8's 1
+  // tile x 4 x 128 bytes (block128's 4 fp32), output 512 x 128 fp32.
+  const int64_t experts = 512 * 64 + 512 * 4 + 128 * 64 + 512 + 512 * 128 * 4;
+  EXPECT_EQ(fp8.fp8_scratch, experts);
+  // Every piece is a multiple of 512 bytes: the allocator adds no rounding.
+  EXPECT_EQ(fp8.rounding, bf16.rounding);
+  EXPECT_EQ(fp8.total, bf16.total + fp8.fp8_scratch);
   const std::string text = format_plan(fp8, 0);
-  EXPECT_NE(text.find("fp8 weights"), std::string::npos) << text;
-  EXPECT_NE(text.find("fp8 activations"), std::string::npos) << text;
+  EXPECT_NE(text.find("fp8 scratch"), std::string::npos) << text;
+  const nlohmann::ordered_json j = plan_json(fp8, 0);
+  EXPECT_EQ(j["fp8_scratch_bytes"], experts);
+
+  // The dense class alone: qkv's forward [256, 64] x [64, 128] is the largest.
+  o.compute.fp8_gemms.experts = false;
+  EXPECT_EQ(plan_memory(o, layout_of(o, 1), true).fp8_scratch,
+            256 * 64 + 256 * 4 + 128 * 64 + 512 + 256 * 128 * 4);
+  // The experts class alone gives the experts' product again.
+  o.compute.fp8_gemms.experts = true;
+  o.compute.fp8_gemms.dense = false;
+  EXPECT_EQ(plan_memory(o, layout_of(o, 1), true).fp8_scratch, experts);
+
+  // A CPU plan shows it but holds none of it.
+  o.compute.fp8_gemms.dense = true;
+  TrainOptions cpu_bf16 = small_run(true);
+  const MemoryPlan cpu_ref = plan_memory(cpu_bf16, layout_of(cpu_bf16, 1), false);
+  const MemoryPlan cpu = plan_memory(o, layout_of(o, 1), false);
+  EXPECT_EQ(cpu.fp8_scratch, experts);
+  EXPECT_EQ(cpu.total, cpu_ref.total);
+  EXPECT_NE(format_plan(cpu, 0).find("not in the total"), std::string::npos);
 }
 
 }  // namespace
