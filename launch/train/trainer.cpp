@@ -254,14 +254,14 @@ StepStats Trainer::step() {
       partitioned_grad_sum_squares(be, model_->params(), grad_groups_, zero1_.get(), grad_sumsq);
     else
       grad_sum_squares(be, model_->params(), grad_sumsq);
-    // Several ranks: the next batch is packed here, on the host, while the device still works
-    // through backward and the norms queued above; its counts ride in this step's collective.
-    std::vector<double> next;
-    if (ctx_.world() > 1) {
-      ahead_state_ = loader_->state();
-      next_batch_ = loader_->next();
-      next = counts_of(*next_batch_);
-    }
+    // The next batch is packed here, on the host, while the device still works through
+    // backward and the norms queued above (else the device would idle while the host packs it
+    // at the start of the next step); on several ranks its counts ride in this step's
+    // collective.
+    ahead_state_ = loader_->state();
+    next_batch_ = loader_->next();
+    std::vector<double> next = counts_of(*next_batch_);
+    if (ctx_.world() == 1) next_counts_ = next;
     Tensor host = Tensor::host({4}, be.master_dtype());
     be.read_to_host(scalars_, host, SyncCause::kLoss);
     std::vector<double> s = to_double_vector(host);

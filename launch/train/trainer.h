@@ -98,10 +98,11 @@ class Trainer {
   // [1] on the device (nonfinite=skip): the flag of update_is_finite's check.
   Tensor check_flag_;
   bool update_overflowed_ = false;
-  // Several ranks: the next step's batch, loaded during this step so that its global counts
-  // (valid targets, document tokens, FLOPs; needed before its loss) ride in this step's one host
-  // collective. next_counts_ are those sums; ahead_state_ is the loader's position before the
-  // batch was loaded, which is what a checkpoint records. Empty at the start and after a load.
+  // The next step's batch, loaded during this step while the device works (on several ranks
+  // its global counts - valid targets, document tokens, FLOPs; needed before its loss - ride in
+  // this step's one host collective). next_counts_ are those counts (summed over the ranks);
+  // ahead_state_ is the loader's position before the batch was loaded, which is what a
+  // checkpoint records. Empty at the start and after a load.
   std::optional<PackedBatch> next_batch_;
   std::vector<double> next_counts_;
   LoaderState ahead_state_;

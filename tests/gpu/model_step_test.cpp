@@ -196,6 +196,7 @@ TEST(CudaModel, Fp8ForwardBackwardMatchesCpuFp8Reference) {
   opts.ce_chunk_tokens = 300;
   const double bf16 = forward_backward_matches_cpu(opts, Agreement{});
   opts.precision = GemmPrecision::kFP8;
+  opts.fp8_recipe = make_cuda_backend(0)->fp8_recipe();  // the CPU emulates the device's
   Agreement tol;
   tol.loss = 2e-2;
   tol.grad = 0.25;

@@ -690,7 +690,7 @@ class CudaBackend final : public Backend {
     return cuda::fp8_reference_form(q.layout, codes, scales);
   }
 
-  fp8::Recipe fp8_recipe() const {
+  fp8::Recipe fp8_recipe() const override {
     fp8::Recipe r{};
     HP_CHECK(cuda::fp8_device_recipe(cc_major_, &r), "CUDA device ", device_,
              " (compute capability ", cc_major_, ".", cc_minor_,
