@@ -78,6 +78,11 @@ float block_scale(float amax) {
   return s > 0 ? s : 1.0f;
 }
 
+uint8_t quantize_element(float x, float s, float r) {
+  if (std::isnan(s)) return kE4M3NaN;
+  return e4m3_from_float(std::isinf(r) ? x / s : x * r);
+}
+
 const char* recipe_name(Recipe r) { return r == Recipe::kMx32 ? "mxfp8" : "block128"; }
 
 int64_t block_k(Recipe r) { return r == Recipe::kMx32 ? 32 : 128; }
@@ -116,10 +121,10 @@ Quantized quantize(const float* x, int64_t rows, int64_t k, int64_t row_stride, 
         s = block_scale(amax);
       }
       q.scales[si] = s;
+      const float inv = 1.0f / s;
       for (int64_t r = r0; r < r1; ++r)
         for (int64_t c = c0; c < c1; ++c)
-          q.codes[static_cast<size_t>(r * k + c)] =
-              std::isnan(s) ? kE4M3NaN : e4m3_from_float(at(r, c) / s);
+          q.codes[static_cast<size_t>(r * k + c)] = quantize_element(at(r, c), s, inv);
     }
   }
   return q;

@@ -14,14 +14,17 @@
 // Block scales:
 //  - kBlock128 (Hopper, cuBLASLt's VEC128_32F / BLK128x128_32F): an fp32 scale per block,
 //    s = amax / 448, the factor that multiplies the E4M3 value to dequantize: x ~ s * q, where
-//    q = e4m3(x / s) (x / s rounded to fp32 first). A block whose amax is 0 (or so small that
+//    q = e4m3(x * (1 / s)): 1 / s rounded to fp32 once per block, the product rounded to fp32
+//    (one multiply an element, the same on the GPU; x / s where 1 / s overflows, a scale below
+//    2^-128). A block whose amax is 0 (or so small that
 //    amax / 448 is 0) gets s = 1 and its elements quantize to zeros. A block holding a non-finite
 //    value gets s = NaN, so every element of it dequantizes to NaN (the step's non-finite check
 //    then sees it). Activations and gradients are quantized in 1x128 blocks along the
 //    contraction dimension, weights in 128x128 tiles; edge blocks are partial.
 //  - kMx32 (Blackwell MXFP8, VEC32_UE8M0): 1x32 blocks along the contraction dimension for every
 //    operand, with an E8M0 scale 2^X, X = floor(log2(amax)) - 8 (8: the exponent of E4M3's
-//    largest power of two), clamped to [-127, 127]; elements are x / 2^X converted with
+//    largest power of two), clamped to [-127, 127]; elements are x * 2^-X (exactly x / 2^X)
+//    converted with
 //    saturation (amax / 2^X lies in [256, 512), so the largest values of a block may saturate to
 //    448, as the MX spec allows). An all-zero block gets X = 0; a non-finite block the NaN scale
 //    0xFF.
@@ -54,6 +57,9 @@ float e8m0_to_float(uint8_t code);
 
 // The fp32 scale of a kBlock128 block whose largest magnitude is `amax` (NaN when not finite).
 float block_scale(float amax);
+// The code of x in a block of scale s (block_scale or an E8M0 value) whose reciprocal, 1 / s
+// rounded to fp32, is r: e4m3(x * r), or e4m3(x / s) where r is infinite; NaN where s is.
+uint8_t quantize_element(float x, float s, float r);
 
 enum class Recipe {
   kBlock128,  // 1x128 (data) and 128x128 (weights) blocks, fp32 scales

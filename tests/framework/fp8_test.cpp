@@ -147,6 +147,30 @@ TEST(Fp8, BlockScaleOfOneLargeValue) {
   EXPECT_NEAR(q.dequantized(0, 5), 1000.0, 1e-3);
 }
 
+// Elements are multiplied by the block's fp32 reciprocal scale; where that reciprocal overflows
+// (a scale below 2^-128: subnormal amaxes) they are divided, so zeros stay zeros, not NaN.
+TEST(Fp8, ReciprocalScaleAndItsOverflow) {
+  std::vector<float> x(256, 0.0f);
+  for (int c = 0; c < 128; c += 3) x[static_cast<size_t>(c)] = 0.37f * static_cast<float>(c - 60);
+  for (int c = 128; c < 256; c += 5) x[static_cast<size_t>(c)] = 1e-40f * static_cast<float>(c % 7);
+  const fp8::Quantized q =
+      fp8::quantize(x.data(), 1, 256, 256, 1, fp8::Recipe::kBlock128, fp8::Role::kData);
+  ASSERT_EQ(q.scales.size(), 2u);
+  const float s0 = q.scales[0], s1 = q.scales[1];
+  EXPECT_TRUE(std::isfinite(1.0f / s0));
+  EXPECT_TRUE(std::isinf(1.0f / s1)) << "the second block's scale " << s1 << " is not tiny";
+  for (int c = 0; c < 256; ++c) {
+    const float v = x[static_cast<size_t>(c)];
+    const uint8_t want = c < 128 ? fp8::e4m3_from_float(v * (1.0f / s0))
+                                 : fp8::e4m3_from_float(v / s1);
+    EXPECT_EQ(q.codes[static_cast<size_t>(c)], want) << "element " << c;
+    EXPECT_EQ(q.codes[static_cast<size_t>(c)], fp8::quantize_element(v, c < 128 ? s0 : s1,
+                                                                      1.0f / (c < 128 ? s0 : s1)));
+  }
+  EXPECT_EQ(q.codes[129], 0x00);  // a zero of the tiny block
+  EXPECT_NE(q.codes[128], 0x00);  // 2e-40 / s1 is about 150
+}
+
 TEST(Fp8, PartialBlocksTilesAndZeroBlocks) {
   // 130 x 200 along K = 200: data blocks 1x128 give 2 K blocks per row (the second of 72);
   // weight tiles 128x128 give 2 x 2 tiles, the edge ones partial.
@@ -179,11 +203,13 @@ TEST(Fp8, PartialBlocksTilesAndZeroBlocks) {
           amax = std::max(amax, std::fabs(x[static_cast<size_t>(r * k + c)]));
       EXPECT_EQ(w.scales[static_cast<size_t>(br * 2 + bc)], amax / 448.0f);
     }
-  // Every element: the code of x / s, and within half a step of E4M3 (2^-4 relative) of x.
+  // Every element: the code of x times the block's fp32 reciprocal scale, and within half a step
+  // of E4M3 (2^-4 relative) of x.
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t c = 0; c < k; ++c) {
       const float v = x[static_cast<size_t>(r * k + c)];
-      ASSERT_EQ(w.codes[static_cast<size_t>(r * k + c)], fp8::e4m3_from_float(v / w.scale(r, c)));
+      const float inv = 1.0f / w.scale(r, c);
+      ASSERT_EQ(w.codes[static_cast<size_t>(r * k + c)], fp8::e4m3_from_float(v * inv));
       const double err = std::fabs(w.dequantized(r, c) - v);
       ASSERT_LE(err, std::fabs(v) / 16 + w.scale(r, c) * std::ldexp(1.0, -10));
     }

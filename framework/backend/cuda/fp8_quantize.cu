@@ -65,12 +65,19 @@ __device__ __forceinline__ float e8m0_value(unsigned char code) {
   return __uint_as_float(static_cast<unsigned>(code) << 23);
 }
 
-// e4m3(x / s) as the reference computes it: the quotient rounded to fp32, then to E4M3 with
-// round-to-nearest-even and saturation to +-448; a NaN scale gives the NaN code.
-__device__ __forceinline__ unsigned char quantize_one(float x, float s) {
-  if (isnan(s)) return fp8::kE4M3NaN;
-  return static_cast<unsigned char>(
-      __nv_cvt_float_to_fp8(__fdiv_rn(x, s), __NV_SATFINITE, __NV_E4M3));
+// A block's scale s and its reciprocal r = 1 / s rounded to fp32 (the reference's).
+struct Scale {
+  float s, r;
+};
+__device__ __forceinline__ Scale make_scale(float s) { return {s, __frcp_rn(s)}; }
+
+// The reference's quantize_element: e4m3(x * r), the product rounded to fp32 (x / s where r is
+// infinite), then to E4M3 with round-to-nearest-even and saturation to +-448; a NaN scale gives
+// the NaN code.
+__device__ __forceinline__ unsigned char quantize_one(float x, Scale sc) {
+  if (isnan(sc.s)) return fp8::kE4M3NaN;
+  const float q = isinf(sc.r) ? __fdiv_rn(x, sc.s) : __fmul_rn(x, sc.r);
+  return static_cast<unsigned char>(__nv_cvt_float_to_fp8(q, __NV_SATFINITE, __NV_E4M3));
 }
 
 template <typename T>
@@ -161,7 +168,7 @@ __global__ void __launch_bounds__(kThreads)
       c = tid % kTile;
     }
     const bool inside = r0 + r < l.rows && c0 + c < l.k;
-    tile[r][c] = inside ? quantize_one(load(r, c), scale[r][c / 32]) : 0;
+    tile[r][c] = inside ? quantize_one(load(r, c), make_scale(scale[r][c / 32])) : 0;
   }
   __syncthreads();
   // Out K-contiguous, a 4-byte word per thread and step (ldk is a multiple of 16).
@@ -193,43 +200,55 @@ __device__ __forceinline__ void load8(const T* p, float (&v)[8]) {
 __device__ __forceinline__ unsigned abs_bits(float x) { return __float_as_uint(x) & 0x7FFFFFFFu; }
 
 // Block128 data operand, source K-contiguous (X[r][c] = x[r * ld + c], ld and k multiples of 8,
-// x 16-byte aligned): one warp per 256 columns of a row; lanes 0-15 hold one 128-column block,
-// lanes 16-31 the next, 8 columns a lane. Rows in [rows, rows_pad) and columns in [k, ldk) are
-// zeros (scale 1 where a whole block is).
+// x 16-byte aligned): a warp covers 256 columns of a row (lanes 0-15 one 128-column block, lanes
+// 16-31 the next, 8 columns a lane), kUnits such runs, all loads issued before any is used.
+// Rows in [rows, rows_pad) and columns in [k, ldk) are zeros (scale 1 where a whole block is).
+constexpr int kUnits = 2;
 template <typename T>
 __global__ void __launch_bounds__(kThreads)
     quantize_data_kernel(const T* __restrict__ x, int64_t ld, Fp8Layout l,
                          unsigned char* __restrict__ codes, float* __restrict__ scales) {
   const int lane = threadIdx.x % 32;
-  const int64_t per_row = (l.ldk + 255) / 256;
-  const int64_t unit = static_cast<int64_t>(blockIdx.x) * (kThreads / 32) + threadIdx.x / 32;
-  if (unit >= l.rows_pad * per_row) return;  // the whole warp alike
-  const int64_t r = unit / per_row;
-  const int64_t c = (unit % per_row) * 256 + lane * 8;
-  const bool in = r < l.rows && c < l.k;  // k % 8 == 0: a lane's 8 columns are all in or all out
-  float v[8];
-  if (in) {
-    load8(x + r * ld + c, v);
-  } else {
+  const int64_t per_row = (l.ldk + 255) / 256, units = l.rows_pad * per_row;
+  const int64_t first =
+      (static_cast<int64_t>(blockIdx.x) * (kThreads / 32) + threadIdx.x / 32) * kUnits;
+  float v[kUnits][8];
+  int64_t r[kUnits], c[kUnits];
+  bool in[kUnits];
 #pragma unroll
-    for (int i = 0; i < 8; ++i) v[i] = 0.f;
+  for (int u = 0; u < kUnits; ++u) {
+    const int64_t unit = first + u;
+    r[u] = unit / per_row;
+    c[u] = (unit % per_row) * 256 + lane * 8;
+    // k % 8 == 0: a lane's 8 columns are all in or all out.
+    in[u] = unit < units && r[u] < l.rows && c[u] < l.k;
+    if (in[u]) {
+      load8(x + r[u] * ld + c[u], v[u]);
+    } else {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) v[u][i] = 0.f;
+    }
   }
-  unsigned m = 0;
 #pragma unroll
-  for (int i = 0; i < 8; ++i) m = max(m, abs_bits(v[i]));
+  for (int u = 0; u < kUnits; ++u) {
+    if (first + u >= units) break;  // the whole warp alike
+    unsigned m = 0;
 #pragma unroll
-  for (int o = 8; o > 0; o >>= 1) m = max(m, __shfl_xor_sync(0xFFFFFFFFu, m, o));
-  const float s = block_scale_bits(m);
-  const int64_t b = c / kTile;
-  if (lane % 16 == 0 && b < l.k_blocks()) scales[l.scale_index(r, b)] = s;
-  if (c >= l.ldk) return;
-  unsigned word[2] = {0, 0};
-  if (in) {
+    for (int i = 0; i < 8; ++i) m = max(m, abs_bits(v[u][i]));
 #pragma unroll
-    for (int i = 0; i < 8; ++i)
-      word[i / 4] |= static_cast<unsigned>(quantize_one(v[i], s)) << (8 * (i % 4));
+    for (int o = 8; o > 0; o >>= 1) m = max(m, __shfl_xor_sync(0xFFFFFFFFu, m, o));
+    const Scale sc = make_scale(block_scale_bits(m));
+    const int64_t b = c[u] / kTile;
+    if (lane % 16 == 0 && b < l.k_blocks()) scales[l.scale_index(r[u], b)] = sc.s;
+    if (c[u] >= l.ldk) continue;
+    unsigned word[2] = {0, 0};
+    if (in[u]) {
+#pragma unroll
+      for (int i = 0; i < 8; ++i)
+        word[i / 4] |= static_cast<unsigned>(quantize_one(v[u][i], sc)) << (8 * (i % 4));
+    }
+    *reinterpret_cast<uint2*>(codes + r[u] * l.ldk + c[u]) = make_uint2(word[0], word[1]);
   }
-  *reinterpret_cast<uint2*>(codes + r * l.ldk + c) = make_uint2(word[0], word[1]);
 }
 
 // Block128 weight operand: one thread block per 128x128 tile of X, read from the source S
@@ -271,10 +290,10 @@ __global__ void __launch_bounds__(kThreads)
   __syncthreads();
 #pragma unroll
   for (int w = 0; w < kThreads / 32; ++w) m = max(m, warp_max[w]);
-  const float s = block_scale_bits(m);
+  const Scale sc = make_scale(block_scale_bits(m));
   if (tid == 0) {
     const int64_t b = c0 / kTile;
-    scales[l.scale_index(r0, b)] = s;
+    scales[l.scale_index(r0, b)] = sc.s;
     // The stride's padding columns, written once per row of tiles.
     if (b == l.k_blocks() - 1)
       for (int64_t p = l.k_blocks(); p < l.k_blocks4(); ++p) scales[l.scale_index(r0, p)] = 0.f;
@@ -285,7 +304,7 @@ __global__ void __launch_bounds__(kThreads)
     const int i = run / (kTile / 8), j = (run % (kTile / 8)) * 8;
     const bool in = i0 + i < s_rows && j0 + j < s_cols;
 #pragma unroll
-    for (int e = 0; e < 8; ++e) tile[i * kStride + j + e] = in ? quantize_one(v[q][e], s) : 0;
+    for (int e = 0; e < 8; ++e) tile[i * kStride + j + e] = in ? quantize_one(v[q][e], sc) : 0;
   }
   __syncthreads();
   for (int w = tid; w < kTile * kTile / 4; w += kThreads) {
@@ -343,7 +362,8 @@ void launch_fp8_quantize(const void* x, DType x_t, int64_t row_stride, int64_t c
     auto* out = static_cast<unsigned char*>(codes);
     if (block128 && !l.weight && k_contiguous && runs_of_8) {
       const int64_t units = l.rows_pad * ((l.ldk + 255) / 256);
-      const int64_t blocks = (units + kThreads / 32 - 1) / (kThreads / 32);
+      const int64_t per_block = kThreads / 32 * kUnits;
+      const int64_t blocks = (units + per_block - 1) / per_block;
       HP_CHECK(blocks <= 0x7FFFFFFF, "fp8 quantize: ", l.rows_pad, " x ", l.ldk, " is too large");
       quantize_data_kernel<T><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
           src, ld, l, out, static_cast<float*>(scales));
