@@ -16,10 +16,9 @@
 //    s = amax / 448, the factor that multiplies the E4M3 value to dequantize: x ~ s * q, where
 //    q = e4m3(x * (1 / s)): 1 / s rounded to fp32 once per block, the product rounded to fp32
 //    (one multiply an element, the same on the GPU; x / s where 1 / s overflows, a scale below
-//    2^-128). A block whose amax is 0 (or so small that
-//    amax / 448 is 0) gets s = 1 and its elements quantize to zeros. A block holding a non-finite
-//    value gets s = NaN, so every element of it dequantizes to NaN (the step's non-finite check
-//    then sees it). Activations and gradients are quantized in 1x128 blocks along the
+//    2^-128). A block whose amax is 0 (or so small that amax / 448 is 0) gets s = 1 and its
+//    elements quantize to zeros. A block holding a non-finite value gets s = NaN, so every
+//    element of it dequantizes to NaN (the step's non-finite check then sees it). Activations and gradients are quantized in 1x128 blocks along the
 //    contraction dimension, weights in 128x128 tiles; edge blocks are partial.
 //  - kMx32 (Blackwell MXFP8, VEC32_UE8M0): 1x32 blocks along the contraction dimension for every
 //    operand, with an E8M0 scale 2^X, X = floor(log2(amax)) - 8 (8: the exponent of E4M3's
