@@ -4,8 +4,9 @@
 //
 // Recipe block128 has two kernels that read their source once, 16 bytes per access:
 //  - data operands (1x128 blocks) stored K-contiguous, the activations and output gradients of
-//    the forward and input-gradient products: a warp covers 256 columns of one row, a half-warp
-//    one block; the block's amax by shuffles, the codes written 8 bytes per lane;
+//    the forward and input-gradient products: a warp covers 256 columns of four rows, a
+//    half-warp one block of a row; the block's amax by shuffles, the codes written 8 bytes per
+//    lane;
 //  - weight operands (128x128 tiles) either way round: a thread block loads one source tile
 //    into registers, reduces its amax, quantizes into shared memory and writes the tile out
 //    K-contiguous, transposed where the source is.
@@ -200,54 +201,76 @@ __device__ __forceinline__ void load8(const T* p, float (&v)[8]) {
 __device__ __forceinline__ unsigned abs_bits(float x) { return __float_as_uint(x) & 0x7FFFFFFFu; }
 
 // Block128 data operand, source K-contiguous (X[r][c] = x[r * ld + c], ld and k multiples of 8,
-// x 16-byte aligned): a warp covers 256 columns of a row (lanes 0-15 one 128-column block, lanes
-// 16-31 the next, 8 columns a lane), kUnits such runs, all loads issued before any is used.
-// Rows in [rows, rows_pad) and columns in [k, ldk) are zeros (scale 1 where a whole block is).
-constexpr int kUnits = 2;
+// x 16-byte aligned). A thread block covers kDataRows rows and 256 columns (grid x: groups of
+// rows, grid y: groups of 256 columns, so no index is divided); a warp takes kUnits rows, lanes
+// 0-15 one 128-column block of a row, lanes 16-31 the next, 8 columns a lane. The kernel is
+// bound by how many bytes are in flight: every row's 16 bytes are loaded, raw, before any is
+// used, and the raw words (not their f32 values) stay in registers, so that a thread holds
+// kUnits loads at full occupancy. Rows in [rows, rows_pad) and columns in [k, ldk) are zeros
+// (scale 1 where a whole block is).
+constexpr int kUnits = 4;
+constexpr int kDataRows = kThreads / 32 * kUnits;
+
+// The codes of 8 elements under one scale: e4m3(x * r) in pairs where r is finite and the
+// scale is a number (the common case, uniform over a half-warp), else quantize_one each.
+template <typename T>
+__device__ __forceinline__ uint2 quantize8(const Vec16<T> (&q)[8 / Vec16<T>::kN], Scale sc) {
+  constexpr int kPer = Vec16<T>::kN;
+  float v[8];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) v[i] = q[i / kPer].get(i % kPer);
+  unsigned word[2] = {0, 0};
+  if (!isnan(sc.s) && !isinf(sc.r)) {
+#pragma unroll
+    for (int i = 0; i < 8; i += 2) {
+      const __nv_fp8x2_storage_t two = __nv_cvt_float2_to_fp8x2(
+          make_float2(__fmul_rn(v[i], sc.r), __fmul_rn(v[i + 1], sc.r)), __NV_SATFINITE,
+          __NV_E4M3);
+      word[i / 4] |= static_cast<unsigned>(two) << (8 * (i % 4));
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < 8; ++i)
+      word[i / 4] |= static_cast<unsigned>(quantize_one(v[i], sc)) << (8 * (i % 4));
+  }
+  return make_uint2(word[0], word[1]);
+}
+
 template <typename T>
 __global__ void __launch_bounds__(kThreads)
     quantize_data_kernel(const T* __restrict__ x, int64_t ld, Fp8Layout l,
                          unsigned char* __restrict__ codes, float* __restrict__ scales) {
-  const int lane = threadIdx.x % 32;
-  const int64_t per_row = (l.ldk + 255) / 256, units = l.rows_pad * per_row;
-  const int64_t first =
-      (static_cast<int64_t>(blockIdx.x) * (kThreads / 32) + threadIdx.x / 32) * kUnits;
-  float v[kUnits][8];
-  int64_t r[kUnits], c[kUnits];
-  bool in[kUnits];
+  constexpr int kPer = Vec16<T>::kN;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int64_t c = static_cast<int64_t>(blockIdx.y) * 256 + lane * 8;
+  const int64_t r0 = static_cast<int64_t>(blockIdx.x) * kDataRows + warp;
+  // k % 8 == 0: a lane's 8 columns are all in or all out.
+  const bool col_in = c < l.k;
+  Vec16<T> q[kUnits][8 / kPer];
 #pragma unroll
   for (int u = 0; u < kUnits; ++u) {
-    const int64_t unit = first + u;
-    r[u] = unit / per_row;
-    c[u] = (unit % per_row) * 256 + lane * 8;
-    // k % 8 == 0: a lane's 8 columns are all in or all out.
-    in[u] = unit < units && r[u] < l.rows && c[u] < l.k;
-    if (in[u]) {
-      load8(x + r[u] * ld + c[u], v[u]);
-    } else {
+    const int64_t r = r0 + u * (kThreads / 32);
 #pragma unroll
-      for (int i = 0; i < 8; ++i) v[u][i] = 0.f;
+    for (int h = 0; h < 8 / kPer; ++h) {
+      q[u][h].raw = make_uint4(0, 0, 0, 0);
+      if (col_in && r < l.rows) q[u][h].raw = reinterpret_cast<const uint4*>(x + r * ld + c)[h];
     }
   }
+  const int64_t b = c / kTile;
 #pragma unroll
   for (int u = 0; u < kUnits; ++u) {
-    if (first + u >= units) break;  // the whole warp alike
+    const int64_t r = r0 + u * (kThreads / 32);
+    if (r >= l.rows_pad) break;  // the whole warp alike
     unsigned m = 0;
 #pragma unroll
-    for (int i = 0; i < 8; ++i) m = max(m, abs_bits(v[u][i]));
+    for (int i = 0; i < 8; ++i) m = max(m, abs_bits(q[u][i / kPer].get(i % kPer)));
 #pragma unroll
     for (int o = 8; o > 0; o >>= 1) m = max(m, __shfl_xor_sync(0xFFFFFFFFu, m, o));
     const Scale sc = make_scale(block_scale_bits(m));
-    const int64_t b = c[u] / kTile;
-    if (lane % 16 == 0 && b < l.k_blocks()) scales[l.scale_index(r[u], b)] = sc.s;
-    if (c[u] >= l.ldk) continue;
-    unsigned word[2] = {0, 0};
-    if (in[u]) {
-#pragma unroll
-      for (int i = 0; i < 8; ++i)
-        word[i / 4] |= static_cast<unsigned>(quantize_one(v[u][i], sc)) << (8 * (i % 4));
-    }
-    *reinterpret_cast<uint2*>(codes + r[u] * l.ldk + c[u]) = make_uint2(word[0], word[1]);
+    if (lane % 16 == 0 && b < l.k_blocks()) scales[l.scale_index(r, b)] = sc.s;
+    if (c >= l.ldk) continue;
+    const uint2 word = col_in ? quantize8<T>(q[u], sc) : make_uint2(0, 0);
+    *reinterpret_cast<uint2*>(codes + r * l.ldk + c) = word;
   }
 }
 
@@ -360,13 +383,12 @@ void launch_fp8_quantize(const void* x, DType x_t, int64_t row_stride, int64_t c
     using T = decltype(tag);
     const T* src = static_cast<const T*>(x);
     auto* out = static_cast<unsigned char*>(codes);
-    if (block128 && !l.weight && k_contiguous && runs_of_8) {
-      const int64_t units = l.rows_pad * ((l.ldk + 255) / 256);
-      const int64_t per_block = kThreads / 32 * kUnits;
-      const int64_t blocks = (units + per_block - 1) / per_block;
-      HP_CHECK(blocks <= 0x7FFFFFFF, "fp8 quantize: ", l.rows_pad, " x ", l.ldk, " is too large");
-      quantize_data_kernel<T><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
-          src, ld, l, out, static_cast<float*>(scales));
+    if (block128 && !l.weight && k_contiguous && runs_of_8 && (l.ldk + 255) / 256 <= 65535 &&
+        (l.rows_pad + kDataRows - 1) / kDataRows <= 0x7FFFFFFF) {
+      const dim3 grid(static_cast<unsigned>((l.rows_pad + kDataRows - 1) / kDataRows),
+                      static_cast<unsigned>((l.ldk + 255) / 256));
+      quantize_data_kernel<T><<<grid, kThreads, 0, stream>>>(src, ld, l, out,
+                                                             static_cast<float*>(scales));
     } else if (block128 && l.weight && runs_of_8) {
       const dim3 grid(static_cast<unsigned>((l.ldk + kTile - 1) / kTile),
                       static_cast<unsigned>(l.row_tiles()));
