@@ -1,6 +1,8 @@
 #include "optim/adamw.h"
 
 #include <algorithm>
+#include <utility>
+#include <vector>
 
 namespace hp {
 
@@ -9,8 +11,10 @@ void grad_sum_squares(Backend& be, ParamRegistry& params, Tensor& acc) {
   HP_CHECK(acc.numel() == 2, "grad_sum_squares needs acc[2], got ", acc.desc());
   be.fill(acc, 0.0);
   Tensor dense = acc.slice(0, 1), expert = acc.slice(1, 2);
-  for (auto& p : params.all())
-    be.sum_squares(p->grad, p->group == ParamGroup::kExpert ? expert : dense);
+  std::vector<Tensor> grads[2];  // dense, expert
+  for (auto& p : params.all()) grads[p->group == ParamGroup::kExpert ? 1 : 0].push_back(p->grad);
+  be.sum_squares_many(grads[0], dense);
+  be.sum_squares_many(grads[1], expert);
 }
 
 double clip_coefficient(double grad_norm, double clip) {
@@ -49,11 +53,20 @@ void AdamW::check_update(Backend& be, Tensor& master, const Tensor& grad, Tensor
 
 void AdamW::step(Backend& be, ParamRegistry& params, int64_t step, double lr, double grad_scale) {
   FamilyScope scope(be, OpFamily::kOptimizer);
+  std::vector<Backend::AdamWEntry> entries;
+  entries.reserve(params.all().size());
   for (auto& prm : params.all()) {
-    Tensor working = prm->work.storage() == prm->master.storage() ? Tensor() : prm->work;
-    update(be, prm->master, prm->grad, prm->m, prm->v, prm->weight_decay, step, lr, grad_scale,
-           working);
+    Backend::AdamWEntry e;
+    e.master = prm->master;
+    e.grad = prm->grad;
+    e.m = prm->m;
+    e.v = prm->v;
+    if (prm->work.storage() != prm->master.storage()) e.working = prm->work;
+    e.weight_decay = prm->weight_decay;
+    entries.push_back(std::move(e));
   }
+  // p.weight_decay applies to the entries that decay, 0 to the others: update()'s numbers.
+  be.adamw_many(entries, adamw_params(cfg_, true, step, lr, grad_scale));
 }
 
 }  // namespace hp

@@ -1,6 +1,7 @@
 // AdamW over a ParamRegistry: fp32 (master dtype) weights and moments, decoupled weight decay,
 // bias correction, global-norm clipping. The backend's fused adamw op does the per-tensor work
-// and refreshes the working copy in the same pass.
+// and refreshes the working copy in the same pass; step() hands every parameter to one
+// adamw_many call (a few launches on the GPU, the bits of adamw per tensor).
 #pragma once
 
 #include "framework/backend/backend.h"
@@ -19,7 +20,7 @@ struct AdamWConfig {
 // Sums of squared gradients, split by how the parameters are laid out across ranks: dense
 // gradients are identical on every rank after their all-reduce; expert gradients differ per ep
 // rank and must be summed over the ep group. Written into acc[2] = {dense, expert} (master dtype,
-// on the device): no sync.
+// on the device): no sync. One sum_squares_many per group.
 void grad_sum_squares(Backend& be, ParamRegistry& params, Tensor& acc);
 
 // The clipping coefficient min(1, clip / (norm + 1e-6)).

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <string>
 #include <utility>
 
 #include "framework/core/error.h"
@@ -115,6 +116,66 @@ int64_t need_qk_norm(const char* op, const Tensor& qkv, const Tensor& qw, const 
   need_shape(op, "qw", qw, {qkv.dim(2)});
   need_shape(op, "kw", kw, {qkv.dim(2)});
   return qkv.dim(0);
+}
+
+// adamw_many's entries: no tensor one entry writes (master, m, v, working) overlaps a tensor of
+// another entry, so that updating them at once gives the bits of updating them in turn. A sweep
+// over the byte spans in address order; for the spans begun so far it keeps, among all spans and
+// among written ones, the two that reach furthest of two different entries.
+void need_entries_apart(const std::vector<Backend::AdamWEntry>& entries) {
+  struct Span {
+    uintptr_t begin, end;
+    size_t entry;
+    bool written;
+    const char* name;
+  };
+  std::vector<Span> spans;
+  spans.reserve(entries.size() * 5);
+  for (size_t i = 0; i < entries.size(); ++i) {
+    const Backend::AdamWEntry& e = entries[i];
+    const std::pair<const Tensor*, const char*> tensors[] = {{&e.master, "master"},
+                                                             {&e.m, "m"},
+                                                             {&e.v, "v"},
+                                                             {&e.working, "working"},
+                                                             {&e.grad, "grad"}};
+    for (const auto& [t, name] : tensors) {
+      if (!t->defined() || t->nbytes() == 0) continue;
+      const auto begin = reinterpret_cast<uintptr_t>(t->raw());
+      spans.push_back({begin, begin + t->nbytes(), i, t != &e.grad, name});
+    }
+  }
+  std::sort(spans.begin(), spans.end(), [](const Span& a, const Span& b) {
+    return a.begin != b.begin ? a.begin < b.begin : a.entry < b.entry;
+  });
+  // Reach: the span of furthest end so far, and the furthest of an entry other than its own.
+  struct Reach {
+    const Span* first = nullptr;
+    const Span* second = nullptr;
+    void add(const Span& s) {
+      if (!first || s.end > first->end) {
+        // The old first is the furthest of an entry other than s's, if it is of one; else the
+        // second stays (its entry differs from the old first's, which is s's).
+        if (first && first->entry != s.entry) second = first;
+        first = &s;
+      } else if (s.entry != first->entry && (!second || s.end > second->end)) {
+        second = &s;
+      }
+    }
+    // A span begun so far that reaches past `at`, of an entry other than `entry`, or null.
+    const Span* other(size_t entry, uintptr_t at) const {
+      if (first && first->entry != entry && first->end > at) return first;
+      if (second && second->entry != entry && second->end > at) return second;
+      return nullptr;
+    }
+  };
+  Reach all, written;
+  for (const Span& s : spans) {
+    const Span* hit = s.written ? all.other(s.entry, s.begin) : written.other(s.entry, s.begin);
+    HP_CHECK(hit == nullptr, "adamw_many: entry ", s.entry, "'s '", s.name, "' overlaps entry ",
+             hit->entry, "'s '", hit->name, "' (entries must not share memory that either writes)");
+    all.add(s);
+    if (s.written) written.add(s);
+  }
 }
 
 }  // namespace
@@ -576,6 +637,33 @@ void Backend::adamw(Tensor& master, const Tensor& grad, Tensor& m, Tensor& v, co
   do_adamw(master, grad, m, v, p, working);
 }
 
+void Backend::sum_squares_many(const std::vector<Tensor>& xs, Tensor& acc) {
+  const char* op = "sum_squares_many";
+  for (size_t i = 0; i < xs.size(); ++i) {
+    HP_CHECK(xs[i].defined(), op, ": tensor 'xs[", i, "]' is undefined");
+  }
+  need_shape(op, "acc", acc, {1});
+  do_sum_squares_many(xs, acc);
+}
+
+void Backend::adamw_many(const std::vector<AdamWEntry>& entries, const AdamWParams& p) {
+  HP_CHECK(p.step >= 1, "adamw_many: step ", p.step, " must be >= 1 (it is 1-based)");
+  HP_CHECK(p.check_flag == nullptr,
+           "adamw_many: has no check-only mode (check_flag is set); use adamw per tensor");
+  for (size_t i = 0; i < entries.size(); ++i) {
+    const std::string where = "adamw_many: entry " + std::to_string(i);
+    const char* op = where.c_str();
+    const AdamWEntry& e = entries[i];
+    need_defined(op, "master", e.master);
+    need_shape(op, "grad", e.grad, e.master.shape());
+    need_shape(op, "m", e.m, e.master.shape());
+    need_shape(op, "v", e.v, e.master.shape());
+    if (e.working.defined()) need_same_numel(op, "working", e.working, "master", e.master);
+  }
+  need_entries_apart(entries);
+  do_adamw_many(entries, p);
+}
+
 // ---- default implementations ----------------------------------------------------------------
 
 void Backend::do_gemm_bias(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c,
@@ -598,6 +686,19 @@ void Backend::do_bias_grad_segments(const Tensor& dy, const std::vector<RowSegme
     if (g.rows == 0) continue;
     Tensor db = g.db;
     bias_grad(dy.slice(g.begin, g.begin + g.rows), db);
+  }
+}
+
+void Backend::do_sum_squares_many(const std::vector<Tensor>& xs, Tensor& acc) {
+  for (const Tensor& x : xs) sum_squares(x, acc);
+}
+
+void Backend::do_adamw_many(const std::vector<AdamWEntry>& entries, const AdamWParams& p) {
+  AdamWParams q = p;
+  for (const AdamWEntry& e : entries) {
+    Tensor master = e.master, m = e.m, v = e.v, working = e.working;
+    q.weight_decay = e.weight_decay ? p.weight_decay : 0.0;
+    adamw(master, e.grad, m, v, q, working);
   }
 }
 

@@ -369,6 +369,22 @@ class Backend {
   // one element): the check-only mode above (nothing written but the flag).
   void adamw(Tensor& master, const Tensor& grad, Tensor& m, Tensor& v, const AdamWParams& p,
              Tensor& working);
+  // acc[1] += the sum over every x of xs (each defined) of sum(x^2). Deterministic; a backend may
+  // add in an order of its own (not necessarily the bits of sum_squares over each x in turn).
+  // Default: sum_squares over each x in turn.
+  void sum_squares_many(const std::vector<Tensor>& xs, Tensor& acc);
+  // One tensor of adamw_many: adamw's master, grad, m, v and working (undefined: none), and
+  // whether the update's weight decay applies to it.
+  struct AdamWEntry {
+    Tensor master, grad, m, v, working;
+    bool weight_decay = false;
+  };
+  // adamw on every entry with p's hyperparameters (p.weight_decay where the entry's
+  // weight_decay is set, else 0), each entry's results bitwise those of adamw on it alone. Each
+  // entry holds adamw's contract; no tensor an entry writes (master, m, v, working) overlaps a
+  // tensor of another entry. No check-only mode (p.check_flag must be null). A backend may update
+  // the entries in any order or at once. Default: adamw on each entry in turn.
+  void adamw_many(const std::vector<AdamWEntry>& entries, const AdamWParams& p);
 
  protected:
   // ---- the implementations ------------------------------------------------------------------
@@ -446,6 +462,8 @@ class Backend {
   virtual void do_sum_squares(const Tensor& x, Tensor& acc) = 0;
   virtual void do_adamw(Tensor& master, const Tensor& grad, Tensor& m, Tensor& v,
                         const AdamWParams& p, Tensor& working) = 0;
+  virtual void do_sum_squares_many(const std::vector<Tensor>& xs, Tensor& acc);
+  virtual void do_adamw_many(const std::vector<AdamWEntry>& entries, const AdamWParams& p);
 
   // Called on a mark while profiling: before the change with the marks being left, and after it.
   virtual void on_mark(StepPhase phase, OpFamily family);

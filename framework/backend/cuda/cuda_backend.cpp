@@ -1185,6 +1185,44 @@ class CudaBackend final : public Backend {
                        cur_stream());
   }
 
+  void do_sum_squares_many(const std::vector<Tensor>& xs, Tensor& acc) override {
+    const char* op = "sum_squares_many";
+    check_dtype(op, "acc", acc, DType::kF32);
+    std::vector<cuda::SumSquaresRef> refs;
+    refs.reserve(xs.size());
+    for (size_t i = 0; i < xs.size(); ++i) {
+      const std::string name = "xs[" + std::to_string(i) + "]";
+      check_float(op, name.c_str(), xs[i]);
+      refs.push_back({xs[i].raw(), xs[i].dtype(), xs[i].numel()});
+    }
+    cuda::launch_sum_squares_many(refs, acc.data<float>(), *alloc_, cur_stream());
+  }
+
+  void do_adamw_many(const std::vector<AdamWEntry>& entries, const AdamWParams& p) override {
+    std::vector<cuda::AdamWRef> refs;
+    refs.reserve(entries.size());
+    for (size_t i = 0; i < entries.size(); ++i) {
+      const AdamWEntry& e = entries[i];
+      const std::string where = "adamw_many: entry " + std::to_string(i);
+      const char* op = where.c_str();
+      check_dtype(op, "master", e.master, DType::kF32);
+      check_dtype(op, "grad", e.grad, DType::kF32);
+      check_dtype(op, "m", e.m, DType::kF32);
+      check_dtype(op, "v", e.v, DType::kF32);
+      // As do_adamw: a working copy that is the f32 master itself is none.
+      const Tensor& w = e.working;
+      void* work = nullptr;
+      if (w.defined() && !(w.raw() == e.master.raw() && w.dtype() == DType::kF32)) {
+        check_float(op, "working", w);
+        work = w.raw();
+      }
+      refs.push_back({e.master.data<float>(), e.grad.data<float>(), e.m.data<float>(),
+                      e.v.data<float>(), work, work ? w.dtype() : DType::kF32, e.master.numel(),
+                      e.weight_decay});
+    }
+    cuda::launch_adamw_many(refs, adamw_scalars(p), cur_stream());
+  }
+
   static cuda::AdamWScalars adamw_scalars(const AdamWParams& p) {
     cuda::AdamWScalars s;
     s.lr = static_cast<float>(p.lr);

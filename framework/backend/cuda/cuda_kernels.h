@@ -56,6 +56,17 @@ void launch_bias_grad_segments(const void* dy, DType t, int64_t cols,
 // acc[0] += sum x^2.
 void launch_sum_squares(const void* x, DType t, int64_t n, float* acc, Allocator& alloc,
                         cudaStream_t stream);
+// acc[0] += the sum of x^2 over every element of every x (each of dtype t, f32 or bf16): per
+// block partials over a fixed partition of the list (chunks of 16384 elements, each thread's
+// elements in a fixed order whatever the alignment), then one block sums them in a fixed order:
+// the same bits for the same list of values, in 1 + one launch per 128 tensors.
+struct SumSquaresRef {
+  const void* x;
+  DType t;
+  int64_t n;
+};
+void launch_sum_squares_many(const std::vector<SumSquaresRef>& xs, float* acc, Allocator& alloc,
+                             cudaStream_t stream);
 // acc[0] += scale * sum x.
 void launch_reduce_sum_add(const float* x, int64_t n, float scale, float* acc, Allocator& alloc,
                            cudaStream_t stream);
@@ -171,6 +182,22 @@ struct AdamWScalars {
 // working (dtype working_t) may be null.
 void launch_adamw(float* master, const float* grad, float* m, float* v, int64_t n,
                   const AdamWScalars& s, void* working, DType working_t, cudaStream_t stream);
+// launch_adamw on every entry with s (s.weight_decay where the entry's weight_decay is set, else
+// 0), each entry bitwise as launch_adamw on it alone, in few launches: one per 64 entries of a
+// working dtype (none and f32 together, bf16). Any alignment and numel (aligned entries take
+// 16-byte accesses, their last numel % 4 elements one by one). Entries must not overlap.
+struct AdamWRef {
+  float* master;
+  const float* grad;
+  float* m;
+  float* v;
+  void* working;  // null: none
+  DType working_t;
+  int64_t n;
+  bool weight_decay;
+};
+void launch_adamw_many(const std::vector<AdamWRef>& entries, const AdamWScalars& s,
+                       cudaStream_t stream);
 // Check only: the update launch_adamw would make, nothing written; *flag = 1 when a new m, v or
 // master, or the master in working_t, would not be finite (flag is never cleared here).
 void launch_adamw_check(const float* master, const float* grad, const float* m, const float* v,

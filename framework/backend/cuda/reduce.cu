@@ -1,5 +1,6 @@
 // Deterministic reductions: bias gradients, column sums, sums of squares, scalar sums.
 #include <algorithm>
+#include <limits>
 #include <vector>
 
 #include "framework/backend/cuda/column_sum.cuh"
@@ -165,6 +166,126 @@ void launch_sum_squares(const void* x, DType t, int64_t n, float* acc, Allocator
     using T = decltype(tag);
     sum_add<T, true>(static_cast<const T*>(x), n, 1.f, acc, alloc, stream);
   });
+}
+
+namespace {
+
+// ---- sums of squares over many tensors (launch_sum_squares_many) ----
+constexpr int kSqMax = 128;                  // tensors a launch (the table is ~2.7 KB)
+constexpr int kSqChunk = 16 * 4 * kThreads;  // elements a block: 16 groups of 4 a thread
+constexpr int32_t kSqMaxBlocks = 1 << 30;
+constexpr int kSqFinishThreads = 1024;
+
+// Tensor e owns blocks [first_block[e], first_block[e + 1]) of its launch, one chunk each.
+struct SumSquaresTable {
+  const void* x[kSqMax];
+  int64_t n[kSqMax];
+  int32_t first_block[kSqMax + 1];
+  uint8_t bf16[kSqMax];
+  uint8_t aligned[kSqMax];  // groups of 4 elements load as one access
+  int32_t count;
+};
+static_assert(sizeof(SumSquaresTable) <= 4000, "the table must fit a kernel's 4 KB of parameters");
+
+// This thread's sum of squares over elements [begin, end) of x: groups of 4 consecutive elements
+// at begin + 4 * (threadIdx.x + k * kThreads), each squared and added in element order (a short
+// last group padded with zeros, which add nothing). Loaded as one access where aligned, else one
+// by one: the same values in the same order either way.
+template <typename T>
+__device__ __forceinline__ float sum_squares_chunk(const T* x, int64_t begin, int64_t end,
+                                                   bool aligned) {
+  float acc = 0.f;
+  for (int64_t g = begin + 4 * static_cast<int64_t>(threadIdx.x); g < end; g += 4 * kThreads) {
+    float f[4] = {0.f, 0.f, 0.f, 0.f};
+    if (aligned && g + 4 <= end) {
+      if constexpr (sizeof(T) == 4) {
+        const float4 q = *reinterpret_cast<const float4*>(x + g);
+        f[0] = q.x;
+        f[1] = q.y;
+        f[2] = q.z;
+        f[3] = q.w;
+      } else {
+        const uint2 raw = *reinterpret_cast<const uint2*>(x + g);
+        const T* h = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) f[j] = to_f32(h[j]);
+      }
+    } else {
+      for (int j = 0; j < 4 && g + j < end; ++j) f[j] = to_f32(x[g + j]);
+    }
+#pragma unroll
+    for (int j = 0; j < 4; ++j) acc = __fmaf_rn(f[j], f[j], acc);
+  }
+  return acc;
+}
+
+__global__ void __launch_bounds__(kThreads)
+    sum_squares_many_kernel(const SumSquaresTable t, float* partial) {
+  __shared__ float scratch[33];
+  const int32_t b = static_cast<int32_t>(blockIdx.x);
+  int lo = 0, hi = t.count - 1;  // the last tensor whose first block is <= b
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) >> 1;
+    if (t.first_block[mid] <= b)
+      lo = mid;
+    else
+      hi = mid - 1;
+  }
+  const int e = lo;
+  const int64_t begin = static_cast<int64_t>(b - t.first_block[e]) * kSqChunk;
+  const int64_t end = min(t.n[e], begin + kSqChunk);
+  float acc = t.bf16[e]
+                  ? sum_squares_chunk(static_cast<const bf16_t*>(t.x[e]), begin, end, t.aligned[e])
+                  : sum_squares_chunk(static_cast<const float*>(t.x[e]), begin, end, t.aligned[e]);
+  acc = block_sum(acc, scratch);
+  if (threadIdx.x == 0) partial[b] = acc;
+}
+
+}  // namespace
+
+void launch_sum_squares_many(const std::vector<SumSquaresRef>& xs, float* acc, Allocator& alloc,
+                             cudaStream_t stream) {
+  int64_t total = 0;
+  for (const SumSquaresRef& r : xs) {
+    HP_CHECK(r.t == DType::kF32 || r.t == DType::kBF16, "launch_sum_squares_many: dtype ",
+             dtype_name(r.t), " is not f32 or bf16");
+    const int64_t chunks = (r.n + kSqChunk - 1) / kSqChunk;
+    HP_CHECK(chunks <= kSqMaxBlocks, "launch_sum_squares_many: a tensor of ", r.n,
+             " elements is too large");
+    total += chunks;
+  }
+  if (total == 0) return;
+  HP_CHECK(total <= std::numeric_limits<int>::max(), "launch_sum_squares_many: ", total,
+           " partial sums are too many");
+  Tensor partial = Tensor::empty(alloc, {total}, DType::kF32);
+  float* out = partial.data<float>();
+  size_t i = 0;
+  while (i < xs.size()) {
+    SumSquaresTable t{};
+    int32_t blocks = 0;
+    for (; i < xs.size() && t.count < kSqMax; ++i) {
+      const SumSquaresRef& r = xs[i];
+      if (r.n == 0) continue;
+      const int64_t chunks = (r.n + kSqChunk - 1) / kSqChunk;
+      if (blocks + chunks > kSqMaxBlocks) break;
+      const int c = t.count++;
+      const size_t elem = r.t == DType::kBF16 ? 2 : 4;
+      t.x[c] = r.x;
+      t.n[c] = r.n;
+      t.first_block[c] = blocks;
+      t.bf16[c] = r.t == DType::kBF16 ? 1 : 0;
+      t.aligned[c] = reinterpret_cast<uintptr_t>(r.x) % (4 * elem) == 0 ? 1 : 0;
+      blocks += static_cast<int32_t>(chunks);
+    }
+    if (t.count == 0) continue;
+    t.first_block[t.count] = blocks;
+    sum_squares_many_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(t, out);
+    CUDA_CHECK_LAUNCH();
+    out += blocks;
+  }
+  finish_sum_kernel<<<1, kSqFinishThreads, 0, stream>>>(partial.data<float>(),
+                                                        static_cast<int>(total), 1.f, acc);
+  CUDA_CHECK_LAUNCH();
 }
 
 void launch_reduce_sum_add(const float* x, int64_t n, float scale, float* acc, Allocator& alloc,
