@@ -165,6 +165,71 @@ TEST(AdamWMany, BadEntriesAreRefusedNamingTheEntry) {
   EXPECT_FALSE(same_bits(st[0].master, before));
 }
 
+// The overlap check against a pairwise one: entries cut from one buffer at random offsets are
+// refused exactly when a tensor one entry writes shares bytes with a tensor of another entry.
+TEST(AdamWMany, OverlapCheckAgreesWithAPairwiseCheck) {
+  auto be = make_cpu_backend(DType::kF32);
+  std::mt19937 rng(17);
+  Tensor buf = be->zeros({4000}, DType::kF32);
+  {
+    // Two gradients overlap (both read: allowed), then entry 1's m, reaching less far than its
+    // own gradient, overlaps entry 0's gradient.
+    const auto own = [&](int64_t n) { return be->zeros({n}, DType::kF32); };
+    std::vector<Backend::AdamWEntry> e = {
+        {own(50), buf.slice(0, 50), own(50), own(50), Tensor(), true},
+        {own(90), buf.slice(10, 100), buf.slice(20, 110), own(90), Tensor(), true}};
+    std::string what;
+    try {
+      be->adamw_many(e, AdamWParams{});
+    } catch (const Error& err) {
+      what = err.what();
+    }
+    EXPECT_NE(what.find("entry 1's 'm' overlaps entry 0's 'grad'"), std::string::npos) << what;
+  }
+  int refused = 0, trials = 400;
+  for (int trial = 0; trial < trials; ++trial) {
+    struct Cut {
+      int64_t begin, len;
+      bool written;
+      size_t entry;
+    };
+    std::vector<Cut> cuts;
+    std::vector<Backend::AdamWEntry> entries;
+    const int n_entries = 2 + static_cast<int>(rng() % 4);
+    for (int i = 0; i < n_entries; ++i) {
+      const int64_t len = 1 + static_cast<int64_t>(rng() % 60);
+      Tensor t[5];
+      const int parts = rng() % 2 ? 5 : 4;  // with or without a working copy
+      for (int k = 0; k < parts; ++k) {
+        const int64_t begin = static_cast<int64_t>(rng() % (4000 - len));
+        t[k] = buf.slice(begin, begin + len);
+        cuts.push_back({begin, len, k != 1, static_cast<size_t>(i)});  // t[1] is the grad
+      }
+      entries.push_back({t[0], t[1], t[2], t[3], t[4], true});
+    }
+    bool clash = false;
+    for (const Cut& a : cuts) {
+      for (const Cut& b : cuts) {
+        clash = clash || (a.entry != b.entry && (a.written || b.written) &&
+                          a.begin < b.begin + b.len && b.begin < a.begin + a.len);
+      }
+    }
+    AdamWParams p;
+    p.lr = 0;
+    bool threw = false;
+    try {
+      be->adamw_many(entries, p);
+    } catch (const Error& e) {
+      threw = std::string(e.what()).find("overlaps") != std::string::npos;
+    }
+    EXPECT_EQ(threw, clash) << "trial " << trial;
+    refused += threw ? 1 : 0;
+  }
+  // Both outcomes were exercised.
+  EXPECT_GT(refused, 0);
+  EXPECT_LT(refused, trials);
+}
+
 TEST(SumSquaresMany, EqualsSumSquaresPerTensorBitwise) {
   auto be = make_cpu_backend(DType::kF32);
   std::mt19937 rng(3);
