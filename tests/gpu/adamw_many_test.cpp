@@ -66,7 +66,8 @@ TEST(CudaAdamWMany, EqualsAdamWPerTensorBitwise) {
   auto be = make_cuda_backend(0, CudaBackendOptions{});
   std::mt19937 rng(5);
   struct Case {
-    int64_t n, offset;  // offset into its buffers, in elements, for every tensor of the entry
+    int64_t n, offset;    // offset into its buffers, in elements, for every tensor of the entry
+    int64_t work_offset;  // the working copy's
     Working working;
     bool decay;
     std::vector<float> master, grad, m, v;
@@ -78,6 +79,11 @@ TEST(CudaAdamWMany, EqualsAdamWPerTensorBitwise) {
     c.n = kSizes[static_cast<size_t>(i) % (sizeof(kSizes) / sizeof(kSizes[0]))];
     c.offset = i % 5 == 4 ? 1 : i % 7 == 6 ? 2 : 0;  // 4 or 8 bytes off 16-byte alignment
     c.working = static_cast<Working>(i % 4 == 3 ? (i / 4) % 4 : i % 3);
+    c.work_offset = c.offset;
+    if (i % 11 == 10) {  // an f32 working copy 8 bytes off 16-byte alignment (i = 32: 1M aligned)
+      c.working = Working::kF32;
+      c.work_offset = c.offset + 2;
+    }
     c.decay = i % 2 == 0;
     c.master = random_values(c.n, rng, 1.f, false);
     c.grad = random_values(c.n, rng, 0.3f, false);
@@ -96,9 +102,12 @@ TEST(CudaAdamWMany, EqualsAdamWPerTensorBitwise) {
       t.grad = placed(*be, c.n, c.offset, DType::kF32, &c.grad);
       t.m = placed(*be, c.n, c.offset, DType::kF32, &c.m);
       t.v = placed(*be, c.n, c.offset, DType::kF32, &c.v);
-      if (c.working == Working::kBF16)
-        t.working = placed(*be, c.n, c.offset, DType::kBF16, nullptr);
-      if (c.working == Working::kF32) t.working = placed(*be, c.n, c.offset, DType::kF32, nullptr);
+      if (c.working == Working::kBF16) {
+        t.working = placed(*be, c.n, c.work_offset, DType::kBF16, nullptr);
+      }
+      if (c.working == Working::kF32) {
+        t.working = placed(*be, c.n, c.work_offset, DType::kF32, nullptr);
+      }
       if (c.working == Working::kMaster) t.working = t.master;
       s.push_back(t);
     }
@@ -129,9 +138,9 @@ TEST(CudaAdamWMany, EqualsAdamWPerTensorBitwise) {
   int moved = 0;
   for (size_t i = 0; i < cases.size(); ++i) {
     const Case& c = cases[i];
-    SCOPED_TRACE(testing::Message()
-                 << "tensor " << i << " n=" << c.n << " offset=" << c.offset
-                 << " working=" << static_cast<int>(c.working) << " decay=" << c.decay);
+    SCOPED_TRACE(testing::Message() << "tensor " << i << " n=" << c.n << " offset=" << c.offset
+                                    << " working offset=" << c.work_offset << " working="
+                                    << static_cast<int>(c.working) << " decay=" << c.decay);
     const Set &a = sets[0][i], &b = sets[1][i];
     EXPECT_TRUE(same_bits(*be, a.master, b.master));
     EXPECT_TRUE(same_bits(*be, a.m, b.m));

@@ -230,7 +230,8 @@ void launch_adamw(float* master, const float* grad, float* m, float* v, int64_t 
   if (n == 0) return;
   auto aligned = [](const void* q) { return reinterpret_cast<uintptr_t>(q) % 16 == 0; };
   if (n % 4 == 0 && aligned(master) && aligned(grad) && aligned(m) && aligned(v) &&
-      (working == nullptr || reinterpret_cast<uintptr_t>(working) % 8 == 0)) {
+      (working == nullptr ||
+       reinterpret_cast<uintptr_t>(working) % (working_t == DType::kBF16 ? 8 : 16) == 0)) {
     const unsigned grid4 = grid_for(n / 4, 256, 16384);
     auto run = [&](auto* w) {
       adamw_x4_kernel<<<grid4, 256, 0, stream>>>(
