@@ -118,6 +118,32 @@ int64_t need_qk_norm(const char* op, const Tensor& qkv, const Tensor& qw, const 
   return qkv.dim(0);
 }
 
+// rope's positions[n] and tables [P, d/2] for heads of d (even).
+void need_rope_table(const char* op, int64_t n, int64_t d, const Tensor& positions,
+                     const RopeTable& table) {
+  need_shape(op, "positions", positions, {n});
+  need_ndim(op, "table.cos", table.cos, 2);
+  need_shape(op, "table.cos", table.cos, {table.cos.dim(0), d / 2});
+  need_shape(op, "table.sin", table.sin, table.cos.shape());
+}
+
+// Whether the bytes of two defined tensors overlap.
+bool overlaps(const Tensor& a, const Tensor& b) {
+  if (a.nbytes() == 0 || b.nbytes() == 0) return false;
+  const auto a0 = reinterpret_cast<uintptr_t>(a.raw()), b0 = reinterpret_cast<uintptr_t>(b.raw());
+  return a0 < b0 + b.nbytes() && b0 < a0 + a.nbytes();
+}
+
+// The arguments qk_norm_rope_fwd and _bwd share with qk_norm and rope; returns N.
+int64_t need_qk_norm_rope(const char* op, const Tensor& qkv, const Tensor& qw, const Tensor& kw,
+                          int64_t n_heads, int64_t n_kv_heads, const Tensor& positions,
+                          const RopeTable& table) {
+  const int64_t n = need_qk_norm(op, qkv, qw, kw, n_heads, n_kv_heads);
+  HP_CHECK(qkv.dim(2) % 2 == 0, op, ": qkv ", qkv.desc(), " needs an even head_dim for rope");
+  need_rope_table(op, n, qkv.dim(2), positions, table);
+  return n;
+}
+
 // adamw_many's entries: no tensor one entry writes (master, m, v, working) overlaps a tensor of
 // another entry, so that updating them at once gives the bits of updating them in turn. A sweep
 // over the byte spans in address order; for the spans begun so far it keeps, among all spans and
@@ -394,10 +420,7 @@ void Backend::rope(Tensor& x, int n_rot_heads, const Tensor& positions, const Ro
   HP_CHECK(d % 2 == 0 && n_rot_heads >= 0 && n_rot_heads <= h, op,
            ": needs an even head_dim and 0 <= n_rot_heads <= heads, got x ", x.desc(),
            ", n_rot_heads ", n_rot_heads);
-  need_shape(op, "positions", positions, {n});
-  need_ndim(op, "table.cos", table.cos, 2);
-  need_shape(op, "table.cos", table.cos, {table.cos.dim(0), d / 2});
-  need_shape(op, "table.sin", table.sin, table.cos.shape());
+  need_rope_table(op, n, d, positions, table);
   do_rope(x, n_rot_heads, positions, table, inverse);
 }
 
@@ -421,6 +444,53 @@ void Backend::qk_norm_bwd(const Tensor& qkv, const Tensor& qw, const Tensor& kw,
   need_shape(op, "dqw", dqw, {qkv.dim(2)});
   need_shape(op, "dkw", dkw, {qkv.dim(2)});
   do_qk_norm_bwd(qkv, qw, kw, n_heads, n_kv_heads, rstd, dout, din, dqw, dkw);
+}
+
+void Backend::qk_norm_rope_fwd(const Tensor& qkv, const Tensor& qw, const Tensor& kw,
+                               int64_t n_heads, int64_t n_kv_heads, double eps,
+                               const Tensor& positions, const RopeTable& table, Tensor& out,
+                               Tensor& rstd) {
+  const char* op = "qk_norm_rope_fwd";
+  const int64_t n = need_qk_norm_rope(op, qkv, qw, kw, n_heads, n_kv_heads, positions, table);
+  need_shape(op, "out", out, qkv.shape());
+  need_shape(op, "rstd", rstd, {n, n_heads + n_kv_heads});
+  HP_CHECK(!overlaps(out, qkv), op, ": out must not overlap qkv");
+  do_qk_norm_rope_fwd(qkv, qw, kw, n_heads, n_kv_heads, eps, positions, table, out, rstd);
+}
+
+void Backend::qk_norm_rope_bwd(const Tensor& qkv, const Tensor& qw, const Tensor& kw,
+                               int64_t n_heads, int64_t n_kv_heads, const Tensor& rstd,
+                               const Tensor& positions, const RopeTable& table, const Tensor& dout,
+                               Tensor& din, Tensor& dqw, Tensor& dkw) {
+  const char* op = "qk_norm_rope_bwd";
+  const int64_t n = need_qk_norm_rope(op, qkv, qw, kw, n_heads, n_kv_heads, positions, table);
+  need_shape(op, "rstd", rstd, {n, n_heads + n_kv_heads});
+  need_shape(op, "dout", dout, qkv.shape());
+  need_shape(op, "din", din, qkv.shape());
+  need_shape(op, "dqw", dqw, {qkv.dim(2)});
+  need_shape(op, "dkw", dkw, {qkv.dim(2)});
+  HP_CHECK(din.raw() == dout.raw() || !overlaps(din, dout), op,
+           ": din must be dout itself or not overlap it");
+  HP_CHECK(!overlaps(din, qkv), op, ": din must not overlap qkv");
+  do_qk_norm_rope_bwd(qkv, qw, kw, n_heads, n_kv_heads, rstd, positions, table, dout, din, dqw,
+                      dkw);
+}
+
+void Backend::do_qk_norm_rope_fwd(const Tensor& qkv, const Tensor& qw, const Tensor& kw,
+                                  int64_t n_heads, int64_t n_kv_heads, double eps,
+                                  const Tensor& positions, const RopeTable& table, Tensor& out,
+                                  Tensor& rstd) {
+  qk_norm_fwd(qkv, qw, kw, n_heads, n_kv_heads, eps, out, rstd);
+  rope(out, static_cast<int>(n_heads + n_kv_heads), positions, table, false);
+}
+
+void Backend::do_qk_norm_rope_bwd(const Tensor& qkv, const Tensor& qw, const Tensor& kw,
+                                  int64_t n_heads, int64_t n_kv_heads, const Tensor& rstd,
+                                  const Tensor& positions, const RopeTable& table,
+                                  const Tensor& dout, Tensor& din, Tensor& dqw, Tensor& dkw) {
+  if (din.raw() != dout.raw()) copy(dout, din);
+  rope(din, static_cast<int>(n_heads + n_kv_heads), positions, table, true);
+  qk_norm_bwd(qkv, qw, kw, n_heads, n_kv_heads, rstd, din, din, dqw, dkw);
 }
 
 void Backend::do_qk_norm_fwd(const Tensor&, const Tensor&, const Tensor&, int64_t, int64_t, double,

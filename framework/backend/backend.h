@@ -295,6 +295,20 @@ class Backend {
   void qk_norm_bwd(const Tensor& qkv, const Tensor& qw, const Tensor& kw, int64_t n_heads,
                    int64_t n_kv_heads, const Tensor& rstd, const Tensor& dout, Tensor& din,
                    Tensor& dqw, Tensor& dkw);
+  // qk_norm_fwd, then rope of out's q and k heads (n_rot_heads = Hq+Hkv, forward): the same
+  // arguments as the two ops (D even; positions[N]; table.cos, table.sin [P, D/2]); out must not
+  // overlap qkv. Default: those two ops; a backend may fuse them (the same bits).
+  void qk_norm_rope_fwd(const Tensor& qkv, const Tensor& qw, const Tensor& kw, int64_t n_heads,
+                        int64_t n_kv_heads, double eps, const Tensor& positions,
+                        const RopeTable& table, Tensor& out, Tensor& rstd);
+  // Its backward: rope inverse of dout's q and k heads, then qk_norm_bwd (din written; dqw[D] += ,
+  // dkw[D] += ). din may be dout itself (in place), else must not overlap it, and dout is left
+  // as it was; din must not overlap qkv. Default: dout copied into din, rope inverse and
+  // qk_norm_bwd in place there; a backend may fuse them (the same bits).
+  void qk_norm_rope_bwd(const Tensor& qkv, const Tensor& qw, const Tensor& kw, int64_t n_heads,
+                        int64_t n_kv_heads, const Tensor& rstd, const Tensor& positions,
+                        const RopeTable& table, const Tensor& dout, Tensor& din, Tensor& dqw,
+                        Tensor& dkw);
 
   // ---- attention ----------------------------------------------------------------------------
   // qkv[N, Hq + 2*Hkv, D] holds q heads, then k heads, then v heads (shape: Hq, Hkv, D > 0, Hq a
@@ -430,6 +444,15 @@ class Backend {
   virtual void do_qk_norm_bwd(const Tensor& qkv, const Tensor& qw, const Tensor& kw,
                               int64_t n_heads, int64_t n_kv_heads, const Tensor& rstd,
                               const Tensor& dout, Tensor& din, Tensor& dqw, Tensor& dkw);
+  // Default: the public ops each is documented to compose (above).
+  virtual void do_qk_norm_rope_fwd(const Tensor& qkv, const Tensor& qw, const Tensor& kw,
+                                   int64_t n_heads, int64_t n_kv_heads, double eps,
+                                   const Tensor& positions, const RopeTable& table, Tensor& out,
+                                   Tensor& rstd);
+  virtual void do_qk_norm_rope_bwd(const Tensor& qkv, const Tensor& qw, const Tensor& kw,
+                                   int64_t n_heads, int64_t n_kv_heads, const Tensor& rstd,
+                                   const Tensor& positions, const RopeTable& table,
+                                   const Tensor& dout, Tensor& din, Tensor& dqw, Tensor& dkw);
   virtual void do_attention_fwd(const Tensor& qkv, const Tensor& sinks, const BatchMeta& meta,
                                 const AttentionShape& shape, Tensor& out, Tensor& lse) = 0;
   virtual void do_attention_bwd(const Tensor& qkv, const Tensor& sinks, const BatchMeta& meta,

@@ -94,6 +94,15 @@ class RecordingBackend final : public Backend {
                       const Tensor&, Tensor&, Tensor&, Tensor&) override {
     calls.push_back("qk_norm_bwd");
   }
+  void do_qk_norm_rope_fwd(const Tensor&, const Tensor&, const Tensor&, int64_t, int64_t, double,
+                           const Tensor&, const RopeTable&, Tensor&, Tensor&) override {
+    calls.push_back("qk_norm_rope_fwd");
+  }
+  void do_qk_norm_rope_bwd(const Tensor&, const Tensor&, const Tensor&, int64_t, int64_t,
+                           const Tensor&, const Tensor&, const RopeTable&, const Tensor&, Tensor&,
+                           Tensor&, Tensor&) override {
+    calls.push_back("qk_norm_rope_bwd");
+  }
   void do_attention_fwd(const Tensor&, const Tensor&, const BatchMeta&, const AttentionShape&,
                         Tensor&, Tensor&) override {
     calls.push_back("attention_fwd");
@@ -335,6 +344,18 @@ std::vector<Case> cases() {
                  be.qk_norm_bwd(f32({5, 4, 4}), f32({4}), f32({4}), 2, 1, f32({5, 3}),
                                 f32({5, 4, 4}), din, dqw, dkw);
                }});
+  c.push_back({"qk_norm_rope_fwd", "'table.sin'", [](Backend& be, bool ok) {
+                 Tensor out = f32({5, 4, 4}), rstd = f32({5, 3});
+                 be.qk_norm_rope_fwd(f32({5, 4, 4}), f32({4}), f32({4}), 2, 1, 1e-6, i32({5}),
+                                     RopeTable{f32({8, 2}), f32({8, ok ? 2 : 4})}, out, rstd);
+               }});
+  c.push_back(
+      {"qk_norm_rope_bwd", "din must be dout itself or not overlap it", [](Backend& be, bool ok) {
+         Tensor buf = f32({6, 4, 4}), dqw = f32({4}), dkw = f32({4});
+         Tensor dout = buf.slice(0, 5), din = ok ? dout : buf.slice(1, 6);
+         be.qk_norm_rope_bwd(f32({5, 4, 4}), f32({4}), f32({4}), 2, 1, f32({5, 3}), i32({5}),
+                             RopeTable{f32({8, 2}), f32({8, 2})}, dout, din, dqw, dkw);
+       }});
   c.push_back(
       {"attention_fwd", "'lse'", [](Backend& be, bool ok) {
          Tensor out = f32({5, 2, 4}), lse = f32({5, ok ? 2 : 3});
@@ -526,6 +547,8 @@ TEST(BackendContract, CpuBackendGivesTheInterfaceError) {
                          "rope",
                          "qk_norm_fwd",
                          "qk_norm_bwd",
+                         "qk_norm_rope_fwd",
+                         "qk_norm_rope_bwd",
                          "attention_fwd",
                          "attention_bwd",
                          "glu_fwd",
