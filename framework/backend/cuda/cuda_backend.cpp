@@ -914,6 +914,50 @@ class CudaBackend final : public Backend {
                              cur_stream());
   }
 
+  // One pass where the heads are 16-byte rows the fused kernels take (Qwen3's 128 bf16 among
+  // them), else the two ops.
+  void do_qk_norm_rope_fwd(const Tensor& qkv, const Tensor& qw, const Tensor& kw, int64_t n_heads,
+                           int64_t n_kv_heads, double eps, const Tensor& positions,
+                           const RopeTable& table, Tensor& out, Tensor& rstd) override {
+    const char* op = "qk_norm_rope_fwd";
+    check_qk_norm(op, qkv, qw, kw);
+    check_dtype(op, "out", out, qkv.dtype());
+    check_dtype(op, "rstd", rstd, DType::kF32);
+    check_rope_table(op, positions, table);
+    if (cuda::launch_qk_norm_rope_fwd(
+            qkv.raw(), qkv.dtype(), qw.raw(), kw.raw(), qw.dtype(), qkv.dim(0),
+            static_cast<int>(qkv.dim(1)), static_cast<int>(n_heads), static_cast<int>(n_kv_heads),
+            static_cast<int>(qkv.dim(2)), static_cast<float>(eps), positions.data<int32_t>(),
+            table.cos.data<float>(), table.sin.data<float>(), table.cos.dim(0), out.raw(),
+            rstd.data<float>(), cur_stream()))
+      return;
+    Backend::do_qk_norm_rope_fwd(qkv, qw, kw, n_heads, n_kv_heads, eps, positions, table, out,
+                                 rstd);
+  }
+
+  void do_qk_norm_rope_bwd(const Tensor& qkv, const Tensor& qw, const Tensor& kw, int64_t n_heads,
+                           int64_t n_kv_heads, const Tensor& rstd, const Tensor& positions,
+                           const RopeTable& table, const Tensor& dout, Tensor& din, Tensor& dqw,
+                           Tensor& dkw) override {
+    const char* op = "qk_norm_rope_bwd";
+    check_qk_norm(op, qkv, qw, kw);
+    check_dtype(op, "rstd", rstd, DType::kF32);
+    check_dtype(op, "dout", dout, qkv.dtype());
+    check_dtype(op, "din", din, qkv.dtype());
+    check_dtype(op, "dqw", dqw, DType::kF32);
+    check_dtype(op, "dkw", dkw, DType::kF32);
+    check_rope_table(op, positions, table);
+    if (cuda::launch_qk_norm_rope_bwd(
+            qkv.raw(), qkv.dtype(), qw.raw(), kw.raw(), qw.dtype(), qkv.dim(0),
+            static_cast<int>(qkv.dim(1)), static_cast<int>(n_heads), static_cast<int>(n_kv_heads),
+            static_cast<int>(qkv.dim(2)), rstd.data<float>(), positions.data<int32_t>(),
+            table.cos.data<float>(), table.sin.data<float>(), table.cos.dim(0), dout.raw(),
+            din.raw(), dqw.data<float>(), dkw.data<float>(), *alloc_, cur_stream()))
+      return;
+    Backend::do_qk_norm_rope_bwd(qkv, qw, kw, n_heads, n_kv_heads, rstd, positions, table, dout,
+                                 din, dqw, dkw);
+  }
+
   // ---- attention
   // ------------------------------------------------------------------------------------
 
@@ -1425,6 +1469,14 @@ class CudaBackend final : public Backend {
     check_float(op, "qkv", qkv);
     check_float(op, "qw", qw);
     check_dtype(op, "kw", kw, qw.dtype());
+  }
+
+  static void check_rope_table(const char* op, const Tensor& positions, const RopeTable& table) {
+    check_i32(op, "positions", positions);
+    check_dtype(op, "table.cos", table.cos, DType::kF32);
+    check_dtype(op, "table.sin", table.sin, DType::kF32);
+    HP_CHECK(positions.numel() == 0 || table.cos.dim(0) > 0, op,
+             ": table.cos has no positions for ", positions.numel(), " tokens");
   }
 
   cuda::AttnArgs attention_args(const char* op, const Tensor& qkv, const Tensor& sinks,

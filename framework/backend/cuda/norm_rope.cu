@@ -62,6 +62,23 @@ struct NormWeightGrad {
   }
 };
 
+// The rotation of one pair, x1 at i and x2 at i + D/2 of a head, by c = cos and s = sin (s
+// negated for the inverse). Every rope kernel rotates through it, its roundings fixed by the
+// intrinsics (no contraction left to the compiler), so fused and unfused rotations give the same
+// bits.
+__device__ __forceinline__ void rope_rotate(float x1, float x2, float c, float s, float& y1,
+                                            float& y2) {
+  y1 = __fmaf_rn(x1, c, -__fmul_rn(x2, s));
+  y2 = __fmaf_rn(x2, c, __fmul_rn(x1, s));
+}
+
+// Token t's position, clamped into the table's [0, max_pos).
+__device__ __forceinline__ int64_t rope_position(const int32_t* positions, int64_t t,
+                                                 int64_t max_pos) {
+  const int64_t pos = positions[t];
+  return pos < 0 ? 0 : (pos >= max_pos ? max_pos - 1 : pos);
+}
+
 template <typename T>
 __global__ void rope_fwd_kernel(T* x, int64_t n_tokens, int n_heads, int n_rot_heads, int head_dim,
                                 const int32_t* positions, const float* cos_t, const float* sin_t,
@@ -74,15 +91,50 @@ __global__ void rope_fwd_kernel(T* x, int64_t n_tokens, int n_heads, int n_rot_h
     const int64_t th = idx / half;
     const int h = static_cast<int>(th % n_rot_heads);
     const int64_t t = th / n_rot_heads;
-    int64_t pos = positions[t];
-    pos = pos < 0 ? 0 : (pos >= max_pos ? max_pos - 1 : pos);
+    const int64_t pos = rope_position(positions, t, max_pos);
     const float c = cos_t[pos * half + i];
     const float s = inverse ? -sin_t[pos * half + i] : sin_t[pos * half + i];
     T* p = x + (t * n_heads + h) * (int64_t)head_dim;
-    const float x1 = to_f32(p[i]), x2 = to_f32(p[i + half]);
-    p[i] = from_f32<T>(x1 * c - x2 * s);
-    p[i + half] = from_f32<T>(x2 * c + x1 * s);
+    float y1, y2;
+    rope_rotate(to_f32(p[i]), to_f32(p[i + half]), c, s, y1, y2);
+    p[i] = from_f32<T>(y1);
+    p[i + half] = from_f32<T>(y2);
   }
+}
+
+// One lane's kN elements of a Vec16 head rotated: `own` holds elements [i0, i0 + kN) of the
+// first half (first) or of the second half (!first), `other` the same elements of the other
+// half; c_row and sin_row point at the position's table rows from i0 (16-byte aligned). Returns
+// own's rotated elements, as rope_vec_kernel rotates them.
+template <typename T>
+__device__ __forceinline__ Vec16<T> rope_lane(const Vec16<T>& own, const Vec16<T>& other,
+                                              bool first, const float* c_row, const float* s_row,
+                                              bool inverse) {
+  constexpr int kN = Vec16<T>::kN;
+  Vec16<T> r;
+#pragma unroll
+  for (int q0 = 0; q0 < kN; q0 += 4) {
+    const float4 c4 = *reinterpret_cast<const float4*>(c_row + q0);
+    const float4 s4 = *reinterpret_cast<const float4*>(s_row + q0);
+    const float c[4] = {c4.x, c4.y, c4.z, c4.w}, sn[4] = {s4.x, s4.y, s4.z, s4.w};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const float a = own.get(q0 + j), b = other.get(q0 + j);
+      float y1, y2;
+      rope_rotate(first ? a : b, first ? b : a, c[j], inverse ? -sn[j] : sn[j], y1, y2);
+      r.set(q0 + j, first ? y1 : y2);
+    }
+  }
+  return r;
+}
+
+// The 16 bytes of lane (lane ^ m) of the warp; every lane takes part.
+__device__ __forceinline__ uint4 shfl_xor_16(uint4 v, int m) {
+  v.x = __shfl_xor_sync(0xffffffffu, v.x, m);
+  v.y = __shfl_xor_sync(0xffffffffu, v.y, m);
+  v.z = __shfl_xor_sync(0xffffffffu, v.z, m);
+  v.w = __shfl_xor_sync(0xffffffffu, v.w, m);
+  return v;
 }
 
 // The forward and backward on Vec16 rows (dv vectors of kN elements a row): one warp per row.
@@ -155,8 +207,7 @@ __global__ void rope_vec_kernel(T* x, int64_t n_tokens, int n_heads, int n_rot_h
     const int64_t th = idx / hv;
     const int h = static_cast<int>(th % n_rot_heads);
     const int64_t t = th / n_rot_heads;
-    int64_t pos = positions[t];
-    pos = pos < 0 ? 0 : (pos >= max_pos ? max_pos - 1 : pos);
+    const int64_t pos = rope_position(positions, t, max_pos);
     float c[kN], sn[kN];
     for (int q = 0; q < kN; q += 4) {
       const float4 c4 = *reinterpret_cast<const float4*>(cos_t + pos * half + i0 + q);
@@ -170,10 +221,10 @@ __global__ void rope_vec_kernel(T* x, int64_t n_tokens, int n_heads, int n_rot_h
     const Vec16<T> a{*p1}, b{*p2};
     Vec16<T> ra, rb;
     for (int q = 0; q < kN; ++q) {
-      const float s = inverse ? -sn[q] : sn[q];
-      const float x1 = a.get(q), x2 = b.get(q);
-      ra.set(q, x1 * c[q] - x2 * s);
-      rb.set(q, x2 * c[q] + x1 * s);
+      float y1, y2;
+      rope_rotate(a.get(q), b.get(q), c[q], inverse ? -sn[q] : sn[q], y1, y2);
+      ra.set(q, y1);
+      rb.set(q, y2);
     }
     *p1 = ra.raw;
     *p2 = rb.raw;
@@ -315,39 +366,60 @@ __global__ void qk_norm_bwd_kernel(const T* x, const W* qw, const W* kw, int64_t
     dxr[i] = from_f32<T>(r * to_f32(dyr[i]) * to_f32(w[i]) - c * to_f32(xr[i]));
 }
 
+// What the fused kernels rotate by (rope_vec_kernel's arguments); unused where kRope is false.
+struct RopeArgs {
+  const int32_t* positions = nullptr;
+  const float* cos_t = nullptr;
+  const float* sin_t = nullptr;
+  int64_t max_pos = 0;
+};
+
 // The same on Vec16 rows of L vectors (L = d / Vec16<T>::kN, a power of two <= 32): L lanes a
 // row, 32 / L rows a warp, so a head of 128 bf16 is 16 lanes of one 16-byte access each instead
 // of 32 lanes of four 2-byte ones. Every lane of the warp takes part in the shuffles: rows past
 // the end and v heads (copied, not normalized) compute a sum they then ignore.
-template <typename T, typename W, int L>
+// kRope (L >= 2): then rope of the normalized q and k heads, as launch_rope would rotate out: a
+// lane of the first half of a head pairs with lane sub + L/2, which holds the elements D/2
+// further on (a shuffle), and rotates the normalized values as rounded to T.
+template <typename T, typename W, int L, bool kRope>
 __global__ void qk_norm_fwd_vec_kernel(const uint4* x, const W* qw, const W* kw, int64_t n, int h,
-                                       int hq_norm, int h_norm, float eps, uint4* out,
-                                       float* rstd) {
+                                       int hq_norm, int h_norm, float eps, RopeArgs rope,
+                                       uint4* out, float* rstd) {
   constexpr int kN = Vec16<T>::kN;
+  static_assert(!kRope || L >= 2, "rope pairs lanes of one head");
   const int lane = threadIdx.x & 31;
   const int64_t row =
       (blockIdx.x * (int64_t)kWarpsPerBlock + threadIdx.x / 32) * (32 / L) + lane / L;
   const int sub = lane % L;
   const bool valid = row < n * h;
   const int head = static_cast<int>(row % h);
+  const bool norm = valid && head < h_norm;
   const Vec16<T> v = valid ? Vec16<T>{x[row * L + sub]} : Vec16<T>{make_uint4(0, 0, 0, 0)};
   float ss = 0.f;
 #pragma unroll
-  for (int q = 0; q < kN; ++q) ss += v.get(q) * v.get(q);
+  for (int q = 0; q < kN; ++q) ss = __fmaf_rn(v.get(q), v.get(q), ss);
 #pragma unroll
-  for (int o = L / 2; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-  if (!valid) return;
-  if (head >= h_norm) {
-    out[row * L + sub] = v.raw;
-    return;
+  for (int o = L / 2; o > 0; o >>= 1) ss = __fadd_rn(ss, __shfl_xor_sync(0xffffffffu, ss, o));
+  Vec16<T> y = v;  // v heads: copied
+  float r = 0.f;
+  if (norm) {
+    r = rsqrtf(__fadd_rn(__fdiv_rn(ss, (float)(L * kN)), eps));
+    const W* w = (head < hq_norm ? qw : kw) + sub * kN;
+#pragma unroll
+    for (int q = 0; q < kN; ++q) y.set(q, __fmul_rn(__fmul_rn(v.get(q), r), to_f32(w[q])));
   }
-  const float r = rsqrtf(ss / (float)(L * kN) + eps);
-  const W* w = (head < hq_norm ? qw : kw) + sub * kN;
-  Vec16<T> y;
-#pragma unroll
-  for (int q = 0; q < kN; ++q) y.set(q, v.get(q) * r * to_f32(w[q]));
+  if constexpr (kRope) {
+    const Vec16<T> other{shfl_xor_16(y.raw, L / 2)};
+    if (norm) {
+      constexpr int kHalf = L * kN / 2;
+      const int64_t at =
+          rope_position(rope.positions, row / h, rope.max_pos) * kHalf + (sub % (L / 2)) * kN;
+      y = rope_lane(y, other, sub < L / 2, rope.cos_t + at, rope.sin_t + at, false);
+    }
+  }
+  if (!valid) return;
   out[row * L + sub] = y.raw;
-  if (sub == 0) rstd[(row / h) * h_norm + head] = r;
+  if (norm && sub == 0) rstd[(row / h) * h_norm + head] = r;
 }
 
 // The backward on Vec16 rows, with the weight gradients folded in: a grid of
@@ -357,12 +429,16 @@ __global__ void qk_norm_fwd_vec_kernel(const uint4* x, const W* qw, const W* kw,
 // the k heads in that order; each block then adds its warps' and row slots' sums in a fixed order
 // into partial[block][2d] (q columns, then k). The row partition depends on the row count only,
 // so the sums are the same in every run.
-template <typename T, typename W, int L>
+// kRope (L >= 2): dy's q and k heads are first rotated back as launch_rope's inverse would
+// rotate them in place (the partner half by a shuffle), rounded to T, and that is the dy of
+// everything after.
+template <typename T, typename W, int L, bool kRope>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32, 4)
     qk_norm_bwd_vec_kernel(const uint4* x, const W* qw, const W* kw, int64_t n, int h, int hq_norm,
-                           int h_norm, const float* rstd, const uint4* dy, uint4* dx,
+                           int h_norm, const float* rstd, RopeArgs rope, const uint4* dy, uint4* dx,
                            float* partial) {
   constexpr int kN = Vec16<T>::kN, kSlots = 32 / L, kD = L * kN, kAhead = 2;
+  static_assert(!kRope || L >= 2, "rope pairs lanes of one head");
   const int lane = threadIdx.x & 31, warp = threadIdx.x / 32;
   const int sub = lane % L, slot = lane / L;
   const int64_t groups = (n * h + kSlots - 1) / kSlots;
@@ -370,10 +446,24 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32, 4)
   const uint4 zero = make_uint4(0, 0, 0, 0);
   // (Every array here is indexed by unrolled constants only, so all of them stay in registers.)
   float acc_q[kN] = {}, acc_k[kN] = {};
+  // [warp][slot][q columns, k columns] of this block.
+  __shared__ float red[kWarpsPerBlock * kSlots][2 * kD];
+  float* mine = red[warp * kSlots + slot];
+  // kRope sums in its lane's slots of red instead of acc_q, acc_k: the registers the rotation
+  // needs (else it spills). The same additions in the same order: a side's sum only ever has
+  // +0.f added where the register form adds to both, and a sum that starts at +0 never becomes
+  // -0 (round to nearest), so adding +0 leaves it as it is.
+  if constexpr (kRope) {
+#pragma unroll
+    for (int q = 0; q < kN; ++q) {
+      mine[sub * kN + q] = 0.f;
+      mine[kD + sub * kN + q] = 0.f;
+    }
+  }
   // The loop bound is the same for every lane of a warp, so all of them reach the shuffles.
   for (int64_t g0 = blockIdx.x * (int64_t)kWarpsPerBlock + warp; g0 < groups;
        g0 += kAhead * stride) {
-    int64_t row[kAhead];
+    int64_t row[kAhead], pos[kAhead];
     bool valid[kAhead], norm[kAhead];
     int head[kAhead];
     Vec16<T> g[kAhead], v[kAhead];
@@ -388,43 +478,57 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32, 4)
       g[u] = valid[u] ? Vec16<T>{dy[row[u] * L + sub]} : Vec16<T>{zero};
       v[u] = norm[u] ? Vec16<T>{x[row[u] * L + sub]} : Vec16<T>{zero};
       r[u] = norm[u] ? rstd[(row[u] / h) * h_norm + head[u]] : 0.f;
+      if constexpr (kRope)
+        pos[u] = norm[u] ? rope_position(rope.positions, row[u] / h, rope.max_pos) : 0;
     }
 #pragma unroll
     for (int u = 0; u < kAhead; ++u) {
+      if constexpr (kRope) {
+        const Vec16<T> other{shfl_xor_16(g[u].raw, L / 2)};
+        if (norm[u]) {
+          const int64_t at = pos[u] * (kD / 2) + (sub % (L / 2)) * kN;
+          g[u] = rope_lane(g[u], other, sub < L / 2, rope.cos_t + at, rope.sin_t + at, true);
+        }
+      }
       const W* w = (head[u] < hq_norm ? qw : kw) + sub * kN;
       float wf[kN];
 #pragma unroll
       for (int q = 0; q < kN; ++q) wf[q] = norm[u] ? to_f32(w[q]) : 0.f;
       float dot = 0.f;
 #pragma unroll
-      for (int q = 0; q < kN; ++q) dot += g[u].get(q) * wf[q] * v[u].get(q);
+      for (int q = 0; q < kN; ++q) dot = __fmaf_rn(__fmul_rn(g[u].get(q), wf[q]), v[u].get(q), dot);
 #pragma unroll
-      for (int o = L / 2; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
+      for (int o = L / 2; o > 0; o >>= 1)
+        dot = __fadd_rn(dot, __shfl_xor_sync(0xffffffffu, dot, o));
       if (!valid[u]) continue;
       if (!norm[u]) {
         dx[row[u] * L + sub] = g[u].raw;
         continue;
       }
-      const float c = r[u] * r[u] * r[u] * dot / (float)kD;
+      const float c = __fdiv_rn(__fmul_rn(__fmul_rn(__fmul_rn(r[u], r[u]), r[u]), dot), (float)kD);
       const bool q_side = head[u] < hq_norm;
       Vec16<T> o;
 #pragma unroll
       for (int q = 0; q < kN; ++q) {
-        const float wg = g[u].get(q) * v[u].get(q) * r[u];
-        acc_q[q] += q_side ? wg : 0.f;
-        acc_k[q] += q_side ? 0.f : wg;
-        o.set(q, r[u] * g[u].get(q) * wf[q] - c * v[u].get(q));
+        const float wg = __fmul_rn(__fmul_rn(g[u].get(q), v[u].get(q)), r[u]);
+        if constexpr (kRope) {
+          float* acc = mine + (q_side ? 0 : kD) + sub * kN;
+          acc[q] = __fadd_rn(acc[q], wg);
+        } else {
+          acc_q[q] = __fadd_rn(acc_q[q], q_side ? wg : 0.f);
+          acc_k[q] = __fadd_rn(acc_k[q], q_side ? 0.f : wg);
+        }
+        o.set(q, __fmaf_rn(__fmul_rn(r[u], g[u].get(q)), wf[q], -__fmul_rn(c, v[u].get(q))));
       }
       dx[row[u] * L + sub] = o.raw;
     }
   }
-  // [warp][slot][q columns, k columns] of this block.
-  __shared__ float red[kWarpsPerBlock * kSlots][2 * kD];
-  float* mine = red[warp * kSlots + slot];
+  if constexpr (!kRope) {
 #pragma unroll
-  for (int q = 0; q < kN; ++q) {
-    mine[sub * kN + q] = acc_q[q];
-    mine[kD + sub * kN + q] = acc_k[q];
+    for (int q = 0; q < kN; ++q) {
+      mine[sub * kN + q] = acc_q[q];
+      mine[kD + sub * kN + q] = acc_k[q];
+    }
   }
   __syncthreads();
   for (int c = threadIdx.x; c < 2 * kD; c += blockDim.x) {
@@ -493,6 +597,64 @@ struct QkNormWeightGrad {
   }
 };
 
+// Whether rows of d elements of T at these pointers take the fused kernels: Vec16 rows of L
+// lanes, L a power of two from 2 to 32 (the rotation pairs the lanes of one head).
+template <typename T>
+bool rope_vec16_lanes(int d, std::initializer_list<const void*> ptrs) {
+  constexpr int kN = Vec16<T>::kN;
+  const int l = d / kN;
+  return d % kN == 0 && l >= 2 && l <= 32 && (l & (l - 1)) == 0 && vec16_rows(d, sizeof(T), ptrs);
+}
+
+// qk_norm_fwd_vec_kernel<T, W, L, kRope> over x[n, h, d]; false (nothing launched) where the
+// rows are not Vec16 rows of a lane count it takes.
+template <typename T, typename W, bool kRope>
+bool qk_norm_fwd_vec(const void* x, const void* qw, const void* kw, int64_t n, int h, int hq_norm,
+                     int h_norm, int d, float eps, const RopeArgs& rope, void* out, float* rstd,
+                     cudaStream_t stream) {
+  if (kRope && !rope_vec16_lanes<T>(d, {x, out, rope.cos_t, rope.sin_t})) return false;
+  const int64_t rows = n * h;
+  return with_vec16_lanes<T>(d, {x, out}, [&](auto lanes) {
+    constexpr int L = decltype(lanes)::value;
+    if constexpr (!kRope || L >= 2) {
+      const int64_t warps = (rows + 32 / L - 1) / (32 / L);
+      qk_norm_fwd_vec_kernel<T, W, L, kRope>
+          <<<static_cast<unsigned>((warps + kWarpsPerBlock - 1) / kWarpsPerBlock),
+             kWarpsPerBlock * 32, 0, stream>>>(
+              static_cast<const uint4*>(x), static_cast<const W*>(qw), static_cast<const W*>(kw), n,
+              h, hq_norm, h_norm, eps, rope, static_cast<uint4*>(out), rstd);
+      CUDA_CHECK_LAUNCH();
+    }
+  });
+}
+
+// qk_norm_bwd_vec_kernel<T, W, L, kRope> over x[n, h, d] and its column sums added to dw[2d] (q
+// columns, then k); false (nothing launched) where the rows are not Vec16 rows of a lane count
+// it takes.
+template <typename T, typename W, bool kRope>
+bool qk_norm_bwd_vec(const void* x, const void* qw, const void* kw, int64_t n, int h, int hq_norm,
+                     int h_norm, int d, const float* rstd, const RopeArgs& rope, const void* dout,
+                     void* din, float* dw, Allocator& alloc, cudaStream_t stream) {
+  if (kRope && !rope_vec16_lanes<T>(d, {x, dout, din, rope.cos_t, rope.sin_t})) return false;
+  const int64_t rows = n * h;
+  return with_vec16_lanes<T>(d, {x, dout, din}, [&](auto lanes) {
+    constexpr int L = decltype(lanes)::value;
+    if constexpr (!kRope || L >= 2) {
+      const int64_t blocks = qk_norm_bwd_blocks(rows, L);
+      Tensor partial = Tensor::empty(alloc, {blocks, 2 * static_cast<int64_t>(d)}, DType::kF32);
+      qk_norm_bwd_vec_kernel<T, W, L, kRope>
+          <<<static_cast<unsigned>(blocks), kWarpsPerBlock * 32, 0, stream>>>(
+              static_cast<const uint4*>(x), static_cast<const W*>(qw), static_cast<const W*>(kw), n,
+              h, hq_norm, h_norm, rstd, rope, static_cast<const uint4*>(dout),
+              static_cast<uint4*>(din), partial.data<float>());
+      CUDA_CHECK_LAUNCH();
+      column_finish_kernel<<<grid_for(2 * d, 256), 256, 0, stream>>>(partial.data<float>(), blocks,
+                                                                     2 * d, 1.f, dw);
+      CUDA_CHECK_LAUNCH();
+    }
+  });
+}
+
 }  // namespace
 
 void launch_qk_norm_fwd(const void* x, DType t, const void* qw, const void* kw, DType w_t,
@@ -505,22 +667,15 @@ void launch_qk_norm_fwd(const void* x, DType t, const void* qw, const void* kw, 
     using T = decltype(ts);
     dispatch_float(w_t, [&](auto ws) {
       using W = decltype(ws);
-      const bool vec = with_vec16_lanes<T>(d, {x, out}, [&](auto lanes) {
-        constexpr int L = decltype(lanes)::value;
-        const int64_t warps = (rows + 32 / L - 1) / (32 / L);
-        qk_norm_fwd_vec_kernel<T, W, L>
-            <<<static_cast<unsigned>((warps + kWarpsPerBlock - 1) / kWarpsPerBlock),
-               kWarpsPerBlock * 32, 0, stream>>>(
-                static_cast<const uint4*>(x), static_cast<const W*>(qw), static_cast<const W*>(kw),
-                n, h, hq_norm, hq_norm + hkv_norm, eps, static_cast<uint4*>(out), rstd);
-      });
-      if (vec) return;
+      if (qk_norm_fwd_vec<T, W, false>(x, qw, kw, n, h, hq_norm, hq_norm + hkv_norm, d, eps,
+                                       RopeArgs{}, out, rstd, stream))
+        return;
       qk_norm_fwd_kernel<<<grid, kWarpsPerBlock * 32, 0, stream>>>(
           static_cast<const T*>(x), static_cast<const W*>(qw), static_cast<const W*>(kw), n, h,
           hq_norm, hq_norm + hkv_norm, d, eps, static_cast<T*>(out), rstd);
+      CUDA_CHECK_LAUNCH();
     });
   });
-  CUDA_CHECK_LAUNCH();
 }
 
 void launch_qk_norm_bwd(const void* x, DType t, const void* qw, const void* kw, DType w_t,
@@ -537,21 +692,9 @@ void launch_qk_norm_bwd(const void* x, DType t, const void* qw, const void* kw, 
     launch_fill(dw.raw(), DType::kF32, 2 * d, 0.0, stream);
     dispatch_float(w_t, [&](auto ws) {
       using W = decltype(ws);
-      const bool vec = with_vec16_lanes<T>(d, {x, dout, din}, [&](auto lanes) {
-        constexpr int L = decltype(lanes)::value;
-        const int64_t blocks = qk_norm_bwd_blocks(rows, L);
-        Tensor partial = Tensor::empty(alloc, {blocks, 2 * static_cast<int64_t>(d)}, DType::kF32);
-        qk_norm_bwd_vec_kernel<T, W, L>
-            <<<static_cast<unsigned>(blocks), kWarpsPerBlock * 32, 0, stream>>>(
-                static_cast<const uint4*>(x), static_cast<const W*>(qw), static_cast<const W*>(kw),
-                n, h, hq_norm, h_norm, rstd, static_cast<const uint4*>(dout),
-                static_cast<uint4*>(din), partial.data<float>());
-        CUDA_CHECK_LAUNCH();
-        column_finish_kernel<<<grid_for(2 * d, 256), 256, 0, stream>>>(
-            partial.data<float>(), blocks, 2 * d, 1.f, dw.data<float>());
-        CUDA_CHECK_LAUNCH();
-      });
-      if (vec) return;
+      if (qk_norm_bwd_vec<T, W, false>(x, qw, kw, n, h, hq_norm, h_norm, d, rstd, RopeArgs{}, dout,
+                                       din, dw.data<float>(), alloc, stream))
+        return;
       // Weight gradients first: din may alias dout.
       column_sum_add(QkNormWeightGrad<T>{static_cast<const T*>(x), static_cast<const T*>(dout),
                                          rstd, h, hq_norm, h_norm, d},
@@ -565,6 +708,53 @@ void launch_qk_norm_bwd(const void* x, DType t, const void* qw, const void* kw, 
     launch_axpy(1.0, dw.data<float>(), DType::kF32, dqw, DType::kF32, d, stream);
     launch_axpy(1.0, dw.data<float>() + d, DType::kF32, dkw, DType::kF32, d, stream);
   });
+}
+
+bool launch_qk_norm_rope_fwd(const void* x, DType t, const void* qw, const void* kw, DType w_t,
+                             int64_t n, int h, int hq_norm, int hkv_norm, int d, float eps,
+                             const int32_t* positions, const float* cos_table,
+                             const float* sin_table, int64_t max_pos, void* out, float* rstd,
+                             cudaStream_t stream) {
+  if (n * h == 0) return true;
+  const RopeArgs rope{positions, cos_table, sin_table, max_pos};
+  bool done = false;
+  dispatch_float(t, [&](auto ts) {
+    using T = decltype(ts);
+    dispatch_float(w_t, [&](auto ws) {
+      using W = decltype(ws);
+      done = qk_norm_fwd_vec<T, W, true>(x, qw, kw, n, h, hq_norm, hq_norm + hkv_norm, d, eps, rope,
+                                         out, rstd, stream);
+    });
+  });
+  return done;
+}
+
+bool launch_qk_norm_rope_bwd(const void* x, DType t, const void* qw, const void* kw, DType w_t,
+                             int64_t n, int h, int hq_norm, int hkv_norm, int d, const float* rstd,
+                             const int32_t* positions, const float* cos_table,
+                             const float* sin_table, int64_t max_pos, const void* dout, void* din,
+                             float* dqw, float* dkw, Allocator& alloc, cudaStream_t stream) {
+  if (n * h == 0) return true;
+  const RopeArgs rope{positions, cos_table, sin_table, max_pos};
+  bool done = false;
+  dispatch_float(t, [&](auto ts) {
+    using T = decltype(ts);
+    // Checked before any work, so that a shape the kernel does not take leaves dqw, dkw as they
+    // were for the caller's fallback.
+    if (!rope_vec16_lanes<T>(d, {x, dout, din, cos_table, sin_table})) return;
+    // As launch_qk_norm_bwd: both sides' weight gradients in dw, then added to dqw, dkw.
+    Tensor dw = Tensor::empty(alloc, {2 * static_cast<int64_t>(d)}, DType::kF32);
+    launch_fill(dw.raw(), DType::kF32, 2 * d, 0.0, stream);
+    dispatch_float(w_t, [&](auto ws) {
+      using W = decltype(ws);
+      done = qk_norm_bwd_vec<T, W, true>(x, qw, kw, n, h, hq_norm, hq_norm + hkv_norm, d, rstd,
+                                         rope, dout, din, dw.data<float>(), alloc, stream);
+    });
+    HP_CHECK(done, "qk_norm_rope_bwd: the fused kernel refused a shape it was checked to take");
+    launch_axpy(1.0, dw.data<float>(), DType::kF32, dqw, DType::kF32, d, stream);
+    launch_axpy(1.0, dw.data<float>() + d, DType::kF32, dkw, DType::kF32, d, stream);
+  });
+  return done;
 }
 
 }  // namespace cuda
