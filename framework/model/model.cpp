@@ -323,10 +323,11 @@ void Model::layer_forward(int l, const BatchMeta& meta_in, LayerActs& a, bool re
     a.qkv_pre = a.qkv;
     a.qkv = new_act({n, htot, hd});
     a.qk_rstd = new_master({n, hq + hkv});
-    be_.qk_norm_fwd(a.qkv_pre, L.q_norm->work, L.k_norm->work, hq, hkv, cfg_.norm_eps, a.qkv,
-                    a.qk_rstd);
+    be_.qk_norm_rope_fwd(a.qkv_pre, L.q_norm->work, L.k_norm->work, hq, hkv, cfg_.norm_eps,
+                         a.meta.positions, rope_, a.qkv, a.qk_rstd);
+  } else {
+    be_.rope(a.qkv, static_cast<int>(hq + hkv), a.meta.positions, rope_, false);
   }
-  be_.rope(a.qkv, static_cast<int>(hq + hkv), a.meta.positions, rope_, false);
   a.attn = new_act({n, hq, hd});
   a.lse = new_master({n, hq});
   Tensor no_sinks;
@@ -586,12 +587,13 @@ void Model::layer_backward(int l, LayerActs& a, Tensor& dx) {
   be_.attention_bwd(a.qkv, L.sinks ? L.sinks->work : no_sinks, a.meta, L.attn, a.attn, a.lse, dattn,
                     dqkv, dsinks);
   family(be_, OpFamily::kElementwise);
-  be_.rope(dqkv, static_cast<int>(hq + hkv), a.meta.positions, rope_, true);
   if (cfg_.qk_norm) {
-    Tensor dpre = new_act({n, htot, hd});
-    be_.qk_norm_bwd(a.qkv_pre, L.q_norm->work, L.k_norm->work, hq, hkv, a.qk_rstd, dqkv, dpre,
-                    grad_acc(*L.q_norm), grad_acc(*L.k_norm));
-    dqkv = dpre;
+    // In place: the gradient before the norm replaces the one after rope.
+    be_.qk_norm_rope_bwd(a.qkv_pre, L.q_norm->work, L.k_norm->work, hq, hkv, a.qk_rstd,
+                         a.meta.positions, rope_, dqkv, dqkv, grad_acc(*L.q_norm),
+                         grad_acc(*L.k_norm));
+  } else {
+    be_.rope(dqkv, static_cast<int>(hq + hkv), a.meta.positions, rope_, true);
   }
   Tensor dqkv_flat = dqkv.reshape({n, htot * hd});
   family(be_, OpFamily::kDenseGemm);

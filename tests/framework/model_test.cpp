@@ -138,6 +138,13 @@ TEST(ModelGrad, DenseTiedMatchesFiniteDifferences) {
   check_model_gradients(tiny_dense_config(), false);
 }
 
+// Qwen3's q/k norms, fused with rope both ways (qk_norm_rope_fwd, qk_norm_rope_bwd in place).
+TEST(ModelGrad, DenseQkNormMatchesFiniteDifferences) {
+  ModelConfig cfg = tiny_dense_config();
+  cfg.qk_norm = true;
+  check_model_gradients(cfg, false);
+}
+
 TEST(ModelSyncs, CachedMetadataNeedsNoSyncAndRoutingOnePerMoeLayer) {
   auto be = make_cpu_backend(DType::kF32);
   ModelConfig cfg = tiny_moe_config();
