@@ -102,28 +102,35 @@ __global__ void rope_fwd_kernel(T* x, int64_t n_tokens, int n_heads, int n_rot_h
   }
 }
 
+// The table entries [at, at + kN) of cos and sin (at a multiple of 4, the tables 16-byte
+// aligned), as rope_vec_kernel loads them.
+template <int kN>
+__device__ __forceinline__ void load_rope_table(const float* cos_t, const float* sin_t, int64_t at,
+                                                float (&c)[kN], float (&sn)[kN]) {
+#pragma unroll
+  for (int q = 0; q < kN; q += 4) {
+    const float4 c4 = *reinterpret_cast<const float4*>(cos_t + at + q);
+    const float4 s4 = *reinterpret_cast<const float4*>(sin_t + at + q);
+    c[q] = c4.x, c[q + 1] = c4.y, c[q + 2] = c4.z, c[q + 3] = c4.w;
+    sn[q] = s4.x, sn[q + 1] = s4.y, sn[q + 2] = s4.z, sn[q + 3] = s4.w;
+  }
+}
+
 // One lane's kN elements of a Vec16 head rotated: `own` holds elements [i0, i0 + kN) of the
 // first half (first) or of the second half (!first), `other` the same elements of the other
-// half; c_row and sin_row point at the position's table rows from i0 (16-byte aligned). Returns
-// own's rotated elements, as rope_vec_kernel rotates them.
+// half; c and sn the position's table entries [i0, i0 + kN). Returns own's rotated elements, as
+// rope_vec_kernel rotates them.
 template <typename T>
 __device__ __forceinline__ Vec16<T> rope_lane(const Vec16<T>& own, const Vec16<T>& other,
-                                              bool first, const float* c_row, const float* s_row,
-                                              bool inverse) {
-  constexpr int kN = Vec16<T>::kN;
+                                              bool first, const float (&c)[Vec16<T>::kN],
+                                              const float (&sn)[Vec16<T>::kN], bool inverse) {
   Vec16<T> r;
 #pragma unroll
-  for (int q0 = 0; q0 < kN; q0 += 4) {
-    const float4 c4 = *reinterpret_cast<const float4*>(c_row + q0);
-    const float4 s4 = *reinterpret_cast<const float4*>(s_row + q0);
-    const float c[4] = {c4.x, c4.y, c4.z, c4.w}, sn[4] = {s4.x, s4.y, s4.z, s4.w};
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const float a = own.get(q0 + j), b = other.get(q0 + j);
-      float y1, y2;
-      rope_rotate(first ? a : b, first ? b : a, c[j], inverse ? -sn[j] : sn[j], y1, y2);
-      r.set(q0 + j, first ? y1 : y2);
-    }
+  for (int q = 0; q < Vec16<T>::kN; ++q) {
+    const float a = own.get(q), b = other.get(q);
+    float y1, y2;
+    rope_rotate(first ? a : b, first ? b : a, c[q], inverse ? -sn[q] : sn[q], y1, y2);
+    r.set(q, first ? y1 : y2);
   }
   return r;
 }
@@ -209,12 +216,7 @@ __global__ void rope_vec_kernel(T* x, int64_t n_tokens, int n_heads, int n_rot_h
     const int64_t t = th / n_rot_heads;
     const int64_t pos = rope_position(positions, t, max_pos);
     float c[kN], sn[kN];
-    for (int q = 0; q < kN; q += 4) {
-      const float4 c4 = *reinterpret_cast<const float4*>(cos_t + pos * half + i0 + q);
-      const float4 s4 = *reinterpret_cast<const float4*>(sin_t + pos * half + i0 + q);
-      c[q] = c4.x, c[q + 1] = c4.y, c[q + 2] = c4.z, c[q + 3] = c4.w;
-      sn[q] = s4.x, sn[q + 1] = s4.y, sn[q + 2] = s4.z, sn[q + 3] = s4.w;
-    }
+    load_rope_table<kN>(cos_t, sin_t, pos * half + i0, c, sn);
     T* p = x + (t * n_heads + h) * (int64_t)head_dim + i0;
     uint4* p1 = reinterpret_cast<uint4*>(p);
     uint4* p2 = reinterpret_cast<uint4*>(p + half);
@@ -395,6 +397,15 @@ __global__ void qk_norm_fwd_vec_kernel(const uint4* x, const W* qw, const W* kw,
   const int head = static_cast<int>(row % h);
   const bool norm = valid && head < h_norm;
   const Vec16<T> v = valid ? Vec16<T>{x[row * L + sub]} : Vec16<T>{make_uint4(0, 0, 0, 0)};
+  // The rotation's table entries, loaded while x is (they depend on the row alone).
+  float c[kN], sn[kN];
+  if constexpr (kRope) {
+    if (norm) {
+      const int64_t at = rope_position(rope.positions, row / h, rope.max_pos) * (L * kN / 2) +
+                         (sub % (L / 2)) * kN;
+      load_rope_table<kN>(rope.cos_t, rope.sin_t, at, c, sn);
+    }
+  }
   float ss = 0.f;
 #pragma unroll
   for (int q = 0; q < kN; ++q) ss = __fmaf_rn(v.get(q), v.get(q), ss);
@@ -410,12 +421,7 @@ __global__ void qk_norm_fwd_vec_kernel(const uint4* x, const W* qw, const W* kw,
   }
   if constexpr (kRope) {
     const Vec16<T> other{shfl_xor_16(y.raw, L / 2)};
-    if (norm) {
-      constexpr int kHalf = L * kN / 2;
-      const int64_t at =
-          rope_position(rope.positions, row / h, rope.max_pos) * kHalf + (sub % (L / 2)) * kN;
-      y = rope_lane(y, other, sub < L / 2, rope.cos_t + at, rope.sin_t + at, false);
-    }
+    if (norm) y = rope_lane(y, other, sub < L / 2, c, sn, false);
   }
   if (!valid) return;
   out[row * L + sub] = y.raw;
@@ -486,8 +492,10 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32, 4)
       if constexpr (kRope) {
         const Vec16<T> other{shfl_xor_16(g[u].raw, L / 2)};
         if (norm[u]) {
-          const int64_t at = pos[u] * (kD / 2) + (sub % (L / 2)) * kN;
-          g[u] = rope_lane(g[u], other, sub < L / 2, rope.cos_t + at, rope.sin_t + at, true);
+          float c[kN], sn[kN];
+          load_rope_table<kN>(rope.cos_t, rope.sin_t, pos[u] * (kD / 2) + (sub % (L / 2)) * kN, c,
+                              sn);
+          g[u] = rope_lane(g[u], other, sub < L / 2, c, sn, true);
         }
       }
       const W* w = (head[u] < hq_norm ? qw : kw) + sub * kN;
