@@ -452,8 +452,11 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32, 4)
   const uint4 zero = make_uint4(0, 0, 0, 0);
   // (Every array here is indexed by unrolled constants only, so all of them stay in registers.)
   float acc_q[kN] = {}, acc_k[kN] = {};
-  // [warp][slot][q columns, k columns] of this block.
-  __shared__ float red[kWarpsPerBlock * kSlots][2 * kD];
+  // [warp][slot][q columns, k columns] of this block. Column sub * kN + q of a side is kept at
+  // q * L + sub, and each slot's row is L floats longer than its 2 * kD columns, so that the 32
+  // lanes of a warp, adding their q-th column, touch 32 distinct banks.
+  constexpr int kRow = 2 * kD + L;
+  __shared__ float red[kWarpsPerBlock * kSlots][kRow];
   float* mine = red[warp * kSlots + slot];
   // kRope sums in its lane's slots of red instead of acc_q, acc_k: the registers the rotation
   // needs (else it spills). The same additions in the same order: a side's sum only ever has
@@ -462,8 +465,8 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32, 4)
   if constexpr (kRope) {
 #pragma unroll
     for (int q = 0; q < kN; ++q) {
-      mine[sub * kN + q] = 0.f;
-      mine[kD + sub * kN + q] = 0.f;
+      mine[q * L + sub] = 0.f;
+      mine[kD + q * L + sub] = 0.f;
     }
   }
   // The loop bound is the same for every lane of a warp, so all of them reach the shuffles.
@@ -520,8 +523,8 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32, 4)
       for (int q = 0; q < kN; ++q) {
         const float wg = __fmul_rn(__fmul_rn(g[u].get(q), v[u].get(q)), r[u]);
         if constexpr (kRope) {
-          float* acc = mine + (q_side ? 0 : kD) + sub * kN;
-          acc[q] = __fadd_rn(acc[q], wg);
+          float& acc = mine[(q_side ? 0 : kD) + q * L + sub];
+          acc = __fadd_rn(acc, wg);
         } else {
           acc_q[q] = __fadd_rn(acc_q[q], q_side ? wg : 0.f);
           acc_k[q] = __fadd_rn(acc_k[q], q_side ? 0.f : wg);
@@ -534,14 +537,16 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32, 4)
   if constexpr (!kRope) {
 #pragma unroll
     for (int q = 0; q < kN; ++q) {
-      mine[sub * kN + q] = acc_q[q];
-      mine[kD + sub * kN + q] = acc_k[q];
+      mine[q * L + sub] = acc_q[q];
+      mine[kD + q * L + sub] = acc_k[q];
     }
   }
   __syncthreads();
   for (int c = threadIdx.x; c < 2 * kD; c += blockDim.x) {
+    const int side = c / kD, col = c % kD;
+    const int at = side * kD + (col % kN) * L + col / kN;
     float s = 0.f;
-    for (int k = 0; k < kWarpsPerBlock * kSlots; ++k) s += red[k][c];
+    for (int k = 0; k < kWarpsPerBlock * kSlots; ++k) s += red[k][at];
     partial[blockIdx.x * (int64_t)(2 * kD) + c] = s;
   }
 }
