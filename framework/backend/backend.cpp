@@ -720,6 +720,23 @@ void Backend::adamw_many(const std::vector<AdamWEntry>& entries, const AdamWPara
   HP_CHECK(p.step >= 1, "adamw_many: step ", p.step, " must be >= 1 (it is 1-based)");
   HP_CHECK(p.check_flag == nullptr,
            "adamw_many: has no check-only mode (check_flag is set); use adamw per tensor");
+  // What the checks below depend on, entry by entry: a list equal to the last checked one holds
+  // the contract as that one did.
+  std::vector<int64_t> key;
+  key.reserve(entries.size() * 16);
+  for (const AdamWEntry& e : entries)
+    for (const Tensor* t : {&e.master, &e.grad, &e.m, &e.v, &e.working}) {
+      key.push_back(t->defined() ? static_cast<int64_t>(reinterpret_cast<uintptr_t>(t->raw())) : -1);
+      if (!t->defined()) continue;
+      key.push_back(static_cast<int64_t>(t->dtype()));
+      key.push_back(t->ndim());
+      for (int64_t d : t->shape()) key.push_back(d);
+    }
+  if (key == adamw_many_checked_) {
+    do_adamw_many(entries, p);
+    return;
+  }
+  adamw_many_checked_.clear();
   for (size_t i = 0; i < entries.size(); ++i) {
     const std::string where = "adamw_many: entry " + std::to_string(i);
     const char* op = where.c_str();
@@ -731,6 +748,7 @@ void Backend::adamw_many(const std::vector<AdamWEntry>& entries, const AdamWPara
     if (e.working.defined()) need_same_numel(op, "working", e.working, "master", e.master);
   }
   need_entries_apart(entries);
+  adamw_many_checked_ = std::move(key);
   do_adamw_many(entries, p);
 }
 

@@ -502,6 +502,10 @@ class Backend {
   // Host-time profile (the default implementation).
   double host_t0_ = 0, host_last_ = 0;
   StepProfile host_profile_;
+  // The addresses, sizes and dtypes of the last adamw_many list whose contract was checked: the
+  // optimizer passes the same list every step, and its checks (an address sort among them)
+  // would otherwise hold back the update's first launch on the host each step.
+  std::vector<int64_t> adamw_many_checked_;
 };
 
 // The CPU reference backend; dtype is kF32 (training) or kF64 (gradient checks).

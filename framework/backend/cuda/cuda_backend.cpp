@@ -1247,19 +1247,26 @@ class CudaBackend final : public Backend {
     refs.reserve(entries.size());
     for (size_t i = 0; i < entries.size(); ++i) {
       const AdamWEntry& e = entries[i];
-      const std::string where = "adamw_many: entry " + std::to_string(i);
-      const char* op = where.c_str();
-      check_dtype(op, "master", e.master, DType::kF32);
-      check_dtype(op, "grad", e.grad, DType::kF32);
-      check_dtype(op, "m", e.m, DType::kF32);
-      check_dtype(op, "v", e.v, DType::kF32);
       // As do_adamw: a working copy that is the f32 master itself is none.
       const Tensor& w = e.working;
-      void* work = nullptr;
-      if (w.defined() && !(w.raw() == e.master.raw() && w.dtype() == DType::kF32)) {
-        check_float(op, "working", w);
-        work = w.raw();
+      const bool has_work =
+          w.defined() && !(w.raw() == e.master.raw() && w.dtype() == DType::kF32);
+      const auto on_gpu = [](const Tensor& t, DType a, DType b) {
+        return t.defined() && t.device() == Device::kCUDA && (t.dtype() == a || t.dtype() == b);
+      };
+      const DType f32 = DType::kF32;
+      if (!on_gpu(e.master, f32, f32) || !on_gpu(e.grad, f32, f32) || !on_gpu(e.m, f32, f32) ||
+          !on_gpu(e.v, f32, f32) || (has_work && !on_gpu(w, f32, DType::kBF16))) {
+        // The message names the entry (built only here: the list is long and comes every step).
+        const std::string where = "adamw_many: entry " + std::to_string(i);
+        const char* op = where.c_str();
+        check_dtype(op, "master", e.master, DType::kF32);
+        check_dtype(op, "grad", e.grad, DType::kF32);
+        check_dtype(op, "m", e.m, DType::kF32);
+        check_dtype(op, "v", e.v, DType::kF32);
+        if (has_work) check_float(op, "working", w);
       }
+      void* work = has_work ? w.raw() : nullptr;
       refs.push_back({e.master.data<float>(), e.grad.data<float>(), e.m.data<float>(),
                       e.v.data<float>(), work, work ? w.dtype() : DType::kF32, e.master.numel(),
                       e.weight_decay});
