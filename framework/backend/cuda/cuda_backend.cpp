@@ -935,29 +935,6 @@ class CudaBackend final : public Backend {
                                  rstd);
   }
 
-  void do_qk_norm_rope_bwd(const Tensor& qkv, const Tensor& qw, const Tensor& kw, int64_t n_heads,
-                           int64_t n_kv_heads, const Tensor& rstd, const Tensor& positions,
-                           const RopeTable& table, const Tensor& dout, Tensor& din, Tensor& dqw,
-                           Tensor& dkw) override {
-    const char* op = "qk_norm_rope_bwd";
-    check_qk_norm(op, qkv, qw, kw);
-    check_dtype(op, "rstd", rstd, DType::kF32);
-    check_dtype(op, "dout", dout, qkv.dtype());
-    check_dtype(op, "din", din, qkv.dtype());
-    check_dtype(op, "dqw", dqw, DType::kF32);
-    check_dtype(op, "dkw", dkw, DType::kF32);
-    check_rope_table(op, positions, table);
-    if (cuda::launch_qk_norm_rope_bwd(
-            qkv.raw(), qkv.dtype(), qw.raw(), kw.raw(), qw.dtype(), qkv.dim(0),
-            static_cast<int>(qkv.dim(1)), static_cast<int>(n_heads), static_cast<int>(n_kv_heads),
-            static_cast<int>(qkv.dim(2)), rstd.data<float>(), positions.data<int32_t>(),
-            table.cos.data<float>(), table.sin.data<float>(), table.cos.dim(0), dout.raw(),
-            din.raw(), dqw.data<float>(), dkw.data<float>(), *alloc_, cur_stream()))
-      return;
-    Backend::do_qk_norm_rope_bwd(qkv, qw, kw, n_heads, n_kv_heads, rstd, positions, table, dout,
-                                 din, dqw, dkw);
-  }
-
   // ---- attention
   // ------------------------------------------------------------------------------------
 

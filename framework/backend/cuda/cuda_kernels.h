@@ -101,15 +101,6 @@ bool launch_qk_norm_rope_fwd(const void* x, DType t, const void* qw, const void*
                              const int32_t* positions, const float* cos_table,
                              const float* sin_table, int64_t max_pos, void* out, float* rstd,
                              cudaStream_t stream);
-// launch_rope inverse of dout's first hq_norm + hkv_norm heads (as if in place), then
-// launch_qk_norm_bwd into din, in one pass with the same bits; dout is not written unless din is
-// dout. false, with nothing launched or added, where launch_qk_norm_rope_fwd would be (x, dout,
-// din and the tables as its x, out and tables).
-bool launch_qk_norm_rope_bwd(const void* x, DType t, const void* qw, const void* kw, DType w_t,
-                             int64_t n, int h, int hq_norm, int hkv_norm, int d, const float* rstd,
-                             const int32_t* positions, const float* cos_table,
-                             const float* sin_table, int64_t max_pos, const void* dout, void* din,
-                             float* dqw, float* dkw, Allocator& alloc, cudaStream_t stream);
 // x[n_tokens, n_heads, head_dim] in place, first n_rot_heads heads; tables [max_pos, head_dim/2].
 void launch_rope(void* x, DType t, int64_t n_tokens, int n_heads, int n_rot_heads, int head_dim,
                  const int32_t* positions, const float* cos_table, const float* sin_table,
