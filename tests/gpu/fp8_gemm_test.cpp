@@ -30,6 +30,7 @@
 #include "framework/core/error.h"
 #include "framework/core/fp8.h"
 #include "framework/core/rng.h"
+#include "tests/gpu/gpu_fixtures.h"
 
 namespace hp {
 namespace {
@@ -83,14 +84,7 @@ class CudaFp8 : public ::testing::Test {
   }
 
   std::vector<double> values(const Tensor& gpu_tensor) {
-    Tensor src = gpu_tensor;
-    if (src.dtype() != DType::kF32) {
-      src = gpu_->empty(gpu_tensor.shape(), DType::kF32);
-      gpu_->convert(gpu_tensor, src);
-    }
-    Tensor h = Tensor::host(src.shape(), DType::kF32);
-    gpu_->read_to_host(src, h, SyncCause::kOther);
-    return to_double_vector(h);
+    return gpu_test::device_values(*gpu_, gpu_tensor);
   }
 
   // Quantizes host x (stored [d0, d1]) on both sides and counts differing codes and scales.

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "framework/backend/cuda/cuda_backend.h"
 #include "framework/data/loader.h"
@@ -21,6 +22,18 @@
   } while (0)
 
 namespace hp::gpu_test {
+
+// A device tensor's elements as doubles (bf16 through an f32 copy on the device).
+inline std::vector<double> device_values(Backend& be, const Tensor& t) {
+  Tensor src = t;
+  if (t.dtype() != DType::kF32) {
+    src = be.empty(t.shape(), DType::kF32);
+    be.convert(t, src);
+  }
+  Tensor h = Tensor::host(t.shape(), DType::kF32);
+  be.read_to_host(src, h, SyncCause::kOther);
+  return to_double_vector(h);
+}
 
 // A CUDA backend whose results are bitwise reproducible (deterministic attention backward), for
 // the tests that compare runs bit for bit.

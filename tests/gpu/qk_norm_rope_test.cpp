@@ -16,6 +16,7 @@
 #include "framework/backend/cuda/cuda_kernels.h"
 #include "framework/core/rng.h"
 #include "framework/model/rope_table.h"
+#include "tests/gpu/gpu_fixtures.h"
 
 namespace hp {
 namespace {
@@ -66,16 +67,7 @@ class CudaQkNormRope : public ::testing::Test {
     const auto* p = static_cast<const unsigned char*>(h.raw());
     return std::vector<unsigned char>(p, p + h.nbytes());
   }
-  std::vector<double> values(const Tensor& t) {
-    Tensor src = t;
-    if (t.dtype() != DType::kF32) {
-      src = gpu_->empty(t.shape(), DType::kF32);
-      gpu_->convert(t, src);
-    }
-    Tensor h = Tensor::host(t.shape(), DType::kF32);
-    gpu_->read_to_host(src, h, SyncCause::kOther);
-    return to_double_vector(h);
-  }
+  std::vector<double> values(const Tensor& t) { return gpu_test::device_values(*gpu_, t); }
 
   void expect_same_bits(const char* what, const Tensor& a, const Tensor& b) {
     const std::vector<unsigned char> x = bytes(a), y = bytes(b);

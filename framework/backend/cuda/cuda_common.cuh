@@ -87,6 +87,20 @@ inline unsigned grid_for(int64_t n, int threads, int64_t max_blocks = 65535ll * 
 namespace hp {
 namespace cuda {
 
+// Multi-tensor launches: entry e of a table owns blocks [first_block[e], first_block[e + 1]);
+// the entry (of count >= 1) that owns block b, by binary search.
+__device__ __forceinline__ int entry_of_block(const int32_t* first_block, int count, int32_t b) {
+  int lo = 0, hi = count - 1;  // the last entry whose first block is <= b
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) >> 1;
+    if (first_block[mid] <= b)
+      lo = mid;
+    else
+      hi = mid - 1;
+  }
+  return lo;
+}
+
 // 16 bytes of T (8 bf16 or 4 f32), loaded and stored as one access; lanes read and written as
 // f32, so a kernel on Vec16 does per element exactly what its scalar form does.
 template <typename T>

@@ -113,15 +113,7 @@ template <typename W>
 __global__ void __launch_bounds__(kManyThreads)
     adamw_many_kernel(const AdamWTable t, const AdamWScalars s0) {
   const int32_t b = static_cast<int32_t>(blockIdx.x);
-  int lo = 0, hi = t.count - 1;  // the last entry whose first block is <= b
-  while (lo < hi) {
-    const int mid = (lo + hi + 1) >> 1;
-    if (t.first_block[mid] <= b)
-      lo = mid;
-    else
-      hi = mid - 1;
-  }
-  const int e = lo;
+  const int e = entry_of_block(t.first_block, t.count, b);
   AdamWScalars s = s0;
   if (!(t.flags[e] & kDecay)) s.weight_decay = 0.f;
   float* master = t.master[e];

@@ -223,15 +223,7 @@ __global__ void __launch_bounds__(kThreads)
     sum_squares_many_kernel(const SumSquaresTable t, float* partial) {
   __shared__ float scratch[33];
   const int32_t b = static_cast<int32_t>(blockIdx.x);
-  int lo = 0, hi = t.count - 1;  // the last tensor whose first block is <= b
-  while (lo < hi) {
-    const int mid = (lo + hi + 1) >> 1;
-    if (t.first_block[mid] <= b)
-      lo = mid;
-    else
-      hi = mid - 1;
-  }
-  const int e = lo;
+  const int e = entry_of_block(t.first_block, t.count, b);
   const int64_t begin = static_cast<int64_t>(b - t.first_block[e]) * kSqChunk;
   const int64_t end = min(t.n[e], begin + kSqChunk);
   float acc = t.bf16[e]
