@@ -443,6 +443,7 @@ void Backend::qk_norm_bwd(const Tensor& qkv, const Tensor& qw, const Tensor& kw,
   need_shape(op, "din", din, qkv.shape());
   need_shape(op, "dqw", dqw, {qkv.dim(2)});
   need_shape(op, "dkw", dkw, {qkv.dim(2)});
+  HP_CHECK(!overlaps(dqw, dkw), op, ": dqw and dkw must not overlap (each adds its own sums)");
   do_qk_norm_bwd(qkv, qw, kw, n_heads, n_kv_heads, rstd, dout, din, dqw, dkw);
 }
 
@@ -469,6 +470,7 @@ void Backend::qk_norm_rope_bwd(const Tensor& qkv, const Tensor& qw, const Tensor
   need_shape(op, "din", din, qkv.shape());
   need_shape(op, "dqw", dqw, {qkv.dim(2)});
   need_shape(op, "dkw", dkw, {qkv.dim(2)});
+  HP_CHECK(!overlaps(dqw, dkw), op, ": dqw and dkw must not overlap (each adds its own sums)");
   HP_CHECK(din.raw() == dout.raw() || !overlaps(din, dout), op,
            ": din must be dout itself or not overlap it");
   HP_CHECK(!overlaps(din, qkv), op, ": din must not overlap qkv");

@@ -271,6 +271,16 @@ TEST(QkNormRope, BadArgumentsAreRefusedNamingThem) {
         be->qk_norm_rope_bwd(q, p.qw, p.kw, 2, 1, rstd, p.positions, p.table, p.dout, q, dqw, dkw);
       },
       bw, "din must not overlap qkv");
+  // One tensor for both weight gradients: the two sums would race for it.
+  expect_error_naming(
+      [&] {
+        be->qk_norm_rope_bwd(p.qkv, p.qw, p.kw, 2, 1, rstd, p.positions, p.table, p.dout, din, dqw,
+                             dqw);
+      },
+      bw, "dqw and dkw must not overlap");
+  expect_error_naming(
+      [&] { be->qk_norm_bwd(p.qkv, p.qw, p.kw, 2, 1, rstd, p.dout, din, dkw, dkw); }, "qk_norm_bwd",
+      "dqw and dkw must not overlap");
   // Nothing refused was added to the weight gradients.
   std::vector<unsigned char> zero(static_cast<size_t>(dqw.nbytes()), 0);
   EXPECT_TRUE(bytes(dqw) == zero);

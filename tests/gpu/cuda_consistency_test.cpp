@@ -14,7 +14,9 @@
 #include <vector>
 
 #include "framework/backend/backend.h"
+#include "framework/backend/cuda/cuda_allocator.h"
 #include "framework/backend/cuda/cuda_backend.h"
+#include "framework/backend/cuda/cuda_kernels.h"
 #include "framework/core/rng.h"
 #include "framework/data/packed_batch.h"
 
@@ -453,6 +455,55 @@ TEST_F(CudaConsistency, BiasAddAxpy) {
   }
 }
 
+// The deterministic column sum (bias_grad, the norms' weight gradients) in its documented order:
+// rows cut into n_chunks chunks (column_chunks in column_sum.cuh: at most 2048 / column blocks of
+// 32, at least 64 rows a chunk); a chunk's 8 row slots each add rows r0 + y, r0 + y + 8, ...; the
+// slots add in order; the chunks add in order; the total adds to db. Emulated on the host in f32,
+// so the GPU must give the same bits: chunk counts of 41 (two groups of 16 loads and a tail of 9)
+// and of 313 (one column block).
+TEST_F(CudaConsistency, ColumnSumAddsInItsFixedOrderBitwise) {
+  const auto host_sums = [](const std::vector<float>& x, int64_t rows, int64_t cols,
+                            const std::vector<float>& db0) {
+    const int64_t col_blocks = (cols + 31) / 32;
+    int64_t n_chunks = std::min<int64_t>(2048 / col_blocks, (rows + 63) / 64);
+    n_chunks = std::max<int64_t>(n_chunks, 1);
+    const int64_t per_chunk = (rows + n_chunks - 1) / n_chunks;
+    n_chunks = (rows + per_chunk - 1) / per_chunk;
+    std::vector<float> out(db0);
+    for (int64_t c = 0; c < cols; ++c) {
+      float total = 0.f;
+      for (int64_t i = 0; i < n_chunks; ++i) {
+        const int64_t r0 = i * per_chunk, r1 = std::min(rows, r0 + per_chunk);
+        float chunk = 0.f;
+        for (int y = 0; y < 8; ++y) {
+          float slot = 0.f;
+          for (int64_t r = r0 + y; r < r1; r += 8) slot += x[static_cast<size_t>(r * cols + c)];
+          chunk += slot;
+        }
+        total += chunk;
+      }
+      out[static_cast<size_t>(c)] += total;
+    }
+    return std::make_pair(out, n_chunks);
+  };
+  const struct { int64_t rows, cols, chunks; } cases[] = {{2573, 77, 41}, {20000, 16, 313}};
+  for (const auto& k : cases) {
+    Tensor dy = rand({k.rows, k.cols}, 48), db0 = rand({k.cols}, 49);
+    Tensor gdb = on_gpu(db0, DType::kF32);
+    gpu_->bias_grad(on_gpu(dy, DType::kF32), gdb);
+    const float* x = dy.data<float>();
+    const auto [want, n_chunks] =
+        host_sums(std::vector<float>(x, x + dy.numel()), k.rows, k.cols,
+                  std::vector<float>(db0.data<float>(), db0.data<float>() + k.cols));
+    ASSERT_EQ(n_chunks, k.chunks) << "the case no longer has the chunk count it was chosen for";
+    const std::vector<double> got = gpu_values(gdb);
+    int64_t diff = 0;
+    for (int64_t c = 0; c < k.cols; ++c) diff += static_cast<float>(got[c]) != want[c];
+    EXPECT_EQ(diff, 0) << k.rows << " x " << k.cols << ": " << diff << " of " << k.cols
+                       << " column sums differ from the fixed-order sum";
+  }
+}
+
 // Segments of one dy, as the MoE layer's experts have them: empty ones, more than one launch
 // holds, and two segments adding to one output (as an expert's chunks from two source ranks do).
 // Bitwise the per-segment bias_grad calls in order, and close to the CPU's.
@@ -512,6 +563,55 @@ TEST_F(CudaConsistency, RmsNorm) {
     gpu_->rmsnorm_bwd(on_gpu(x), on_gpu(w), gr, on_gpu(dy), gacc, gdw, true);
     expect_close("rmsnorm dx accumulated", gacc, cacc);
     expect_close("rmsnorm dw twice", gdw, cdw);
+  }
+}
+
+// Rows of 32 V 16-byte vectors take the backward with the weight gradient folded in: dx has the
+// bits of the separate passes (out of place, accumulated, in place over dy), dw is close to theirs
+// and to the CPU's, and the same bits on a second run. Widths: bf16 d = 1024 (Qwen3's, V = 4),
+// 2048 (V = 8), 768 (V = 3); f32 d = 512 (V = 4); 3001 rows (several row strides a warp).
+TEST_F(CudaConsistency, RmsNormBackwardFoldedWeightGradient) {
+  const struct {
+    DType dt;
+    int64_t d;
+  } cases[] = {{DType::kBF16, 1024}, {DType::kBF16, 2048}, {DType::kBF16, 768}, {DType::kF32, 512}};
+  const int64_t m = 3001;
+  cudaStream_t stream = cuda_compute_stream(*gpu_);
+  for (const auto& k : cases) {
+    const int64_t d = k.d;
+    SCOPED_TRACE("d=" + std::to_string(d) + (k.dt == DType::kBF16 ? " bf16" : " f32"));
+    Tensor x = rand({m, d}, 70, 2.0, 0.3), w = rand({d}, 71, 0.5, 1.0), dy = rand({m, d}, 72);
+    Tensor res = rand({m, d}, 73, 3.0), dw0 = rand({d}, 74);
+    Tensor cr = cpu_->empty({m}, DType::kF32), cy = cpu_->empty({m, d}, DType::kF32);
+    cpu_->rmsnorm_fwd(on_cpu(x), on_cpu(w), 1e-5, cy, cr);
+    const Tensor gx = on_gpu(x, k.dt), gw = on_gpu(w, k.dt), gdy = on_gpu(dy, k.dt);
+    Tensor gy = gpu_->empty({m, d}, k.dt), gr = gpu_->empty({m}, DType::kF32);
+    gpu_->rmsnorm_fwd(gx, gw, 1e-5, gy, gr);
+    // mode 0: out of place; 1: dx += the gradient; 2: in place over dy.
+    for (int mode = 0; mode < 3; ++mode) {
+      SCOPED_TRACE("mode " + std::to_string(mode));
+      const auto run = [&](bool fold, Tensor& dx, Tensor& dw) {
+        dx = mode == 1 ? on_gpu(res, k.dt) : gpu_->empty({m, d}, k.dt);
+        if (mode == 2) gpu_->copy(gdy, dx);
+        const void* dy_ptr = mode == 2 ? dx.raw() : gdy.raw();
+        dw = on_gpu(dw0, DType::kF32);
+        cuda::launch_rmsnorm_bwd(gx.raw(), k.dt, gw.raw(), k.dt, gr.data<float>(), dy_ptr, dx.raw(),
+                                 dw.data<float>(), m, d, mode == 1, cuda_device_allocator(0),
+                                 stream, fold);
+      };
+      Tensor dx_sep, dw_sep, dx_fold, dw_fold, dx_again, dw_again;
+      run(false, dx_sep, dw_sep);
+      run(true, dx_fold, dw_fold);
+      run(true, dx_again, dw_again);
+      EXPECT_EQ(gpu_values(dx_fold), gpu_values(dx_sep)) << "dx differs from the separate passes";
+      EXPECT_EQ(gpu_values(dw_again), gpu_values(dw_fold)) << "dw differs between two runs";
+      EXPECT_LE(rel_err(gpu_values(dw_fold), gpu_values(dw_sep)), 1e-5);
+      Tensor cdx = mode == 1 ? on_cpu(res) : cpu_->empty({m, d}, DType::kF32);
+      Tensor cdw = on_cpu(dw0);
+      cpu_->rmsnorm_bwd(on_cpu(x), on_cpu(w), cr, on_cpu(dy), cdx, cdw, mode == 1);
+      expect_close("dx", dx_fold, cdx);
+      expect_close("dw", dw_fold, cdw);
+    }
   }
 }
 

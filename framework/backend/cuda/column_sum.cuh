@@ -55,12 +55,35 @@ inline ColumnChunks column_chunks(int64_t rows, int64_t cols) {
   return {(rows + rows_per_chunk - 1) / rows_per_chunk, rows_per_chunk};
 }
 
-__global__ void column_finish_kernel(const float* partial, int64_t n_chunks, int64_t cols,
-                                     float scale, float* out);
+// The sum of column c's partials p[i * cols + c] for i = 0, 1, ..., n_chunks - 1, added in that
+// order. The loads go out kUnroll at a time (they do not depend on each other), the adds stay in
+// chunk order, so the bits are those of the plain loop.
+__device__ __forceinline__ float sum_partials_in_order(const float* p, int64_t n_chunks,
+                                                       int64_t cols) {
+  constexpr int kUnroll = 16;
+  float s = 0.f;
+  int64_t i = 0;
+  for (; i + kUnroll <= n_chunks; i += kUnroll) {
+    float v[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) v[u] = p[(i + u) * cols];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) s = __fadd_rn(s, v[u]);
+  }
+  for (; i < n_chunks; ++i) s = __fadd_rn(s, p[i * cols]);
+  return s;
+}
 
+// out[c] += scale * (column c's partials in chunk order) for c < split, out_hi[c - split] for the
+// columns from split on (two outputs filled by one sum; split = cols and out_hi = nullptr for one).
+__global__ void column_finish_kernel(const float* partial, int64_t n_chunks, int64_t cols,
+                                     float scale, float* out, int64_t split, float* out_hi);
+
+// out_hi (optional): the columns from split on add to out_hi[c - split] instead.
 template <typename F>
 void column_sum_add(F value, int64_t rows, int64_t cols, float scale, float* out, Allocator& alloc,
-                    cudaStream_t stream) {
+                    cudaStream_t stream, int64_t split = -1, float* out_hi = nullptr) {
+  if (out_hi == nullptr) split = cols;
   if (rows == 0 || cols == 0) return;
   const int64_t col_blocks = (cols + kColSumX - 1) / kColSumX;
   const ColumnChunks ch = column_chunks(rows, cols);
@@ -70,7 +93,7 @@ void column_sum_add(F value, int64_t rows, int64_t cols, float scale, float* out
       value, rows, cols, ch.rows_per_chunk, partial.data<float>());
   CUDA_CHECK_LAUNCH();
   column_finish_kernel<<<grid_for(cols, 256), 256, 0, stream>>>(partial.data<float>(), ch.n_chunks,
-                                                                cols, scale, out);
+                                                                cols, scale, out, split, out_hi);
   CUDA_CHECK_LAUNCH();
 }
 

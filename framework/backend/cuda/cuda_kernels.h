@@ -79,9 +79,12 @@ void launch_column_sum_add(const float* x, int64_t rows, int64_t cols, float sca
 // (added in f32, rounded once).
 void launch_rmsnorm_fwd(const void* x, DType t, const void* w, DType w_t, float eps, void* y,
                         float* rstd, int64_t rows, int64_t d, cudaStream_t stream);
+// The backward adds the weight gradient's column sums to dw. Rows of 32 V 16-byte vectors (V from
+// 1 to 8) take one kernel that forms them as it computes dx, then a finishing sum; fold_dw = false
+// (for tests: dx has the same bits either way) takes the separate column-sum pass instead.
 void launch_rmsnorm_bwd(const void* x, DType t, const void* w, DType w_t, const float* rstd,
                         const void* dy, void* dx, float* dw, int64_t rows, int64_t d, bool add_dx,
-                        Allocator& alloc, cudaStream_t stream);
+                        Allocator& alloc, cudaStream_t stream, bool fold_dw = true);
 // Per-head RMSNorm of the first hq_norm + hkv_norm heads of x[n, h, d] (q heads use qw, the next
 // hkv_norm heads kw); the remaining heads are copied. rstd[n, hq_norm + hkv_norm] f32.
 void launch_qk_norm_fwd(const void* x, DType t, const void* qw, const void* kw, DType w_t,

@@ -119,17 +119,17 @@ __device__ __forceinline__ void load_rope_table(const float* cos_t, const float*
 // One lane's kN elements of a Vec16 head rotated: `own` holds elements [i0, i0 + kN) of the
 // first half (first) or of the second half (!first), `other` the same elements of the other
 // half; c and sn the position's table entries [i0, i0 + kN). Returns own's rotated elements, as
-// rope_vec_kernel rotates them.
+// rope_vec_kernel rotates them forward.
 template <typename T>
 __device__ __forceinline__ Vec16<T> rope_lane(const Vec16<T>& own, const Vec16<T>& other,
                                               bool first, const float (&c)[Vec16<T>::kN],
-                                              const float (&sn)[Vec16<T>::kN], bool inverse) {
+                                              const float (&sn)[Vec16<T>::kN]) {
   Vec16<T> r;
 #pragma unroll
   for (int q = 0; q < Vec16<T>::kN; ++q) {
     const float a = own.get(q), b = other.get(q);
     float y1, y2;
-    rope_rotate(first ? a : b, first ? b : a, c[q], inverse ? -sn[q] : sn[q], y1, y2);
+    rope_rotate(first ? a : b, first ? b : a, c[q], sn[q], y1, y2);
     r.set(q, first ? y1 : y2);
   }
   return r;
@@ -199,6 +199,128 @@ __global__ void rmsnorm_bwd_vec_kernel(const uint4* x, const W* w, const float* 
   }
 }
 
+// rmsnorm_bwd_vec_kernel with the weight gradient folded in, for rows of V Vec16 vectors a lane
+// (d = 32 V kN): dx as that kernel computes it (the same expressions in the same order, so the
+// same bits), and the column sums of dy * x * rstd, which it would otherwise take a second pass
+// over x and dy to form. Warp w of the grid takes rows w, w + W, w + 2W, ... (W warps in all,
+// rmsnorm_dw_blocks(rows) blocks of them: a function of the row count only), each lane summing
+// its own columns in row order; the block's warps then add in warp order into partial[block][d],
+// which column_finish_kernel sums in block order. The same bits in every run.
+template <typename T, typename W, int V>
+__global__ void __launch_bounds__(kWarpsPerBlock * 32)
+    rmsnorm_bwd_dw_vec_kernel(const uint4* x, const W* w, const float* rstd, const uint4* dy,
+                              uint4* dx, int64_t rows, bool add_dx, float* partial) {
+  constexpr int kN = Vec16<T>::kN, kDv = 32 * V, kD = kDv * kN;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x / 32;
+  const int64_t stride = (int64_t)gridDim.x * kWarpsPerBlock;
+  float acc[V][kN] = {};
+  // w is read where used (it stays in L1): held in registers it would push V = 8 into spills.
+  const auto wf = [&](int v, int q) { return to_f32(w[(lane + 32 * v) * kN + q]); };
+  for (int64_t row = blockIdx.x * (int64_t)kWarpsPerBlock + warp; row < rows; row += stride) {
+    Vec16<T> a[V], b[V];
+#pragma unroll
+    for (int v = 0; v < V; ++v) {
+      a[v].raw = dy[row * kDv + lane + 32 * v];
+      b[v].raw = x[row * kDv + lane + 32 * v];
+    }
+    const float r = rstd[row];
+    float dot = 0.f;
+#pragma unroll
+    for (int v = 0; v < V; ++v)
+#pragma unroll
+      for (int q = 0; q < kN; ++q) dot += a[v].get(q) * wf(v, q) * b[v].get(q);
+    dot = warp_sum(dot);
+    const float k = r * r * r * dot / (float)kD;
+#pragma unroll
+    for (int v = 0; v < V; ++v) {
+      Vec16<T> o, prev{};
+      if (add_dx) prev.raw = dx[row * kDv + lane + 32 * v];
+#pragma unroll
+      for (int q = 0; q < kN; ++q) {
+        const float g = r * a[v].get(q) * wf(v, q) - k * b[v].get(q);
+        o.set(q, add_dx ? prev.get(q) + g : g);
+        acc[v][q] += a[v].get(q) * b[v].get(q) * r;
+      }
+      dx[row * kDv + lane + 32 * v] = o.raw;
+    }
+  }
+  // The block's warps, in warp order, into one row of d sums.
+  __shared__ float red[kD];
+  for (int i = 0; i < kWarpsPerBlock; ++i) {
+    if (warp == i) {
+#pragma unroll
+      for (int v = 0; v < V; ++v)
+#pragma unroll
+        for (int q = 0; q < kN; ++q) {
+          float& s = red[(lane + 32 * v) * kN + q];
+          s = i == 0 ? acc[v][q] : s + acc[v][q];
+        }
+    }
+    __syncthreads();
+  }
+  for (int c = threadIdx.x; c < kD; c += blockDim.x) partial[blockIdx.x * (int64_t)kD + c] = red[c];
+}
+
+// Blocks of the folded backward over `rows` rows: a function of the row count only (8 rows a
+// warp, at most 512 blocks).
+inline int64_t rmsnorm_dw_blocks(int64_t rows) {
+  const int64_t b = (rows + 8 * kWarpsPerBlock - 1) / (8 * kWarpsPerBlock);
+  return b < 1 ? 1 : (b > 512 ? 512 : b);
+}
+
+// rmsnorm_bwd_dw_vec_kernel and its finishing sum into dw; false (nothing launched) where the
+// rows are not V Vec16 vectors a lane for a V from 1 to 8.
+template <typename T, typename W>
+bool rmsnorm_bwd_dw_vec(const void* x, const void* w, const float* rstd, const void* dy, void* dx,
+                        float* dw, int64_t rows, int64_t d, bool add_dx, Allocator& alloc,
+                        cudaStream_t stream) {
+  constexpr int kN = Vec16<T>::kN;
+  if (d % (32 * kN) != 0 || !vec16_rows(d, sizeof(T), {x, dy, dx})) return false;
+  const int64_t v = d / (32 * kN);
+  if (v < 1 || v > 8) return false;
+  const int64_t blocks = rmsnorm_dw_blocks(rows);
+  Tensor partial = Tensor::empty(alloc, {blocks, d}, DType::kF32);
+  const auto launch = [&](auto vc) {
+    constexpr int V = decltype(vc)::value;
+    rmsnorm_bwd_dw_vec_kernel<T, W, V>
+        <<<static_cast<unsigned>(blocks), kWarpsPerBlock * 32, 0, stream>>>(
+            static_cast<const uint4*>(x), static_cast<const W*>(w), rstd,
+            static_cast<const uint4*>(dy), static_cast<uint4*>(dx), rows, add_dx,
+            partial.data<float>());
+  };
+  switch (v) {
+    case 1:
+      launch(std::integral_constant<int, 1>{});
+      break;
+    case 2:
+      launch(std::integral_constant<int, 2>{});
+      break;
+    case 3:
+      launch(std::integral_constant<int, 3>{});
+      break;
+    case 4:
+      launch(std::integral_constant<int, 4>{});
+      break;
+    case 5:
+      launch(std::integral_constant<int, 5>{});
+      break;
+    case 6:
+      launch(std::integral_constant<int, 6>{});
+      break;
+    case 7:
+      launch(std::integral_constant<int, 7>{});
+      break;
+    default:
+      launch(std::integral_constant<int, 8>{});
+      break;
+  }
+  CUDA_CHECK_LAUNCH();
+  column_finish_kernel<<<grid_for(d, 256), 256, 0, stream>>>(partial.data<float>(), blocks, d, 1.f,
+                                                             dw, d, nullptr);
+  CUDA_CHECK_LAUNCH();
+  return true;
+}
+
 // rope_fwd_kernel with kN consecutive rotation pairs a thread: 16-byte accesses to x, float4 to
 // the tables.
 template <typename T>
@@ -259,16 +381,20 @@ void launch_rmsnorm_fwd(const void* x, DType t, const void* w, DType w_t, float 
 
 void launch_rmsnorm_bwd(const void* x, DType t, const void* w, DType w_t, const float* rstd,
                         const void* dy, void* dx, float* dw, int64_t rows, int64_t d, bool add_dx,
-                        Allocator& alloc, cudaStream_t stream) {
+                        Allocator& alloc, cudaStream_t stream, bool fold_dw) {
   if (rows == 0) return;
   const unsigned grid = static_cast<unsigned>((rows + kWarpsPerBlock - 1) / kWarpsPerBlock);
   dispatch_float(t, [&](auto ts) {
     using T = decltype(ts);
-    // dw first: dx may alias dy.
-    column_sum_add(NormWeightGrad<T>{static_cast<const T*>(x), static_cast<const T*>(dy), rstd, d},
-                   rows, d, 1.f, dw, alloc, stream);
     dispatch_float(w_t, [&](auto ws) {
       using W = decltype(ws);
+      if (fold_dw &&
+          rmsnorm_bwd_dw_vec<T, W>(x, w, rstd, dy, dx, dw, rows, d, add_dx, alloc, stream))
+        return;
+      // dw first: dx may alias dy.
+      column_sum_add(
+          NormWeightGrad<T>{static_cast<const T*>(x), static_cast<const T*>(dy), rstd, d}, rows, d,
+          1.f, dw, alloc, stream);
       if (vec16_rows(d, sizeof(T), {x, dy, dx})) {
         rmsnorm_bwd_vec_kernel<T, W><<<grid, kWarpsPerBlock * 32, 0, stream>>>(
             static_cast<const uint4*>(x), static_cast<const W*>(w), rstd,
@@ -368,7 +494,7 @@ __global__ void qk_norm_bwd_kernel(const T* x, const W* qw, const W* kw, int64_t
     dxr[i] = from_f32<T>(r * to_f32(dyr[i]) * to_f32(w[i]) - c * to_f32(xr[i]));
 }
 
-// What the fused kernels rotate by (rope_vec_kernel's arguments); unused where kRope is false.
+// What the fused forward rotates by (rope_vec_kernel's arguments); unused where kRope is false.
 struct RopeArgs {
   const int32_t* positions = nullptr;
   const float* cos_t = nullptr;
@@ -421,7 +547,7 @@ __global__ void qk_norm_fwd_vec_kernel(const uint4* x, const W* qw, const W* kw,
   }
   if constexpr (kRope) {
     const Vec16<T> other{shfl_xor_16(y.raw, L / 2)};
-    if (norm) y = rope_lane(y, other, sub < L / 2, c, sn, false);
+    if (norm) y = rope_lane(y, other, sub < L / 2, c, sn);
   }
   if (!valid) return;
   out[row * L + sub] = y.raw;
@@ -573,7 +699,7 @@ struct QkNormWeightGrad {
   }
 };
 
-// Whether rows of d elements of T at these pointers take the fused kernels: Vec16 rows of L
+// Whether rows of d elements of T at these pointers take the fused forward: Vec16 rows of L
 // lanes, L a power of two from 2 to 32 (the rotation pairs the lanes of one head).
 template <typename T>
 bool rope_vec16_lanes(int d, std::initializer_list<const void*> ptrs) {
@@ -604,13 +730,13 @@ bool qk_norm_fwd_vec(const void* x, const void* qw, const void* kw, int64_t n, i
   });
 }
 
-// qk_norm_bwd_vec_kernel<T, W, L> over x[n, h, d] and its column sums added to dw[2d] (q
-// columns, then k); false (nothing launched) where the rows are not Vec16 rows of a lane count
-// it takes.
+// qk_norm_bwd_vec_kernel<T, W, L> over x[n, h, d] and its column sums added to dqw[d] (q
+// columns) and dkw[d] (k columns); false (nothing launched) where the rows are not Vec16 rows of
+// a lane count it takes.
 template <typename T, typename W>
 bool qk_norm_bwd_vec(const void* x, const void* qw, const void* kw, int64_t n, int h, int hq_norm,
-                     int h_norm, int d, const float* rstd, const void* dout, void* din, float* dw,
-                     Allocator& alloc, cudaStream_t stream) {
+                     int h_norm, int d, const float* rstd, const void* dout, void* din, float* dqw,
+                     float* dkw, Allocator& alloc, cudaStream_t stream) {
   const int64_t rows = n * h;
   return with_vec16_lanes<T>(d, {x, dout, din}, [&](auto lanes) {
     constexpr int L = decltype(lanes)::value;
@@ -622,7 +748,7 @@ bool qk_norm_bwd_vec(const void* x, const void* qw, const void* kw, int64_t n, i
         partial.data<float>());
     CUDA_CHECK_LAUNCH();
     column_finish_kernel<<<grid_for(2 * d, 256), 256, 0, stream>>>(partial.data<float>(), blocks,
-                                                                   2 * d, 1.f, dw);
+                                                                   2 * d, 1.f, dqw, d, dkw);
     CUDA_CHECK_LAUNCH();
   });
 }
@@ -659,26 +785,23 @@ void launch_qk_norm_bwd(const void* x, DType t, const void* qw, const void* kw, 
   const int h_norm = hq_norm + hkv_norm;
   dispatch_float(t, [&](auto ts) {
     using T = decltype(ts);
-    // The weight gradients of both sides land in dw (q columns, then k), then add to dqw, dkw.
-    Tensor dw = Tensor::empty(alloc, {2 * static_cast<int64_t>(d)}, DType::kF32);
-    launch_fill(dw.raw(), DType::kF32, 2 * d, 0.0, stream);
+    // The weight gradients' column sums run over 2d columns (q, then k); the first d add to
+    // dqw, the rest to dkw.
     dispatch_float(w_t, [&](auto ws) {
       using W = decltype(ws);
-      if (qk_norm_bwd_vec<T, W>(x, qw, kw, n, h, hq_norm, h_norm, d, rstd, dout, din,
-                                dw.data<float>(), alloc, stream))
+      if (qk_norm_bwd_vec<T, W>(x, qw, kw, n, h, hq_norm, h_norm, d, rstd, dout, din, dqw, dkw,
+                                alloc, stream))
         return;
       // Weight gradients first: din may alias dout.
       column_sum_add(QkNormWeightGrad<T>{static_cast<const T*>(x), static_cast<const T*>(dout),
                                          rstd, h, hq_norm, h_norm, d},
-                     n, 2 * d, 1.f, dw.data<float>(), alloc, stream);
+                     n, 2 * d, 1.f, dqw, alloc, stream, d, dkw);
       const unsigned grid = static_cast<unsigned>((rows + kWarpsPerBlock - 1) / kWarpsPerBlock);
       qk_norm_bwd_kernel<<<grid, kWarpsPerBlock * 32, 0, stream>>>(
           static_cast<const T*>(x), static_cast<const W*>(qw), static_cast<const W*>(kw), n, h,
           hq_norm, h_norm, d, rstd, static_cast<const T*>(dout), static_cast<T*>(din));
       CUDA_CHECK_LAUNCH();
     });
-    launch_axpy(1.0, dw.data<float>(), DType::kF32, dqw, DType::kF32, d, stream);
-    launch_axpy(1.0, dw.data<float>() + d, DType::kF32, dkw, DType::kF32, d, stream);
   });
 }
 

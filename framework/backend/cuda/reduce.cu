@@ -10,12 +10,12 @@ namespace hp {
 namespace cuda {
 
 __global__ void column_finish_kernel(const float* partial, int64_t n_chunks, int64_t cols,
-                                     float scale, float* out) {
+                                     float scale, float* out, int64_t split, float* out_hi) {
   const int64_t c = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
   if (c >= cols) return;
-  float s = 0.f;
-  for (int64_t i = 0; i < n_chunks; ++i) s += partial[i * cols + c];
-  out[c] += scale * s;
+  const float s = sum_partials_in_order(partial + c, n_chunks, cols);
+  float& o = c < split ? out[c] : out_hi[c - split];
+  o += scale * s;
 }
 
 namespace {
@@ -104,10 +104,7 @@ __global__ void segment_finish_kernel(const float* partial, int64_t cols, Segmen
   const int z = blockIdx.y;
   const int64_t c = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
   if (c >= cols) return;
-  const float* p = partial + s.first_chunk[z] * cols;
-  float acc = 0.f;
-  for (int64_t i = 0; i < s.n_chunks[z]; ++i) acc += p[i * cols + c];
-  s.out[z][c] += acc;
+  s.out[z][c] += sum_partials_in_order(partial + s.first_chunk[z] * cols + c, s.n_chunks[z], cols);
 }
 
 }  // namespace
