@@ -37,20 +37,6 @@ std::pair<std::string, int64_t> rank_memory(Backend& be) {
   return {"host_peak_rss", static_cast<int64_t>(u.ru_maxrss) * 1024};  // ru_maxrss is in KiB
 }
 
-// Adds each entry of `step` (ms, count) to the entry of `sum` that `same` matches, or appends it.
-template <typename Entry, typename Same>
-void add_entries(std::vector<Entry>& sum, const std::vector<Entry>& step, Same same) {
-  for (const Entry& e : step) {
-    auto it = std::find_if(sum.begin(), sum.end(), [&](const Entry& x) { return same(x, e); });
-    if (it == sum.end()) {
-      sum.push_back(e);
-    } else {
-      it->ms += e.ms;
-      it->count += e.count;
-    }
-  }
-}
-
 // Sums over `steps` steps made per step, the largest ms first, at most `keep` of them.
 template <typename Entry>
 void keep_largest_per_step(std::vector<Entry>& entries, double steps, size_t keep) {
@@ -125,32 +111,13 @@ BenchStepResult measure_bench_step(const TrainOptions& o, const RankContext& ctx
   // MFU per GPU against the bf16 peak; meaningless for the CPU reference.
   if (be.device() == Device::kCUDA)
     r.mfu = median(flops) / ctx.world() / (r.ms / 1000.0) / kPeakBf16Flops;
-  // The breakdown: the same number of steps again, each one profiled on its own.
+  // The breakdown: the same number of steps again, profiled in one window. They run back to back
+  // as in training (no device sync between them), so the busy and idle times below are those of
+  // steps whose host work overlaps the device's as it does in a run.
   r.profiled_steps = std::max<int64_t>(1, o.bench.steps);
-  for (int64_t i = 0; i < r.profiled_steps; ++i) {
-    be.profile_begin();
-    trainer.step();
-    const StepProfile p = be.profile_end();
-    r.profile.wall_ms += p.wall_ms;
-    r.profile.busy_ms += p.busy_ms;
-    r.profile.idle_ms += p.idle_ms;
-    r.profile.kernels += p.kernels;
-    r.profile.device_mallocs += p.device_mallocs;
-    r.profile.plans_built += p.plans_built;
-    for (int k = 0; k < kNumStepPhases; ++k) {
-      r.profile.by_phase[k] += p.by_phase[k];
-      r.profile.idle_by_phase[k] += p.idle_by_phase[k];
-    }
-    for (int k = 0; k < kNumOpFamilies; ++k) {
-      r.profile.by_family[k] += p.by_family[k];
-      r.profile.idle_by_family[k] += p.idle_by_family[k];
-    }
-    add_entries(r.profile.top_kernels, p.top_kernels,
-                [](const auto& a, const auto& b) { return a.name == b.name; });
-    add_entries(r.profile.idle_gaps, p.idle_gaps, [](const auto& a, const auto& b) {
-      return a.before == b.before && a.after == b.after;
-    });
-  }
+  be.profile_begin();
+  for (int64_t i = 0; i < r.profiled_steps; ++i) trainer.step();
+  r.profile = be.profile_end();
   const double n = static_cast<double>(r.profiled_steps);
   r.profile.wall_ms /= n;
   r.profile.busy_ms /= n;
@@ -158,8 +125,10 @@ BenchStepResult measure_bench_step(const TrainOptions& o, const RankContext& ctx
   r.profile.kernels = static_cast<int64_t>(r.profile.kernels / n);
   // The host backend computes on the calling thread: always busy.
   const bool device = be.device() == Device::kCUDA;
-  r.busy_fraction = !device ? 1.0 : r.ms > 0 ? std::min(1.0, r.profile.busy_ms / r.ms) : 0;
-  r.idle_ms = device ? std::max(0.0, r.ms - r.profile.busy_ms) : 0.0;
+  r.busy_fraction = !device                 ? 1.0
+                    : r.profile.wall_ms > 0 ? std::min(1.0, r.profile.busy_ms / r.profile.wall_ms)
+                                            : 0;
+  r.idle_ms = device ? r.profile.idle_ms : 0.0;
   for (auto* a : {&r.profile.by_phase, &r.profile.idle_by_phase})
     for (double& v : *a) v /= n;
   for (auto* a : {&r.profile.by_family, &r.profile.idle_by_family})
@@ -204,15 +173,14 @@ std::string bench_step_table(const BenchStepResult& r) {
                 100 * r.busy_fraction);
   out += buf;
   std::snprintf(buf, sizeof(buf),
-                "idle in a timed step: %.2f ms; profiled steps (host overhead included): %lld, "
-                "wall %.2f ms = busy %.2f + idle %.2f (a step: %lld kernels "
-                "and copies; in all: %lld device allocations, %lld attention plans built; "
-                "%lld GEMM buckets and %lld attention graphs tuned by the last timed step, %lld "
-                "expert GEMM algorithms warmed)\n",
-                r.idle_ms, static_cast<long long>(r.profiled_steps), p.wall_ms, p.busy_ms,
-                p.idle_ms, static_cast<long long>(p.kernels),
-                static_cast<long long>(p.device_mallocs), static_cast<long long>(p.plans_built),
-                static_cast<long long>(r.gemm_tuned_buckets),
+                "profiled steps: %lld, back to back in one window (host overhead included); a "
+                "step: wall %.2f ms = busy %.2f + idle %.2f, %lld kernels and copies; in all: "
+                "%lld device allocations, %lld attention plans built; %lld GEMM buckets and %lld "
+                "attention graphs tuned by the last timed step, %lld expert GEMM algorithms "
+                "warmed\n",
+                static_cast<long long>(r.profiled_steps), p.wall_ms, p.busy_ms, p.idle_ms,
+                static_cast<long long>(p.kernels), static_cast<long long>(p.device_mallocs),
+                static_cast<long long>(p.plans_built), static_cast<long long>(r.gemm_tuned_buckets),
                 static_cast<long long>(r.attention_tuned_graphs),
                 static_cast<long long>(r.gemm_warmed_algos));
   out += buf;

@@ -15,7 +15,8 @@ namespace hp {
 int run_bench(const std::string& scenario, const TrainOptions& o, const RankContext& ctx);
 
 // What `bench step` measures on rank 0. Timed steps run unprofiled; the breakdown comes from as
-// many profiled steps right after them (the profile's own cost stays out of the timings).
+// many steps right after them, profiled back to back in one window (the profile's own cost stays
+// out of the timings).
 struct BenchStepResult {
   std::string backend, attention, data;
   int world = 1;
@@ -27,12 +28,11 @@ struct BenchStepResult {
   double ms = 0, tokens_per_s = 0, positions_per_s = 0, syncs = 0, mfu = 0;
   StepProfile profile;                                  // mean over the profiled steps
   int64_t profiled_steps = 0;
-  // Device time with work running over the timed step: the profiled steps' busy time (kernel
-  // and copy durations do not change under the profiler, its host overhead does) over the
-  // median timed step, at most 1. The profiled steps' own ratio is profile.busy_ms /
-  // profile.wall_ms.
+  // The profiled steps' device time with work running over their wall time (profile.busy_ms /
+  // profile.wall_ms; both from the same steps, whose batches differ from the timed steps'); 1 on
+  // the host backend.
   double busy_fraction = 0;
-  double idle_ms = 0;             // ms - profile.busy_ms, at least 0
+  double idle_ms = 0;             // profile.idle_ms: device idle a profiled step
   double startup_s = 0;           // process start to the first step
   int64_t memory_plan_bytes = 0;  // what the memory plan expected per rank (CUDA)
   // GEMM buckets whose candidate algorithms were timed by the end of the timed steps (CUDA,
