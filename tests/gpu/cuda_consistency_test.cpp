@@ -455,12 +455,13 @@ TEST_F(CudaConsistency, BiasAddAxpy) {
   }
 }
 
-// The deterministic column sum (bias_grad, the norms' weight gradients) in its documented order:
-// rows cut into n_chunks chunks (column_chunks in column_sum.cuh: at most 2048 / column blocks of
-// 32, at least 64 rows a chunk); a chunk's 8 row slots each add rows r0 + y, r0 + y + 8, ...; the
-// slots add in order; the chunks add in order; the total adds to db. Emulated on the host in f32,
-// so the GPU must give the same bits: chunk counts of 41 (two groups of 16 loads and a tail of 9)
-// and of 313 (one column block).
+// The deterministic column sum (bias_grad, the norms' weight gradients) in its documented order
+// (column_sum.cuh): rows cut into n_chunks chunks (at most 2048 / column blocks of 32, at least 64
+// rows a chunk); a chunk's 8 row slots each add rows r0 + y, r0 + y + 8, ...; the slots add in
+// order; the chunk partials are finished in 8 splits of ceil(n_chunks / 8) chunks, each added in
+// order, then the splits in order; the total adds to db. Emulated on the host in f32, so the GPU
+// must give the same bits: 41 chunks (splits of 6, the last one empty) and 313 (splits of 40:
+// two groups of 16 loads and a tail).
 TEST_F(CudaConsistency, ColumnSumAddsInItsFixedOrderBitwise) {
   const auto host_sums = [](const std::vector<float>& x, int64_t rows, int64_t cols,
                             const std::vector<float>& db0) {
@@ -470,8 +471,9 @@ TEST_F(CudaConsistency, ColumnSumAddsInItsFixedOrderBitwise) {
     const int64_t per_chunk = (rows + n_chunks - 1) / n_chunks;
     n_chunks = (rows + per_chunk - 1) / per_chunk;
     std::vector<float> out(db0);
+    const int64_t per_split = (n_chunks + 7) / 8;
     for (int64_t c = 0; c < cols; ++c) {
-      float total = 0.f;
+      std::vector<float> partial(static_cast<size_t>(n_chunks));
       for (int64_t i = 0; i < n_chunks; ++i) {
         const int64_t r0 = i * per_chunk, r1 = std::min(rows, r0 + per_chunk);
         float chunk = 0.f;
@@ -480,7 +482,14 @@ TEST_F(CudaConsistency, ColumnSumAddsInItsFixedOrderBitwise) {
           for (int64_t r = r0 + y; r < r1; r += 8) slot += x[static_cast<size_t>(r * cols + c)];
           chunk += slot;
         }
-        total += chunk;
+        partial[static_cast<size_t>(i)] = chunk;
+      }
+      float total = 0.f;
+      for (int64_t y = 0; y < 8; ++y) {
+        float split = 0.f;
+        for (int64_t i = y * per_split; i < std::min(n_chunks, (y + 1) * per_split); ++i)
+          split += partial[static_cast<size_t>(i)];
+        total += split;
       }
       out[static_cast<size_t>(c)] += total;
     }

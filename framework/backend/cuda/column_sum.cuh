@@ -57,7 +57,7 @@ inline ColumnChunks column_chunks(int64_t rows, int64_t cols) {
 
 // The sum of column c's partials p[i * cols + c] for i = 0, 1, ..., n_chunks - 1, added in that
 // order. The loads go out kUnroll at a time (they do not depend on each other), the adds stay in
-// chunk order, so the bits are those of the plain loop.
+// chunk order.
 __device__ __forceinline__ float sum_partials_in_order(const float* p, int64_t n_chunks,
                                                        int64_t cols) {
   constexpr int kUnroll = 16;
@@ -74,10 +74,40 @@ __device__ __forceinline__ float sum_partials_in_order(const float* p, int64_t n
   return s;
 }
 
-// out[c] += scale * (column c's partials in chunk order) for c < split, out_hi[c - split] for the
-// columns from split on (two outputs filled by one sum; split = cols and out_hi = nullptr for one).
+// The finishing sum of a column's n_chunks partials, by a block of (kColSumX, kFinishSplits)
+// threads over columns blockIdx.x * kColSumX + threadIdx.x: split y adds chunks [y * per,
+// (y + 1) * per) in order (per = ceil(n_chunks / kFinishSplits)), then the splits add in order
+// 0, 1, ..., kFinishSplits - 1. The total is returned to the threads of row y = 0 (0 elsewhere);
+// every thread of the block must call it.
+constexpr int kFinishSplits = 8;
+__device__ __forceinline__ float finish_column_block(const float* partial, int64_t n_chunks,
+                                                     int64_t cols) {
+  __shared__ float red[kFinishSplits][kColSumX + 1];
+  const int64_t c = blockIdx.x * (int64_t)kColSumX + threadIdx.x;
+  const int64_t per = (n_chunks + kFinishSplits - 1) / kFinishSplits;
+  const int64_t i0 = min(n_chunks, threadIdx.y * per), i1 = min(n_chunks, i0 + per);
+  red[threadIdx.y][threadIdx.x] =
+      c < cols ? sum_partials_in_order(partial + i0 * cols + c, i1 - i0, cols) : 0.f;
+  __syncthreads();
+  float total = 0.f;
+  if (threadIdx.y == 0)
+#pragma unroll
+    for (int k = 0; k < kFinishSplits; ++k) total = __fadd_rn(total, red[k][threadIdx.x]);
+  return total;
+}
+
+// out[c] += scale * (column c's finished sum) for c < split, out_hi[c - split] for the columns
+// from split on (two outputs filled by one sum; split = cols and out_hi = nullptr for one).
 __global__ void column_finish_kernel(const float* partial, int64_t n_chunks, int64_t cols,
                                      float scale, float* out, int64_t split, float* out_hi);
+
+inline void launch_column_finish(const float* partial, int64_t n_chunks, int64_t cols, float scale,
+                                 float* out, int64_t split, float* out_hi, cudaStream_t stream) {
+  const unsigned blocks = static_cast<unsigned>((cols + kColSumX - 1) / kColSumX);
+  column_finish_kernel<<<blocks, dim3(kColSumX, kFinishSplits), 0, stream>>>(
+      partial, n_chunks, cols, scale, out, split, out_hi);
+  CUDA_CHECK_LAUNCH();
+}
 
 // out_hi (optional): the columns from split on add to out_hi[c - split] instead.
 template <typename F>
@@ -92,9 +122,7 @@ void column_sum_add(F value, int64_t rows, int64_t cols, float scale, float* out
   column_partial_kernel<<<grid, dim3(kColSumX, kColSumY), 0, stream>>>(
       value, rows, cols, ch.rows_per_chunk, partial.data<float>());
   CUDA_CHECK_LAUNCH();
-  column_finish_kernel<<<grid_for(cols, 256), 256, 0, stream>>>(partial.data<float>(), ch.n_chunks,
-                                                                cols, scale, out, split, out_hi);
-  CUDA_CHECK_LAUNCH();
+  launch_column_finish(partial.data<float>(), ch.n_chunks, cols, scale, out, split, out_hi, stream);
 }
 
 }  // namespace cuda

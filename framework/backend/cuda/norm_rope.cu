@@ -205,7 +205,7 @@ __global__ void rmsnorm_bwd_vec_kernel(const uint4* x, const W* w, const float* 
 // over x and dy to form. Warp w of the grid takes rows w, w + W, w + 2W, ... (W warps in all,
 // rmsnorm_dw_blocks(rows) blocks of them: a function of the row count only), each lane summing
 // its own columns in row order; the block's warps then add in warp order into partial[block][d],
-// which column_finish_kernel sums in block order. The same bits in every run.
+// which column_finish_kernel finishes (column_sum.cuh). The same bits in every run.
 template <typename T, typename W, int V>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     rmsnorm_bwd_dw_vec_kernel(const uint4* x, const W* w, const float* rstd, const uint4* dy,
@@ -315,9 +315,7 @@ bool rmsnorm_bwd_dw_vec(const void* x, const void* w, const float* rstd, const v
       break;
   }
   CUDA_CHECK_LAUNCH();
-  column_finish_kernel<<<grid_for(d, 256), 256, 0, stream>>>(partial.data<float>(), blocks, d, 1.f,
-                                                             dw, d, nullptr);
-  CUDA_CHECK_LAUNCH();
+  launch_column_finish(partial.data<float>(), blocks, d, 1.f, dw, d, nullptr, stream);
   return true;
 }
 
@@ -502,10 +500,11 @@ struct RopeArgs {
   int64_t max_pos = 0;
 };
 
-// The same on Vec16 rows of L vectors (L = d / Vec16<T>::kN, a power of two <= 32): L lanes a
-// row, 32 / L rows a warp, so a head of 128 bf16 is 16 lanes of one 16-byte access each instead
-// of 32 lanes of four 2-byte ones. Every lane of the warp takes part in the shuffles: rows past
-// the end and v heads (copied, not normalized) compute a sum they then ignore.
+// The same on Vec16 rows of L vectors (L = d / Vec16<T>::kN, a power of two <= 32): one warp a
+// token, L lanes a head, 32 / L heads at a time and kAhead such groups loaded before any is used,
+// so a head of 128 bf16 is 16 lanes of one 16-byte access each instead of 32 lanes of four 2-byte
+// ones. Every lane of the warp takes part in the shuffles: heads past the token's last and v
+// heads (copied, not normalized) compute a sum they then ignore.
 // kRope (L >= 2): then rope of the normalized q and k heads, as launch_rope would rotate out: a
 // lane of the first half of a head pairs with lane sub + L/2, which holds the elements D/2
 // further on (a shuffle), and rotates the normalized values as rounded to T.
@@ -513,45 +512,53 @@ template <typename T, typename W, int L, bool kRope>
 __global__ void qk_norm_fwd_vec_kernel(const uint4* x, const W* qw, const W* kw, int64_t n, int h,
                                        int hq_norm, int h_norm, float eps, RopeArgs rope,
                                        uint4* out, float* rstd) {
-  constexpr int kN = Vec16<T>::kN;
+  constexpr int kN = Vec16<T>::kN, kSlots = 32 / L, kAhead = 4;
   static_assert(!kRope || L >= 2, "rope pairs lanes of one head");
-  const int lane = threadIdx.x & 31;
-  const int64_t row =
-      (blockIdx.x * (int64_t)kWarpsPerBlock + threadIdx.x / 32) * (32 / L) + lane / L;
-  const int sub = lane % L;
-  const bool valid = row < n * h;
-  const int head = static_cast<int>(row % h);
-  const bool norm = valid && head < h_norm;
-  const Vec16<T> v = valid ? Vec16<T>{x[row * L + sub]} : Vec16<T>{make_uint4(0, 0, 0, 0)};
-  // The rotation's table entries, loaded while x is (they depend on the row alone).
+  const int lane = threadIdx.x & 31, sub = lane % L, slot = lane / L;
+  const int64_t t = blockIdx.x * (int64_t)kWarpsPerBlock + threadIdx.x / 32;
+  if (t >= n) return;  // the whole warp: one token
+  // The rotation's table entries of the token, loaded once for all of its heads.
   float c[kN], sn[kN];
   if constexpr (kRope) {
-    if (norm) {
-      const int64_t at = rope_position(rope.positions, row / h, rope.max_pos) * (L * kN / 2) +
-                         (sub % (L / 2)) * kN;
-      load_rope_table<kN>(rope.cos_t, rope.sin_t, at, c, sn);
+    const int64_t at =
+        rope_position(rope.positions, t, rope.max_pos) * (L * kN / 2) + (sub % (L / 2)) * kN;
+    load_rope_table<kN>(rope.cos_t, rope.sin_t, at, c, sn);
+  }
+  // Heads h0 + u kSlots + slot for u < kAhead: their loads are in flight together. The loop
+  // bound is the same for every lane, so all of them reach the shuffles.
+  for (int h0 = 0; h0 < h; h0 += kAhead * kSlots) {
+    Vec16<T> v[kAhead];
+#pragma unroll
+    for (int u = 0; u < kAhead; ++u) {
+      const int head = h0 + u * kSlots + slot;
+      v[u] = head < h ? Vec16<T>{x[(t * h + head) * L + sub]} : Vec16<T>{make_uint4(0, 0, 0, 0)};
+    }
+#pragma unroll
+    for (int u = 0; u < kAhead; ++u) {
+      const int head = h0 + u * kSlots + slot;
+      const bool valid = head < h, norm = head < h_norm;
+      float ss = 0.f;
+#pragma unroll
+      for (int q = 0; q < kN; ++q) ss = __fmaf_rn(v[u].get(q), v[u].get(q), ss);
+#pragma unroll
+      for (int o = L / 2; o > 0; o >>= 1) ss = __fadd_rn(ss, __shfl_xor_sync(0xffffffffu, ss, o));
+      Vec16<T> y = v[u];  // v heads: copied
+      float r = 0.f;
+      if (norm) {
+        r = rsqrtf(__fadd_rn(__fdiv_rn(ss, (float)(L * kN)), eps));
+        const W* w = (head < hq_norm ? qw : kw) + sub * kN;
+#pragma unroll
+        for (int q = 0; q < kN; ++q) y.set(q, __fmul_rn(__fmul_rn(v[u].get(q), r), to_f32(w[q])));
+      }
+      if constexpr (kRope) {
+        const Vec16<T> other{shfl_xor_16(y.raw, L / 2)};
+        if (norm) y = rope_lane(y, other, sub < L / 2, c, sn);
+      }
+      if (!valid) continue;
+      out[(t * h + head) * L + sub] = y.raw;
+      if (norm && sub == 0) rstd[t * h_norm + head] = r;
     }
   }
-  float ss = 0.f;
-#pragma unroll
-  for (int q = 0; q < kN; ++q) ss = __fmaf_rn(v.get(q), v.get(q), ss);
-#pragma unroll
-  for (int o = L / 2; o > 0; o >>= 1) ss = __fadd_rn(ss, __shfl_xor_sync(0xffffffffu, ss, o));
-  Vec16<T> y = v;  // v heads: copied
-  float r = 0.f;
-  if (norm) {
-    r = rsqrtf(__fadd_rn(__fdiv_rn(ss, (float)(L * kN)), eps));
-    const W* w = (head < hq_norm ? qw : kw) + sub * kN;
-#pragma unroll
-    for (int q = 0; q < kN; ++q) y.set(q, __fmul_rn(__fmul_rn(v.get(q), r), to_f32(w[q])));
-  }
-  if constexpr (kRope) {
-    const Vec16<T> other{shfl_xor_16(y.raw, L / 2)};
-    if (norm) y = rope_lane(y, other, sub < L / 2, c, sn);
-  }
-  if (!valid) return;
-  out[row * L + sub] = y.raw;
-  if (norm && sub == 0) rstd[(row / h) * h_norm + head] = r;
 }
 
 // The backward on Vec16 rows, with the weight gradients folded in: a grid of
@@ -715,16 +722,14 @@ bool qk_norm_fwd_vec(const void* x, const void* qw, const void* kw, int64_t n, i
                      int h_norm, int d, float eps, const RopeArgs& rope, void* out, float* rstd,
                      cudaStream_t stream) {
   if (kRope && !rope_vec16_lanes<T>(d, {x, out, rope.cos_t, rope.sin_t})) return false;
-  const int64_t rows = n * h;
   return with_vec16_lanes<T>(d, {x, out}, [&](auto lanes) {
     constexpr int L = decltype(lanes)::value;
     if constexpr (!kRope || L >= 2) {
-      const int64_t warps = (rows + 32 / L - 1) / (32 / L);
       qk_norm_fwd_vec_kernel<T, W, L, kRope>
-          <<<static_cast<unsigned>((warps + kWarpsPerBlock - 1) / kWarpsPerBlock),
-             kWarpsPerBlock * 32, 0, stream>>>(
-              static_cast<const uint4*>(x), static_cast<const W*>(qw), static_cast<const W*>(kw), n,
-              h, hq_norm, h_norm, eps, rope, static_cast<uint4*>(out), rstd);
+          <<<static_cast<unsigned>((n + kWarpsPerBlock - 1) / kWarpsPerBlock), kWarpsPerBlock * 32,
+             0, stream>>>(static_cast<const uint4*>(x), static_cast<const W*>(qw),
+                          static_cast<const W*>(kw), n, h, hq_norm, h_norm, eps, rope,
+                          static_cast<uint4*>(out), rstd);
       CUDA_CHECK_LAUNCH();
     }
   });
@@ -747,9 +752,7 @@ bool qk_norm_bwd_vec(const void* x, const void* qw, const void* kw, int64_t n, i
         hq_norm, h_norm, rstd, static_cast<const uint4*>(dout), static_cast<uint4*>(din),
         partial.data<float>());
     CUDA_CHECK_LAUNCH();
-    column_finish_kernel<<<grid_for(2 * d, 256), 256, 0, stream>>>(partial.data<float>(), blocks,
-                                                                   2 * d, 1.f, dqw, d, dkw);
-    CUDA_CHECK_LAUNCH();
+    launch_column_finish(partial.data<float>(), blocks, 2 * d, 1.f, dqw, d, dkw, stream);
   });
 }
 

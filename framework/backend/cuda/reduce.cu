@@ -11,9 +11,9 @@ namespace cuda {
 
 __global__ void column_finish_kernel(const float* partial, int64_t n_chunks, int64_t cols,
                                      float scale, float* out, int64_t split, float* out_hi) {
-  const int64_t c = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
-  if (c >= cols) return;
-  const float s = sum_partials_in_order(partial + c, n_chunks, cols);
+  const float s = finish_column_block(partial, n_chunks, cols);
+  const int64_t c = blockIdx.x * (int64_t)kColSumX + threadIdx.x;
+  if (threadIdx.y != 0 || c >= cols) return;
   float& o = c < split ? out[c] : out_hi[c - split];
   o += scale * s;
 }
@@ -99,12 +99,13 @@ __global__ void segment_partial_kernel(const T* dy, int64_t cols, Segments s, fl
                        partial + (s.first_chunk[z] + blockIdx.y) * cols);
 }
 
-// out of segment z [c] += its partials, in chunk order (column_finish_kernel's sum).
+// out of segment z [c] += its partials, finished as column_finish_kernel finishes them.
 __global__ void segment_finish_kernel(const float* partial, int64_t cols, Segments s) {
   const int z = blockIdx.y;
-  const int64_t c = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
-  if (c >= cols) return;
-  s.out[z][c] += sum_partials_in_order(partial + s.first_chunk[z] * cols + c, s.n_chunks[z], cols);
+  const float total = finish_column_block(partial + s.first_chunk[z] * cols, s.n_chunks[z], cols);
+  const int64_t c = blockIdx.x * (int64_t)kColSumX + threadIdx.x;
+  if (threadIdx.y != 0 || c >= cols) return;
+  s.out[z][c] += total;
 }
 
 }  // namespace
@@ -146,8 +147,9 @@ void launch_bias_grad_segments(const void* dy, DType t, int64_t cols,
           static_cast<const T*>(dy), cols, s, partial.data<float>());
     });
     CUDA_CHECK_LAUNCH();
-    segment_finish_kernel<<<dim3(grid_for(cols, 256), static_cast<unsigned>(n)), 256, 0, stream>>>(
-        partial.data<float>(), cols, s);
+    segment_finish_kernel<<<dim3(static_cast<unsigned>(col_blocks), static_cast<unsigned>(n)),
+                            dim3(kColSumX, kFinishSplits), 0, stream>>>(partial.data<float>(), cols,
+                                                                        s);
     CUDA_CHECK_LAUNCH();
   }
 }
