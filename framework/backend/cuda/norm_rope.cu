@@ -203,11 +203,12 @@ __global__ void rmsnorm_bwd_vec_kernel(const uint4* x, const W* w, const float* 
 // (d = 32 V kN): dx as that kernel computes it (the same expressions in the same order, so the
 // same bits), and the column sums of dy * x * rstd, which it would otherwise take a second pass
 // over x and dy to form. Warp w of the grid takes rows w, w + W, w + 2W, ... (W warps in all,
-// rmsnorm_dw_blocks(rows) blocks of them: a function of the row count only), each lane summing
+// rmsnorm_dw_blocks(rows, V) blocks of them: a function of the shape only), each lane summing
 // its own columns in row order; the block's warps then add in warp order into partial[block][d],
-// which column_finish_kernel finishes (column_sum.cuh). The same bits in every run.
+// which column_finish_kernel finishes (column_sum.cuh). The same bits in every run. Registers
+// are capped so that three blocks share an SM up to V = 4 (no spills at these caps).
 template <typename T, typename W, int V>
-__global__ void __launch_bounds__(kWarpsPerBlock * 32)
+__global__ void __launch_bounds__(kWarpsPerBlock * 32, V <= 4 ? 3 : (V == 5 ? 2 : 1))
     rmsnorm_bwd_dw_vec_kernel(const uint4* x, const W* w, const float* rstd, const uint4* dy,
                               uint4* dx, int64_t rows, bool add_dx, float* partial) {
   constexpr int kN = Vec16<T>::kN, kDv = 32 * V, kD = kDv * kN;
@@ -217,31 +218,40 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
   // w is read where used (it stays in L1): held in registers it would push V = 8 into spills.
   const auto wf = [&](int v, int q) { return to_f32(w[(lane + 32 * v) * kN + q]); };
   for (int64_t row = blockIdx.x * (int64_t)kWarpsPerBlock + warp; row < rows; row += stride) {
-    Vec16<T> a[V], b[V];
-#pragma unroll
-    for (int v = 0; v < V; ++v) {
-      a[v].raw = dy[row * kDv + lane + 32 * v];
-      b[v].raw = x[row * kDv + lane + 32 * v];
-    }
-    const float r = rstd[row];
+    const uint4* dyr = dy + row * kDv + lane;
+    const uint4* xr = x + row * kDv + lane;
+    uint4* dxr = dx + row * kDv + lane;
+    // Every load of the row goes out first, dx's too where the gradient adds to it. The second
+    // pass reads dy and x again (from L1), so that they need no registers across the sum.
+    Vec16<T> prev[V];
     float dot = 0.f;
+    {
+      Vec16<T> a[V], b[V];
 #pragma unroll
-    for (int v = 0; v < V; ++v)
+      for (int v = 0; v < V; ++v) {
+        a[v].raw = dyr[32 * v];
+        b[v].raw = xr[32 * v];
+        prev[v].raw = add_dx ? dxr[32 * v] : make_uint4(0, 0, 0, 0);
+      }
 #pragma unroll
-      for (int q = 0; q < kN; ++q) dot += a[v].get(q) * wf(v, q) * b[v].get(q);
+      for (int v = 0; v < V; ++v)
+#pragma unroll
+        for (int q = 0; q < kN; ++q) dot += a[v].get(q) * wf(v, q) * b[v].get(q);
+    }
     dot = warp_sum(dot);
+    const float r = rstd[row];
     const float k = r * r * r * dot / (float)kD;
 #pragma unroll
     for (int v = 0; v < V; ++v) {
-      Vec16<T> o, prev{};
-      if (add_dx) prev.raw = dx[row * kDv + lane + 32 * v];
+      const Vec16<T> a{dyr[32 * v]}, b{xr[32 * v]};
+      Vec16<T> o;
 #pragma unroll
       for (int q = 0; q < kN; ++q) {
-        const float g = r * a[v].get(q) * wf(v, q) - k * b[v].get(q);
-        o.set(q, add_dx ? prev.get(q) + g : g);
-        acc[v][q] += a[v].get(q) * b[v].get(q) * r;
+        const float g = r * a.get(q) * wf(v, q) - k * b.get(q);
+        o.set(q, add_dx ? prev[v].get(q) + g : g);
+        acc[v][q] += a.get(q) * b.get(q) * r;
       }
-      dx[row * kDv + lane + 32 * v] = o.raw;
+      dxr[32 * v] = o.raw;
     }
   }
   // The block's warps, in warp order, into one row of d sums.
@@ -261,10 +271,12 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
   for (int c = threadIdx.x; c < kD; c += blockDim.x) partial[blockIdx.x * (int64_t)kD + c] = red[c];
 }
 
-// Blocks of the folded backward over `rows` rows: a function of the row count only (8 rows a
-// warp, at most 512 blocks).
-inline int64_t rmsnorm_dw_blocks(int64_t rows) {
-  const int64_t b = (rows + 8 * kWarpsPerBlock - 1) / (8 * kWarpsPerBlock);
+// Blocks of the folded backward over `rows` rows of V vectors a lane: a function of the row count
+// and width only (6 rows a warp where V <= 4 lets three blocks share an SM, about one wave of an
+// H100 or H200 at 16,384 rows; 8 rows a warp for the wider rows; at most 512 blocks).
+inline int64_t rmsnorm_dw_blocks(int64_t rows, int64_t v) {
+  const int64_t per_block = (v <= 4 ? 6 : 8) * kWarpsPerBlock;
+  const int64_t b = (rows + per_block - 1) / per_block;
   return b < 1 ? 1 : (b > 512 ? 512 : b);
 }
 
@@ -278,7 +290,7 @@ bool rmsnorm_bwd_dw_vec(const void* x, const void* w, const float* rstd, const v
   if (d % (32 * kN) != 0 || !vec16_rows(d, sizeof(T), {x, dy, dx})) return false;
   const int64_t v = d / (32 * kN);
   if (v < 1 || v > 8) return false;
-  const int64_t blocks = rmsnorm_dw_blocks(rows);
+  const int64_t blocks = rmsnorm_dw_blocks(rows, v);
   Tensor partial = Tensor::empty(alloc, {blocks, d}, DType::kF32);
   const auto launch = [&](auto vc) {
     constexpr int V = decltype(vc)::value;
