@@ -1675,7 +1675,8 @@ def cmd_report(a):
                    "did not evaluate.\n")
     bench_text = ("Each point of mode throughput is one `hotpath bench step` run: the median of "
                   "its timed steps (tok/s, ms, syncs), and the time breakdown from as many "
-                  "profiled steps again. " if any(r["mode"] != "loss" for r in ok) or not ok
+                  "more steps profiled back to back (busy: their busy time over their wall "
+                  "time). " if any(r["mode"] != "loss" for r in ok) or not ok
                   else "")
     out.append(bench_text +
                f"{tok_h} counts document tokens per second, the positions a step pads to fill its "
