@@ -1,5 +1,6 @@
 // RMSNorm (forward, backward) and rotary position embedding.
 #include <type_traits>
+#include <utility>
 
 #include "framework/backend/cuda/column_sum.cuh"
 #include "framework/backend/cuda/cuda_kernels.h"
@@ -280,6 +281,13 @@ inline int64_t rmsnorm_dw_blocks(int64_t rows, int64_t v) {
   return b < 1 ? 1 : (b > 512 ? 512 : b);
 }
 
+// f(std::integral_constant<int, V>{}) for the V in 1 .. sizeof...(Vs) that equals v (none where
+// v is outside).
+template <int... Vs, typename F>
+void with_int_upto(int v, std::integer_sequence<int, Vs...>, F&& f) {
+  ((v == Vs + 1 ? f(std::integral_constant<int, Vs + 1>{}) : void()), ...);
+}
+
 // rmsnorm_bwd_dw_vec_kernel and its finishing sum into dw; false (nothing launched) where the
 // rows are not V Vec16 vectors a lane for a V from 1 to 8.
 template <typename T, typename W>
@@ -300,32 +308,7 @@ bool rmsnorm_bwd_dw_vec(const void* x, const void* w, const float* rstd, const v
             static_cast<const uint4*>(dy), static_cast<uint4*>(dx), rows, add_dx,
             partial.data<float>());
   };
-  switch (v) {
-    case 1:
-      launch(std::integral_constant<int, 1>{});
-      break;
-    case 2:
-      launch(std::integral_constant<int, 2>{});
-      break;
-    case 3:
-      launch(std::integral_constant<int, 3>{});
-      break;
-    case 4:
-      launch(std::integral_constant<int, 4>{});
-      break;
-    case 5:
-      launch(std::integral_constant<int, 5>{});
-      break;
-    case 6:
-      launch(std::integral_constant<int, 6>{});
-      break;
-    case 7:
-      launch(std::integral_constant<int, 7>{});
-      break;
-    default:
-      launch(std::integral_constant<int, 8>{});
-      break;
-  }
+  with_int_upto(static_cast<int>(v), std::make_integer_sequence<int, 8>{}, launch);
   CUDA_CHECK_LAUNCH();
   launch_column_finish(partial.data<float>(), blocks, d, 1.f, dw, d, nullptr, stream);
   return true;
