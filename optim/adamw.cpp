@@ -17,11 +17,6 @@ void grad_sum_squares(Backend& be, ParamRegistry& params, Tensor& acc) {
   be.sum_squares_many(grads[1], expert);
 }
 
-double clip_coefficient(double grad_norm, double clip) {
-  if (clip <= 0) return 1.0;
-  return std::min(1.0, clip / (grad_norm + 1e-6));
-}
-
 namespace {
 AdamWParams adamw_params(const AdamWConfig& cfg, bool weight_decay, int64_t step, double lr,
                          double grad_scale) {
@@ -52,6 +47,17 @@ void AdamW::check_update(Backend& be, Tensor& master, const Tensor& grad, Tensor
 }
 
 void AdamW::step(Backend& be, ParamRegistry& params, int64_t step, double lr, double grad_scale) {
+  step_all(be, params, adamw_params(cfg_, true, step, lr, grad_scale));
+}
+
+void AdamW::step_gated(Backend& be, ParamRegistry& params, int64_t step, double lr,
+                       const Tensor& gate) {
+  AdamWParams p = adamw_params(cfg_, true, step, lr, 1.0);
+  p.gate = &gate;
+  step_all(be, params, p);
+}
+
+void AdamW::step_all(Backend& be, ParamRegistry& params, const AdamWParams& p) const {
   FamilyScope scope(be, OpFamily::kOptimizer);
   std::vector<Backend::AdamWEntry> entries;
   entries.reserve(params.all().size());
@@ -66,7 +72,7 @@ void AdamW::step(Backend& be, ParamRegistry& params, int64_t step, double lr, do
     entries.push_back(std::move(e));
   }
   // p.weight_decay applies to the entries that decay, 0 to the others: update()'s numbers.
-  be.adamw_many(entries, adamw_params(cfg_, true, step, lr, grad_scale));
+  be.adamw_many(entries, p);
 }
 
 }  // namespace hp

@@ -5,6 +5,7 @@
 #pragma once
 
 #include "framework/backend/backend.h"
+#include "framework/core/clip.h"
 #include "framework/model/params.h"
 
 namespace hp {
@@ -23,8 +24,7 @@ struct AdamWConfig {
 // on the device): no sync. One sum_squares_many per group.
 void grad_sum_squares(Backend& be, ParamRegistry& params, Tensor& acc);
 
-// The clipping coefficient min(1, clip / (norm + 1e-6)).
-double clip_coefficient(double grad_norm, double clip);
+// clip_coefficient(grad_norm, clip): framework/core/clip.h.
 
 class AdamW {
  public:
@@ -32,6 +32,10 @@ class AdamW {
   // One update of every parameter at `step` (1-based) with learning rate lr; gradients are
   // multiplied by grad_scale first.
   void step(Backend& be, ParamRegistry& params, int64_t step, double lr, double grad_scale);
+  // The same update, gated on the device (AdamWParams::gate): the gate's scale replaces
+  // grad_scale, and nothing changes where the gate is closed. Issued before the host knows the
+  // gradient norm; the bits of step() with the scale the host would compute.
+  void step_gated(Backend& be, ParamRegistry& params, int64_t step, double lr, const Tensor& gate);
   // One update of one tensor: master, grad, m and v of the same numel (a parameter or a shard
   // of its rows); `working`, when defined, receives master in its dtype.
   void update(Backend& be, Tensor& master, const Tensor& grad, Tensor& m, Tensor& v,
@@ -44,6 +48,8 @@ class AdamW {
                     Tensor& flag) const;
 
  private:
+  // adamw_many over every parameter with p (p.weight_decay where the parameter decays).
+  void step_all(Backend& be, ParamRegistry& params, const AdamWParams& p) const;
   AdamWConfig cfg_;
 };
 

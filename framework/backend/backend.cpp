@@ -23,6 +23,12 @@ void need_shape(const char* op, const char* name, const Tensor& t, const Shape& 
            shape_str(shape));
 }
 
+// A gated update's gate (AdamWParams::gate): f64 [2].
+void need_gate(const char* op, const Tensor& gate) {
+  need_shape(op, "gate", gate, {2});
+  HP_CHECK(gate.dtype() == DType::kF64, op, ": gate ", gate.desc(), " must be f64");
+}
+
 void need_ndim(const char* op, const char* name, const Tensor& t, int ndim) {
   need_defined(op, name, t);
   HP_CHECK(t.ndim() == ndim, op, ": tensor '", name, "' is ", t.desc(), ", expected a ", ndim,
@@ -705,8 +711,21 @@ void Backend::adamw(Tensor& master, const Tensor& grad, Tensor& m, Tensor& v, co
     need_defined(op, "check_flag", *p.check_flag);
     HP_CHECK(p.check_flag->numel() >= 1, op, ": check_flag ", p.check_flag->desc(),
              " needs at least one element");
+    HP_CHECK(p.gate == nullptr, op, ": check_flag and gate are both set; a check is not gated");
   }
+  if (p.gate != nullptr) need_gate(op, *p.gate);
   do_adamw(master, grad, m, v, p, working);
+}
+
+void Backend::update_gate(const Tensor& checked, const Tensor& sumsq, double max_norm,
+                          Tensor& gate) {
+  const char* op = "update_gate";
+  need_defined(op, "checked", checked);
+  need_defined(op, "sumsq", sumsq);
+  HP_CHECK(checked.numel() >= 1 && sumsq.numel() >= 1, op, ": checked ", checked.desc(),
+           " and sumsq ", sumsq.desc(), " need at least one element each");
+  need_gate(op, gate);
+  do_update_gate(checked, sumsq, max_norm, gate);
 }
 
 void Backend::sum_squares_many(const std::vector<Tensor>& xs, Tensor& acc) {
@@ -722,6 +741,7 @@ void Backend::adamw_many(const std::vector<AdamWEntry>& entries, const AdamWPara
   HP_CHECK(p.step >= 1, "adamw_many: step ", p.step, " must be >= 1 (it is 1-based)");
   HP_CHECK(p.check_flag == nullptr,
            "adamw_many: has no check-only mode (check_flag is set); use adamw per tensor");
+  if (p.gate != nullptr) need_gate("adamw_many", *p.gate);
   // What the checks below depend on, entry by entry: a list equal to the last checked one holds
   // the contract as that one did.
   std::vector<int64_t> key;

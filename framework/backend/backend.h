@@ -91,6 +91,11 @@ struct AdamWParams {
   // new master in working's dtype (when working is defined; only its dtype is read), would not be
   // finite.
   Tensor* check_flag = nullptr;
+  // Gated update: when set, gate (f64, 2 elements, on this backend's device, as update_gate
+  // writes it) is read by the device: gate[0] replaces grad_scale, and when gate[1] is 0 the op
+  // writes nothing. The update can then be issued before the host has read the gradient norm.
+  // Not with check_flag.
+  const Tensor* gate = nullptr;
 };
 
 class Backend {
@@ -387,6 +392,12 @@ class Backend {
   // add in an order of its own (not necessarily the bits of sum_squares over each x in turn).
   // Default: sum_squares over each x in turn.
   void sum_squares_many(const std::vector<Tensor>& xs, Tensor& acc);
+  // The gate of a gated update (AdamWParams::gate), computed on the device: gate[0] =
+  // clip_coefficient(sqrt(sum of sumsq's elements, added in order in f64), max_norm)
+  // (framework/core/clip.h: the host's arithmetic, the same bits), gate[1] = 1 when every element
+  // of `checked` is finite, else 0. checked and sumsq: master dtype, at least one element each;
+  // gate: f64 [2].
+  void update_gate(const Tensor& checked, const Tensor& sumsq, double max_norm, Tensor& gate);
   // One tensor of adamw_many: adamw's master, grad, m, v and working (undefined: none), and
   // whether the update's weight decay applies to it.
   struct AdamWEntry {
@@ -483,6 +494,8 @@ class Backend {
   virtual void do_cross_entropy(Tensor& logits, const Tensor& targets, double grad_scale,
                                 Tensor& loss) = 0;
   virtual void do_sum_squares(const Tensor& x, Tensor& acc) = 0;
+  virtual void do_update_gate(const Tensor& checked, const Tensor& sumsq, double max_norm,
+                              Tensor& gate) = 0;
   virtual void do_adamw(Tensor& master, const Tensor& grad, Tensor& m, Tensor& v,
                         const AdamWParams& p, Tensor& working) = 0;
   virtual void do_sum_squares_many(const std::vector<Tensor>& xs, Tensor& acc);

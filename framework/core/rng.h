@@ -13,6 +13,8 @@
 #include <cstdint>
 #include <string>
 
+#include "framework/core/host_device.h"
+
 namespace hp {
 
 // 64-bit FNV-1a; stable across platforms, used to turn purpose strings into keys (and the bytes
@@ -30,11 +32,6 @@ inline uint64_t hash64(const std::string& s, uint64_t h = 1469598103934665603ull
 }
 
 // Host and device share the arithmetic below; HP_HD marks what nvcc also compiles for the GPU.
-#if defined(__CUDACC__)
-#define HP_HD __host__ __device__
-#else
-#define HP_HD
-#endif
 
 namespace rng_detail {
 

@@ -99,6 +99,17 @@ Trainer::Trainer(const TrainOptions& o, const RankContext& ctx)
   scalars_ = be_->zeros({4}, be_->master_dtype());
   if (o_.run.nonfinite == NonfinitePolicy::kSkip)
     check_flag_ = be_->zeros({1}, be_->master_dtype());
+  // Several ranks agree on the norm and the finite check through a host collective first, and
+  // nonfinite=skip checks the update before applying it: both need the host's decision before
+  // the update is issued.
+  gated_update_ = ctx_.world() == 1 && o_.run.nonfinite != NonfinitePolicy::kSkip;
+  if (gated_update_) {
+    gate_ = be_->zeros({2}, DType::kF64);
+    const size_t bytes = static_cast<size_t>(scalars_.nbytes());
+    std::shared_ptr<Storage> pinned = be_->pinned_host_storage(bytes);
+    scalars_host_ = pinned ? Tensor(pinned, 0, {4}, be_->master_dtype())
+                           : Tensor::host({4}, be_->master_dtype());
+  }
 }
 
 const char* Trainer::reduction_stream() const {
@@ -254,6 +265,19 @@ StepStats Trainer::step() {
       partitioned_grad_sum_squares(be, model_->params(), grad_groups_, zero1_.get(), grad_sumsq);
     else
       grad_sum_squares(be, model_->params(), grad_sumsq);
+    st.lr = sched_.at(st.step);
+    // One rank, nonfinite=abort: the scalars are copied out, and the update is issued right
+    // behind them, gated on the device by the same finite check and clip coefficient the host
+    // computes below (the same bits), so the device goes on from the norms to the update
+    // without waiting for the host to read them. A non-finite step leaves every parameter and
+    // moment as it was, as below.
+    std::shared_ptr<Backend::Event> scalars_read;
+    if (gated_update_) {
+      be.copy(scalars_, scalars_host_);
+      scalars_read = be.record_event(Backend::StreamKind::kCompute);
+      be.update_gate(scalars_, grad_sumsq, o_.optimizer.grad_clip, gate_);
+      opt_.step_gated(be, model_->params(), st.step, st.lr, gate_);
+    }
     // The next batch is packed here, on the host, while the device still works through
     // backward and the norms queued above (else the device would idle while the host packs it
     // at the start of the next step); on several ranks its counts ride in this step's
@@ -262,8 +286,13 @@ StepStats Trainer::step() {
     next_batch_ = loader_->next();
     std::vector<double> next = counts_of(*next_batch_);
     if (ctx_.world() == 1) next_counts_ = next;
-    Tensor host = Tensor::host({4}, be.master_dtype());
-    be.read_to_host(scalars_, host, SyncCause::kLoss);
+    Tensor host = scalars_host_;
+    if (scalars_read) {
+      be.event_synchronize(*scalars_read, SyncCause::kLoss);
+    } else {
+      host = Tensor::host({4}, be.master_dtype());
+      be.read_to_host(scalars_, host, SyncCause::kLoss);
+    }
     std::vector<double> s = to_double_vector(host);
     // Loss sums add over all ranks, and so does a count of ranks that saw a non-finite value,
     // so that every rank takes the same decision below; so do the partial sums of squares.
@@ -295,7 +324,6 @@ StepStats Trainer::step() {
     st.loss = st.valid_targets > 0 ? s[0] / static_cast<double>(st.valid_targets) : 0.0;
     st.aux_loss = s[1];
     st.grad_norm = std::sqrt(s[2] + s[3]);
-    st.lr = sched_.at(st.step);
     // ---- finite check, agreed by all ranks, before anything changes ----
     st.finite = nonfinite_ranks == 0 && std::isfinite(st.loss) && std::isfinite(st.grad_norm);
     // ---- clip and update ----
@@ -307,7 +335,9 @@ StepStats Trainer::step() {
       update_overflowed_ = !update_is_finite(st.step, st.lr, clip);
       st.finite = !update_overflowed_;
     }
-    if (st.finite && zero1_) {
+    if (gated_update_) {
+      // Issued above; the device took this decision from the same numbers.
+    } else if (st.finite && zero1_) {
       // This rank's rows, then the all-gathers of the updated parameters (waited for before
       // the next forward).
       zero1_->step([&](Param& p, const Tensor& grad, Tensor& working) {

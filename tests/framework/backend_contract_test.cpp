@@ -152,6 +152,9 @@ class RecordingBackend final : public Backend {
     calls.push_back("cross_entropy");
   }
   void do_sum_squares(const Tensor&, Tensor&) override { calls.push_back("sum_squares"); }
+  void do_update_gate(const Tensor&, const Tensor&, double, Tensor&) override {
+    calls.push_back("update_gate");
+  }
   void do_adamw(Tensor&, const Tensor&, Tensor&, Tensor&, const AdamWParams&, Tensor&) override {
     calls.push_back("adamw");
   }
@@ -462,6 +465,29 @@ std::vector<Case> cases() {
                  Tensor working = Tensor::host({ok ? 6 : 5}, DType::kBF16);
                  be.adamw(w, f32({2, 3}), m, v, AdamWParams{}, working);
                }});
+  c.push_back({"adamw", "gate", [](Backend& be, bool ok) {
+                 Tensor w = f32({2, 3}), m = f32({2, 3}), v = f32({2, 3}), none;
+                 Tensor gate = Tensor::host({2}, ok ? DType::kF64 : DType::kF32);
+                 AdamWParams p;
+                 p.gate = &gate;
+                 be.adamw(w, f32({2, 3}), m, v, p, none);
+               }});
+  c.push_back({"adamw", "not gated", [](Backend& be, bool ok) {
+                 Tensor w = f32({2, 3}), m = f32({2, 3}), v = f32({2, 3}), none;
+                 Tensor gate = Tensor::host({2}, DType::kF64), flag = f32({1});
+                 AdamWParams p;
+                 p.gate = &gate;
+                 if (!ok) p.check_flag = &flag;
+                 be.adamw(w, f32({2, 3}), m, v, p, none);
+               }});
+  c.push_back({"update_gate", "'gate'", [](Backend& be, bool ok) {
+                 Tensor gate = Tensor::host({ok ? 2 : 3}, DType::kF64);
+                 be.update_gate(f32({4}), f32({2}), 1.0, gate);
+               }});
+  c.push_back({"update_gate", "at least one element", [](Backend& be, bool ok) {
+                 Tensor gate = Tensor::host({2}, DType::kF64);
+                 be.update_gate(f32({4}), f32({ok ? 2 : 0}), 1.0, gate);
+               }});
   c.push_back({"adamw", "1-based", [](Backend& be, bool ok) {
                  Tensor w = f32({2, 3}), m = f32({2, 3}), v = f32({2, 3}), none;
                  AdamWParams p;
@@ -567,6 +593,7 @@ TEST(BackendContract, CpuBackendGivesTheInterfaceError) {
                          "embedding_bwd",
                          "cross_entropy",
                          "sum_squares",
+                         "update_gate",
                          "adamw"}) {
     EXPECT_NE(std::find(ops.begin(), ops.end(), op), ops.end()) << op << " has no case";
   }

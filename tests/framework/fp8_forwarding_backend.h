@@ -165,6 +165,10 @@ class Fp8ForwardingBackend final : public Backend {
     in_.cross_entropy(logits, targets, scale, loss);
   }
   void do_sum_squares(const Tensor& x, Tensor& acc) override { in_.sum_squares(x, acc); }
+  void do_update_gate(const Tensor& checked, const Tensor& sumsq, double max_norm,
+                      Tensor& gate) override {
+    in_.update_gate(checked, sumsq, max_norm, gate);
+  }
   void do_adamw(Tensor& master, const Tensor& grad, Tensor& m, Tensor& v, const AdamWParams& p,
                 Tensor& working) override {
     in_.adamw(master, grad, m, v, p, working);

@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -195,6 +196,132 @@ TEST(CudaSumSquaresMany, MatchesAHostSumAndRepeatsBitwise) {
     EXPECT_TRUE(same_bits(*be, sums[0], sums[1]));
     EXPECT_GT(to_double_vector(to_host(*be, sums[0]))[0], 1e4);
   }
+}
+
+// The gated update: update_gate gives the CPU backend's bits (the host's clip coefficient, the
+// finite check), and adamw_many and adamw read the gate on the device: open, the bits of the
+// update scaled on the host; closed, nothing written.
+TEST(CudaGatedUpdate, GateEqualsTheCpuBackendBitwise) {
+  HP_REQUIRE_GPU();
+  auto cpu = make_cpu_backend(DType::kF32);
+  auto gpu = make_cuda_backend(0, CudaBackendOptions{});
+  std::mt19937 rng(17);
+  std::uniform_real_distribution<double> mag(-6, 6);
+  const double inf = std::numeric_limits<double>::infinity();
+  int clipped = 0, closed = 0;
+  for (int trial = 0; trial < 120; ++trial) {
+    std::vector<float> s = {static_cast<float>(mag(rng)), static_cast<float>(mag(rng)),
+                            static_cast<float>(std::pow(10.0, mag(rng))),
+                            static_cast<float>(std::pow(10.0, mag(rng)))};
+    if (trial % 9 == 8)
+      s[static_cast<size_t>(trial % 4)] = static_cast<float>(trial % 2 ? inf : NAN);
+    const double max_norm = trial % 10 == 0 ? 0.0 : std::pow(10.0, mag(rng) / 2);
+    const Tensor hs = Tensor::host_from(s, DType::kF32);
+    std::vector<double> gates[2];
+    int k = 0;
+    for (Backend* be : {cpu.get(), gpu.get()}) {
+      const Tensor checked = be->upload(hs);
+      Tensor gate = be->zeros({2}, DType::kF64);
+      be->update_gate(checked, checked.slice(2, 4), max_norm, gate);
+      gates[k++] = to_double_vector(to_host(*be, gate));
+    }
+    SCOPED_TRACE(testing::Message() << "trial " << trial << " max_norm " << max_norm);
+    EXPECT_EQ(std::memcmp(gates[0].data(), gates[1].data(), 2 * sizeof(double)), 0)
+        << gates[0][0] << " " << gates[0][1] << " vs " << gates[1][0] << " " << gates[1][1];
+    clipped += gates[1][1] == 1.0 && gates[1][0] < 1.0;
+    closed += gates[1][1] == 0.0;
+  }
+  EXPECT_GT(clipped, 10);
+  EXPECT_GT(closed, 5);
+}
+
+TEST(CudaGatedUpdate, OpenGateIsTheHostScaleClosedGateWritesNothing) {
+  HP_REQUIRE_GPU();
+  auto be = make_cuda_backend(0, CudaBackendOptions{});
+  std::mt19937 rng(29);
+  const int kTensors = 70;  // more than one launch's 64 entries
+  struct Set {
+    Tensor master, grad, m, v, working;
+  };
+  std::vector<Set> sets[3];  // [0]: host scale, [1]: adamw_many gated, [2]: adamw gated
+  std::vector<bool> decay;
+  for (int i = 0; i < kTensors; ++i) {
+    const int64_t n = kSizes[static_cast<size_t>(i) % (sizeof(kSizes) / sizeof(kSizes[0]))];
+    const int64_t offset = i % 5 == 4 ? 1 : 0;
+    const std::vector<float> w = random_values(n, rng, 1.f, false),
+                             g = random_values(n, rng, 0.3f, false),
+                             m = random_values(n, rng, 0.1f, false),
+                             v = random_values(n, rng, 0.05f, true);
+    decay.push_back(i % 2 == 0);
+    for (auto& s : sets) {
+      Set t;
+      t.master = placed(*be, n, offset, DType::kF32, &w);
+      t.grad = placed(*be, n, offset, DType::kF32, &g);
+      t.m = placed(*be, n, offset, DType::kF32, &m);
+      t.v = placed(*be, n, offset, DType::kF32, &v);
+      if (i % 3 != 2)
+        t.working = placed(*be, n, offset, i % 3 ? DType::kF32 : DType::kBF16, nullptr);
+      s.push_back(t);
+    }
+  }
+  const double scale = 0.3183;  // the gate's; the host-scaled set takes the same double
+  Tensor gate = be->upload(Tensor::host_from<double>({scale, 1.0}, DType::kF64));
+  auto entries_of = [&](std::vector<Set>& set) {
+    std::vector<Backend::AdamWEntry> e;
+    for (size_t i = 0; i < set.size(); ++i)
+      e.push_back({set[i].master, set[i].grad, set[i].m, set[i].v, set[i].working, decay[i]});
+    return e;
+  };
+  auto snapshot = [&](std::vector<Set>& set) {
+    std::vector<std::vector<double>> out;
+    for (Set& t : set)
+      for (const Tensor* x : {&t.master, &t.m, &t.v, &t.working})
+        if (x->defined()) out.push_back(gpu_test::device_values(*be, *x));
+    return out;
+  };
+  AdamWParams p;
+  p.lr = 2e-3;
+  p.weight_decay = 0.1;
+  for (int64_t step = 1; step <= 2; ++step) {
+    p.step = step;
+    AdamWParams host = p, gated = p;
+    host.grad_scale = scale;
+    gated.grad_scale = 7.0;  // replaced by the gate's
+    gated.gate = &gate;
+    be->adamw_many(entries_of(sets[0]), host);
+    be->adamw_many(entries_of(sets[1]), gated);
+    for (size_t i = 0; i < sets[2].size(); ++i) {
+      Set& t = sets[2][i];
+      AdamWParams q = gated;
+      q.weight_decay = decay[i] ? p.weight_decay : 0.0;
+      be->adamw(t.master, t.grad, t.m, t.v, q, t.working);
+    }
+  }
+  for (int i = 0; i < kTensors; ++i) {
+    SCOPED_TRACE(testing::Message() << "tensor " << i);
+    for (int k : {1, 2}) {
+      EXPECT_TRUE(same_bits(*be, sets[0][i].master, sets[k][i].master));
+      EXPECT_TRUE(same_bits(*be, sets[0][i].m, sets[k][i].m));
+      EXPECT_TRUE(same_bits(*be, sets[0][i].v, sets[k][i].v));
+      if (sets[0][i].working.defined()) {
+        EXPECT_TRUE(same_bits(*be, sets[0][i].working, sets[k][i].working));
+      }
+    }
+  }
+  // Closed: the same calls write nothing.
+  gate = be->upload(Tensor::host_from<double>({scale, 0.0}, DType::kF64));
+  const auto before = snapshot(sets[1]);
+  const auto before_single = snapshot(sets[2]);
+  p.step = 3;
+  AdamWParams gated = p;
+  gated.gate = &gate;
+  be->adamw_many(entries_of(sets[1]), gated);
+  for (size_t i = 0; i < sets[2].size(); ++i) {
+    Set& t = sets[2][i];
+    be->adamw(t.master, t.grad, t.m, t.v, gated, t.working);
+  }
+  EXPECT_EQ(snapshot(sets[1]), before);
+  EXPECT_EQ(snapshot(sets[2]), before_single);
 }
 
 }  // namespace

@@ -78,6 +78,24 @@ TEST(UpdateCheck, SkipAppliesAFiniteUpdateAsAbortDoes) {
   }
 }
 
+// One rank under abort issues its update before the step's read, gated on the device; under skip
+// the host decides first. With clipping in force (grad_clip far below the norm) both give the
+// same bits: the gate holds the host's clip coefficient.
+TEST(UpdateCheck, GatedUpdateClipsAsTheHostDecidedOneDoes) {
+  TrainOptions so = tiny_run(NonfinitePolicy::kSkip, 1e-2),
+               ao = tiny_run(NonfinitePolicy::kAbort, 1e-2);
+  so.optimizer.grad_clip = ao.optimizer.grad_clip = 1e-3;
+  Trainer skip(so, single_rank_context());
+  Trainer abort(ao, single_rank_context());
+  for (int i = 0; i < 3; ++i) {
+    const StepStats a = skip.step(), b = abort.step();
+    EXPECT_GT(b.grad_norm, 10 * ao.optimizer.grad_clip);
+    EXPECT_EQ(a.loss, b.loss);
+    EXPECT_EQ(a.grad_norm, b.grad_norm);
+    EXPECT_EQ(test::state_bytes(skip.model()), test::state_bytes(abort.model()));
+  }
+}
+
 TEST(UpdateCheck, AbortRunsNoCheckAndNoExtraSync) {
   Trainer t(tiny_run(NonfinitePolicy::kAbort, kOverflowLr), single_rank_context());
   const StepStats s = t.step();

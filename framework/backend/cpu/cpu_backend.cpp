@@ -18,6 +18,7 @@
 #include "framework/backend/backend.h"
 #include "framework/backend/cpu/cpu_copy_queue.h"
 #include "framework/backend/cpu/cpu_kernels.h"
+#include "framework/core/clip.h"
 #include "framework/core/fp8.h"
 #include "framework/core/rng.h"
 
@@ -1144,13 +1145,38 @@ class CpuBackend final : public Backend {
     acc.data<T>()[0] += static_cast<T>(total);
   }
 
-  void do_adamw(Tensor& master, const Tensor& grad, Tensor& m, Tensor& v, const AdamWParams& p,
+  void do_update_gate(const Tensor& checked, const Tensor& sumsq, double max_norm,
+                      Tensor& gate) override {
+    const char* op = "update_gate";
+    check_dtype(op, "checked", checked, kDType);
+    check_dtype(op, "sumsq", sumsq, kDType);
+    check_cpu(op, "gate", gate);
+    bool ok = true;
+    for (int64_t i = 0; i < checked.numel(); ++i)
+      ok = ok && std::isfinite(static_cast<double>(checked.data<T>()[i]));
+    double ss = 0;
+    for (int64_t i = 0; i < sumsq.numel(); ++i) ss += static_cast<double>(sumsq.data<T>()[i]);
+    double* g = gate.data<double>();
+    g[0] = clip_coefficient(std::sqrt(ss), max_norm);
+    g[1] = ok ? 1.0 : 0.0;
+  }
+
+  void do_adamw(Tensor& master, const Tensor& grad, Tensor& m, Tensor& v, const AdamWParams& gated,
                 Tensor& working) override {
     const char* op = "adamw";
     check_dtype(op, "master", master, kDType);
     check_dtype(op, "grad", grad, kDType);
     check_dtype(op, "m", m, kDType);
     check_dtype(op, "v", v, kDType);
+    // A gated update reads its scale and its go-ahead from the gate (host memory here).
+    AdamWParams p = gated;
+    if (gated.gate != nullptr) {
+      check_cpu(op, "gate", *gated.gate);
+      const double* g = gated.gate->data<double>();
+      if (g[1] == 0.0) return;
+      p.grad_scale = g[0];
+      p.gate = nullptr;
+    }
     const double b1 = p.beta1, b2 = p.beta2;
     const double bc1 = 1.0 - std::pow(b1, static_cast<double>(p.step));
     const double bc2 = 1.0 - std::pow(b2, static_cast<double>(p.step));

@@ -1176,6 +1176,16 @@ class CudaBackend final : public Backend {
                              cur_stream());
   }
 
+  void do_update_gate(const Tensor& checked, const Tensor& sumsq, double max_norm,
+                      Tensor& gate) override {
+    const char* op = "update_gate";
+    check_dtype(op, "checked", checked, DType::kF32);
+    check_dtype(op, "sumsq", sumsq, DType::kF32);
+    check_dtype(op, "gate", gate, DType::kF64);
+    cuda::launch_update_gate(checked.data<float>(), checked.numel(), sumsq.data<float>(),
+                             sumsq.numel(), max_norm, gate.data<double>(), cur_stream());
+  }
+
   void do_adamw(Tensor& master, const Tensor& grad, Tensor& m, Tensor& v, const AdamWParams& p,
                 Tensor& working) override {
     const char* op = "adamw";
@@ -1184,6 +1194,7 @@ class CudaBackend final : public Backend {
     check_dtype(op, "grad", grad, DType::kF32);
     check_dtype(op, "m", m, DType::kF32);
     check_dtype(op, "v", v, DType::kF32);
+    if (p.gate != nullptr) check_dtype(op, "gate", *p.gate, DType::kF64);
     if (p.check_flag != nullptr) {
       // Check only: the same arithmetic, nothing written but the flag.
       Tensor& flag = *p.check_flag;
@@ -1220,6 +1231,7 @@ class CudaBackend final : public Backend {
   }
 
   void do_adamw_many(const std::vector<AdamWEntry>& entries, const AdamWParams& p) override {
+    if (p.gate != nullptr) check_dtype("adamw_many", "gate", *p.gate, DType::kF64);
     std::vector<cuda::AdamWRef> refs;
     refs.reserve(entries.size());
     for (size_t i = 0; i < entries.size(); ++i) {
@@ -1259,6 +1271,7 @@ class CudaBackend final : public Backend {
     s.eps = static_cast<float>(p.eps);
     s.weight_decay = static_cast<float>(p.weight_decay);
     s.grad_scale = static_cast<float>(p.grad_scale);
+    s.gate = p.gate != nullptr ? p.gate->data<double>() : nullptr;
     s.bias_correction1 = static_cast<float>(1.0 - std::pow(p.beta1, static_cast<double>(p.step)));
     s.bias_correction2 = static_cast<float>(1.0 - std::pow(p.beta2, static_cast<double>(p.step)));
     return s;

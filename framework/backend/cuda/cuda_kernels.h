@@ -190,7 +190,14 @@ void launch_cross_entropy(void* logits, DType t, const int32_t* targets, int64_t
 struct AdamWScalars {
   float lr, beta1, beta2, eps, weight_decay, grad_scale;
   float bias_correction1, bias_correction2;  // 1 - beta^step
+  // A gated update (AdamWParams::gate): device f64 [2], gate[0] replaces grad_scale (rounded to
+  // f32 as the host rounds grad_scale), nothing is written where gate[1] is 0. Null: none.
+  const double* gate = nullptr;
 };
+// The gate of a gated update (Backend::update_gate): one thread, f64 arithmetic of
+// framework/core/clip.h.
+void launch_update_gate(const float* checked, int64_t n_checked, const float* sumsq,
+                        int64_t n_sumsq, double max_norm, double* gate, cudaStream_t stream);
 // working (dtype working_t) may be null.
 void launch_adamw(float* master, const float* grad, float* m, float* v, int64_t n,
                   const AdamWScalars& s, void* working, DType working_t, cudaStream_t stream);

@@ -4,11 +4,31 @@
 
 #include "framework/backend/cuda/cuda_common.cuh"
 #include "framework/backend/cuda/cuda_kernels.h"
+#include "framework/core/clip.h"
 
 namespace hp {
 namespace cuda {
 
 namespace {
+
+// A gated update's go-ahead; its scale replaces s.grad_scale. Every thread of a launch reads the
+// same gate and takes the same branch.
+__device__ __forceinline__ bool gate_open(AdamWScalars& s) {
+  if (s.gate == nullptr) return true;
+  if (s.gate[1] == 0.0) return false;
+  s.grad_scale = static_cast<float>(s.gate[0]);
+  return true;
+}
+
+__global__ void update_gate_kernel(const float* checked, int64_t n_checked, const float* sumsq,
+                                   int64_t n_sumsq, double max_norm, double* gate) {
+  bool ok = true;
+  for (int64_t i = 0; i < n_checked; ++i) ok = ok && isfinite(checked[i]);
+  double ss = 0;
+  for (int64_t i = 0; i < n_sumsq; ++i) ss += static_cast<double>(sumsq[i]);
+  gate[0] = clip_coefficient(sqrt(ss), max_norm);
+  gate[1] = ok ? 1.0 : 0.0;
+}
 
 // One element of the update: moments, bias correction, decoupled weight decay.
 __device__ __forceinline__ void adamw_element(float grad, const AdamWScalars& s, float& m,
@@ -66,6 +86,7 @@ __device__ __forceinline__ void adamw_x4_at(float4* master, const float4* grad, 
 template <typename W>
 __global__ void adamw_fwd_kernel(float* master, const float* grad, float* m, float* v, int64_t n,
                                  AdamWScalars s, W* working) {
+  if (!gate_open(s)) return;
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
        i += (int64_t)gridDim.x * blockDim.x) {
     adamw_at(master, grad, m, v, i, s, working);
@@ -77,6 +98,7 @@ __global__ void adamw_fwd_kernel(float* master, const float* grad, float* m, flo
 template <typename W>
 __global__ void adamw_x4_kernel(float4* master, const float4* grad, float4* m, float4* v,
                                 int64_t n4, AdamWScalars s, W* working) {
+  if (!gate_open(s)) return;
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n4;
        i += (int64_t)gridDim.x * blockDim.x) {
     adamw_x4_at(master, grad, m, v, i, s, working);
@@ -115,6 +137,7 @@ __global__ void __launch_bounds__(kManyThreads)
   const int32_t b = static_cast<int32_t>(blockIdx.x);
   const int e = entry_of_block(t.first_block, t.count, b);
   AdamWScalars s = s0;
+  if (!gate_open(s)) return;
   if (!(t.flags[e] & kDecay)) s.weight_decay = 0.f;
   float* master = t.master[e];
   const float* grad = t.grad[e];
@@ -200,6 +223,12 @@ void launch_adamw_check(const float* master, const float* grad, const float* m, 
     using W = decltype(ws);
     adamw_check_kernel<W><<<grid, 256, 0, stream>>>(master, grad, m, v, n, s, flag);
   });
+  CUDA_CHECK_LAUNCH();
+}
+
+void launch_update_gate(const float* checked, int64_t n_checked, const float* sumsq,
+                        int64_t n_sumsq, double max_norm, double* gate, cudaStream_t stream) {
+  update_gate_kernel<<<1, 1, 0, stream>>>(checked, n_checked, sumsq, n_sumsq, max_norm, gate);
   CUDA_CHECK_LAUNCH();
 }
 
