@@ -37,11 +37,11 @@ const char* step_phase_name(StepPhase p);
 const char* op_family_name(OpFamily f);
 
 // One profiled stretch (Backend::profile_begin .. profile_end). Times in milliseconds. Device
-// backends measure device activity: busy is the union of the intervals in which any kernel,
-// copy or fill ran, and each instant of busy time is split evenly among the work running then,
-// so by_family and by_phase each sum to busy_ms, and busy_ms + idle_ms == wall_ms. The host
-// backend (cpu) measures host time between marks: everything it issues runs on the calling
-// thread, so busy == wall.
+// backends measure device activity: wall runs from the start of the first recorded kernel, copy
+// or fill to the end of the last, busy is the union of the intervals in which any of them ran, and
+// each instant of busy time is split evenly among the work running then, so by_family and by_phase
+// each sum to busy_ms, and busy_ms + idle_ms == wall_ms. The host backend (cpu) measures host time
+// between marks: everything it issues runs on the calling thread, so busy == wall.
 struct StepProfile {
   double wall_ms = 0;
   double busy_ms = 0;

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <mutex>
 #include <string>
 #include <unordered_map>
@@ -184,7 +185,19 @@ StepProfile profile_end() {
   Collector& c = collector();
   std::lock_guard<std::mutex> lock(c.mu);
   StepProfile p;
-  p.wall_ms = (t1 - g_t0) * 1e-6;
+  // The window spans the recorded work: from the start of its first kernel, copy or fill to the
+  // end of its last. Before the first, the device ran nothing of the window (the profiler's own
+  // start-up, a few ms, falls there); after the last, the host was only waking from its wait.
+  uint64_t first_start = std::numeric_limits<uint64_t>::max(), last_end = 0;
+  for (const Work& w : c.work) {
+    const uint64_t s = std::max(w.start, g_t0), e = std::min(w.end, t1);
+    if (e <= s) continue;
+    first_start = std::min(first_start, s);
+    last_end = std::max(last_end, e);
+  }
+  const uint64_t t0 = first_start < last_end ? first_start : g_t0;
+  if (first_start < last_end) t1 = last_end;
+  p.wall_ms = (t1 - t0) * 1e-6;
   // Sweep over the start and end points: each elementary interval's length is split evenly
   // among the work active in it.
   struct Edge {
@@ -227,7 +240,7 @@ StepProfile profile_end() {
     return a.t != b.t ? a.t < b.t : (a.open < b.open);  // closes before opens at equal times
   });
   std::vector<int> active;
-  uint64_t prev = g_t0;
+  uint64_t prev = t0;
   int last_closed = -1;
   std::unordered_map<uint64_t, size_t> gap_of_pair;  // (before name, after name) -> idle_gaps
   for (const Edge& e : edges) {
