@@ -42,6 +42,34 @@ TEST(CudaAllocator, BucketsAndReuse) {
   a.deallocate(q, 2900);
 }
 
+// A request whose bucket has no free block takes the smallest cached block up to twice its size
+// (no cudaMalloc), which goes back to its own bucket; a larger block is not taken.
+TEST(CudaAllocator, ReusesTheSmallestCachedBlockUpToTwiceTheRequest) {
+  HP_SKIP_WITHOUT_GPU();
+  CudaCachingAllocator a(0);
+  const size_t big = 3 << 20, mid = 5 << 19;  // buckets of 3 MiB and 2.5 MiB
+  void* pb = a.allocate(big);
+  void* pm = a.allocate(mid);
+  a.deallocate(pb, big);
+  a.deallocate(pm, mid);
+  CudaAllocatorStats s0 = a.stats();
+  EXPECT_EQ(s0.device_mallocs, 2);
+  void* q = a.allocate(2 << 20);  // bucket 2 MiB: none free; 2.5 MiB is the smallest that fits
+  EXPECT_EQ(q, pm);
+  EXPECT_EQ(a.stats().device_mallocs, 2);
+  EXPECT_EQ(a.stats().bytes_in_use, CudaCachingAllocator::bucket_size(mid));
+  void* r = a.allocate(1 << 20);  // 1 MiB: the 3 MiB block is more than twice it
+  EXPECT_NE(r, pb);
+  EXPECT_EQ(a.stats().device_mallocs, 3);
+  a.deallocate(q, 2 << 20);
+  EXPECT_EQ(a.allocate(mid), pm);  // back in its own bucket
+  EXPECT_EQ(a.stats().device_mallocs, 3);
+  a.deallocate(pm, mid);
+  a.deallocate(r, 1 << 20);
+  EXPECT_EQ(a.stats().bytes_in_use, 0u);
+  EXPECT_EQ(a.shut_down(), 0);
+}
+
 TEST(CudaBackend, ErrorsNameTheStatement) {
   HP_SKIP_WITHOUT_GPU();
   try {

@@ -122,11 +122,17 @@ void* CudaCachingAllocator::allocate(size_t bytes) {
   std::lock_guard<std::mutex> lock(mu_);
   HP_CHECK(!shut_down_, "cuda allocator of device ", device_, ": allocate after shutdown");
   void* p = nullptr;
-  auto it = free_.find(size);
-  if (it != free_.end() && !it->second.empty()) {
+  // The smallest cached block of the request's bucket up to twice its size: sizes that follow
+  // the data (expert rows, FP8 operands) then reuse what an earlier step freed instead of
+  // calling cudaMalloc, which stalls the device.
+  size_t block = size;
+  auto it = free_.lower_bound(size);
+  while (it != free_.end() && it->first <= 2 * size && it->second.empty()) ++it;
+  if (it != free_.end() && it->first <= 2 * size) {
+    block = it->first;
     p = it->second.back();
     it->second.pop_back();
-    stats_.bytes_cached -= size;
+    stats_.bytes_cached -= block;
     ++stats_.cache_hits;
   } else {
     DeviceGuard guard(device_);
@@ -145,8 +151,8 @@ void* CudaCachingAllocator::allocate(size_t bytes) {
     ++stats_.device_mallocs;
     register_exit_handler();
   }
-  live_[p] = size;
-  stats_.bytes_in_use += size;
+  live_[p] = block;
+  stats_.bytes_in_use += block;
   if (stats_.bytes_in_use > stats_.peak_in_use) stats_.peak_in_use = stats_.bytes_in_use;
   return p;
 }

@@ -1,7 +1,9 @@
 // Caching device allocator: size-bucketed free lists over cudaMalloc.
 //
 // A freed block goes back to its bucket and is handed out again without cudaMalloc/cudaFree
-// (both of which synchronize the device). Reuse is safe for work on one compute stream: stream
+// (both of which synchronize the device): to a request of its bucket, or of a bucket down to half
+// its size when that bucket has no free block (the smallest such block is taken, and returns to
+// its own bucket when freed). Reuse is safe for work on one compute stream: stream
 // order puts every use of the old tensor before every use of the new one. A tensor used on
 // another stream must keep its storage alive (or be ordered by an event) until that use is done.
 // On a cudaMalloc failure the cache is emptied (cudaFree) and the allocation retried once.
