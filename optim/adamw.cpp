@@ -1,6 +1,5 @@
 #include "optim/adamw.h"
 
-#include <algorithm>
 #include <utility>
 #include <vector>
 

@@ -31,8 +31,7 @@ inline uint64_t hash64(const std::string& s, uint64_t h = 1469598103934665603ull
   return hash64_bytes(s.data(), s.size(), h);
 }
 
-// Host and device share the arithmetic below; HP_HD marks what nvcc also compiles for the GPU.
-
+// Host and device share the arithmetic below (HP_HD: framework/core/host_device.h).
 namespace rng_detail {
 
 // Products and sums that are never fused into an FMA, so the host (built with

@@ -115,8 +115,8 @@ BenchStepResult measure_bench_step(const TrainOptions& o, const RankContext& ctx
   // as in training (no device sync between them), so the busy and idle times below are those of
   // steps whose host work overlaps the device's as it does in a run.
   r.profiled_steps = std::max<int64_t>(1, o.bench.steps);
-  // The window opens on a drained device: work issued before it (the last timed step's update)
-  // is not recorded, and would otherwise read as idle time at its start.
+  // The window opens on a drained device, so none of its recorded work runs beside work issued
+  // before it (the last timed step's update), which the profiler would not see.
   be.synchronize(SyncCause::kOther);
   be.profile_begin();
   for (int64_t i = 0; i < r.profiled_steps; ++i) trainer.step();

@@ -102,8 +102,7 @@ Trainer::Trainer(const TrainOptions& o, const RankContext& ctx)
   // Several ranks agree on the norm and the finite check through a host collective first, and
   // nonfinite=skip checks the update before applying it: both need the host's decision before
   // the update is issued.
-  gated_update_ = ctx_.world() == 1 && o_.run.nonfinite != NonfinitePolicy::kSkip;
-  if (gated_update_) {
+  if (ctx_.world() == 1 && o_.run.nonfinite != NonfinitePolicy::kSkip) {
     gate_ = be_->zeros({2}, DType::kF64);
     const size_t bytes = static_cast<size_t>(scalars_.nbytes());
     std::shared_ptr<Storage> pinned = be_->pinned_host_storage(bytes);
@@ -271,8 +270,9 @@ StepStats Trainer::step() {
     // computes below (the same bits), so the device goes on from the norms to the update
     // without waiting for the host to read them. A non-finite step leaves every parameter and
     // moment as it was, as below.
+    const bool gated = gate_.defined();
     std::shared_ptr<Backend::Event> scalars_read;
-    if (gated_update_) {
+    if (gated) {
       be.copy(scalars_, scalars_host_);
       scalars_read = be.record_event(Backend::StreamKind::kCompute);
       be.update_gate(scalars_, grad_sumsq, o_.optimizer.grad_clip, gate_);
@@ -286,9 +286,10 @@ StepStats Trainer::step() {
     next_batch_ = loader_->next();
     std::vector<double> next = counts_of(*next_batch_);
     if (ctx_.world() == 1) next_counts_ = next;
-    Tensor host = scalars_host_;
-    if (scalars_read) {
+    Tensor host;
+    if (gated) {
       be.event_synchronize(*scalars_read, SyncCause::kLoss);
+      host = scalars_host_;
     } else {
       host = Tensor::host({4}, be.master_dtype());
       be.read_to_host(scalars_, host, SyncCause::kLoss);
@@ -335,7 +336,7 @@ StepStats Trainer::step() {
       update_overflowed_ = !update_is_finite(st.step, st.lr, clip);
       st.finite = !update_overflowed_;
     }
-    if (gated_update_) {
+    if (gated) {
       // Issued above; the device took this decision from the same numbers.
     } else if (st.finite && zero1_) {
       // This rank's rows, then the all-gathers of the updated parameters (waited for before

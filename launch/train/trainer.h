@@ -97,11 +97,10 @@ class Trainer {
   Tensor scalars_;
   // [1] on the device (nonfinite=skip): the flag of update_is_finite's check.
   Tensor check_flag_;
-  // One rank, nonfinite=abort: the update is issued before the step's blocking read, gated on
-  // the device (Backend::update_gate) by gate_ (f64 [2] on the device); scalars_host_ (page-
-  // locked where the backend has it) receives scalars_ by a stream-ordered copy issued before
-  // the update, and the host waits for that copy alone.
-  bool gated_update_ = false;
+  // One rank, nonfinite=abort (gate_ defined): the update is issued before the step's blocking
+  // read, gated on the device (Backend::update_gate) by gate_ (f64 [2] on the device);
+  // scalars_host_ (page-locked where the backend has it) receives scalars_ by a stream-ordered
+  // copy issued before the update, and the host waits for that copy alone.
   Tensor gate_;
   Tensor scalars_host_;
   bool update_overflowed_ = false;
