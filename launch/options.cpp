@@ -248,19 +248,16 @@ po::options_description describe_options(TrainOptions& o, RawEnums& raw) {
       "AdamW decoupled weight decay (matrices only)")(
       "beta1", po::value(&o.optimizer.beta1)->default_value(o.optimizer.beta1), "AdamW beta1")(
       "beta2", po::value(&o.optimizer.beta2)->default_value(o.optimizer.beta2), "AdamW beta2")(
-      "adam_eps", po::value(&o.optimizer.eps)->default_value(o.optimizer.eps), "AdamW epsilon")(
-      "grad_clip", po::value(&o.optimizer.grad_clip)->default_value(o.optimizer.grad_clip),
-      "global gradient-norm clip (<= 0: off)")(
+      "adam_eps", po::value(&o.optimizer.eps)->default_value(o.optimizer.eps),
+      "AdamW epsilon")("grad_clip",
+                       po::value(&o.optimizer.grad_clip)->default_value(o.optimizer.grad_clip),
+                       "global gradient-norm clip (<= 0: off)")(
       "optimizer_sharding",
       po::value(&raw.optimizer_sharding)->default_value(raw.optimizer_sharding),
       "fp32 masters and AdamW moments: none (every rank holds its parameters') | zero1 (sharded: "
       "dense over the world, experts over their dp group)")(
       "grad_reduce_dtype", po::value(&raw.grad_reduce_dtype)->default_value(raw.grad_reduce_dtype),
       "gradient reductions on the wire: fp32 | bf16 (sums still accumulate in fp32)")(
-      "grad_norm_overlap",
-      po::value(&o.optimizer.grad_norm_overlap)->default_value(o.optimizer.grad_norm_overlap),
-      "one rank: square each layer's gradients for the norm as backward completes them, on a "
-      "second stream (false: after backward, on the compute stream; the same bits)")(
       "metrics_path", po::value(&o.run.metrics_path)->default_value(o.run.metrics_path),
       "JSONL metrics file, one object per step (empty: none)")(
       "log_every", po::value(&o.run.log_every)->default_value(o.run.log_every),
@@ -302,12 +299,14 @@ po::options_description describe_options(TrainOptions& o, RawEnums& raw) {
       "offload=double: blocks reloaded ahead of the one in backward (1 .. offload_buffers-1)")(
       "sim_link_gbps", po::value(&off.sim_link_gbps)->default_value(off.sim_link_gbps),
       "cpu backend: simulated host-link bandwidth of offload copies in GB/s (0: unlimited)")(
-      "pinned_pool_mib", po::value(&raw.pinned_pool_mib)->default_value(raw.pinned_pool_mib),
+      "pinned_pool_mib",
+      po::value(&raw.pinned_pool_mib)->default_value(raw.pinned_pool_mib),
       "pinned host pool for offloaded block inputs in MiB (0: sized from the model and batch)")(
       "link_arbiter", po::value(&raw.link_arbiter)->default_value(raw.link_arbiter),
       "offload copies of the ranks of a node share their host links through a link arbiter: "
       "on | off (off: every rank copies on its own, the baseline)")(
-      "link_chunk_mib", po::value(&o.link.chunk_mib)->default_value(o.link.chunk_mib),
+      "link_chunk_mib",
+      po::value(&o.link.chunk_mib)->default_value(o.link.chunk_mib),
       "offload copies move in chunks of this many MiB, each with a grant (1 .. 4096)")(
       "link_inflight", po::value(&o.link.inflight)->default_value(o.link.inflight),
       "link_arbiter=on: chunks in flight per host link (1 .. 64)")(

@@ -84,10 +84,6 @@ struct OptimizerOptions : AdamWConfig, LrSchedule {
   double grad_clip = 1.0;
   OptimizerSharding sharding = OptimizerSharding::kNone;  // key optimizer_sharding
   DType grad_reduce_dtype = DType::kF32;                  // key grad_reduce_dtype: fp32 | bf16
-  // One rank: the gradient norm's passes run layer by layer as backward completes each layer's
-  // gradients, on a second stream, overlapping the backward below (optim/grad_squares.h);
-  // false: one pass after backward, on the compute stream. The same bits either way.
-  bool grad_norm_overlap = true;
 };
 
 struct ParallelOptions {

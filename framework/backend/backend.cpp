@@ -737,31 +737,6 @@ void Backend::sum_squares_many(const std::vector<Tensor>& xs, Tensor& acc) {
   do_sum_squares_many(xs, acc);
 }
 
-void Backend::sum_squares_partials(const std::vector<Tensor>& xs, Tensor& partials) {
-  const char* op = "sum_squares_partials";
-  int64_t slots = 0;
-  for (size_t i = 0; i < xs.size(); ++i) {
-    HP_CHECK(xs[i].defined(), op, ": tensor 'xs[", i, "]' is undefined");
-    slots += sum_squares_slots(xs[i].numel());
-  }
-  need_defined(op, "partials", partials);
-  HP_CHECK(partials.dtype() == master_dtype(), op, ": partials ", partials.desc(),
-           " must be of the master dtype ", dtype_name(master_dtype()));
-  HP_CHECK(partials.numel() == slots, op, ": partials ", partials.desc(), " must hold exactly ",
-           slots, " partial sums (sum_squares_slots of each x)");
-  do_sum_squares_partials(xs, partials);
-}
-
-void Backend::sum_squares_finish(const Tensor& partials, Tensor& acc) {
-  const char* op = "sum_squares_finish";
-  need_defined(op, "partials", partials);
-  HP_CHECK(partials.dtype() == master_dtype(), op, ": partials ", partials.desc(),
-           " must be of the master dtype ", dtype_name(master_dtype()));
-  need_shape(op, "acc", acc, {1});
-  if (partials.numel() == 0) return;
-  do_sum_squares_finish(partials, acc);
-}
-
 void Backend::adamw_many(const std::vector<AdamWEntry>& entries, const AdamWParams& p) {
   HP_CHECK(p.step >= 1, "adamw_many: step ", p.step, " must be >= 1 (it is 1-based)");
   HP_CHECK(p.check_flag == nullptr,
@@ -826,20 +801,6 @@ void Backend::do_bias_grad_segments(const Tensor& dy, const std::vector<RowSegme
 
 void Backend::do_sum_squares_many(const std::vector<Tensor>& xs, Tensor& acc) {
   for (const Tensor& x : xs) sum_squares(x, acc);
-}
-
-int64_t Backend::do_sum_squares_slots(int64_t) const { return 1; }
-
-void Backend::do_sum_squares_partials(const std::vector<Tensor>& xs, Tensor& partials) {
-  for (size_t i = 0; i < xs.size(); ++i) {
-    Tensor slot = partials.slice(static_cast<int64_t>(i), static_cast<int64_t>(i) + 1);
-    fill(slot, 0.0);
-    sum_squares(xs[i], slot);
-  }
-}
-
-void Backend::do_sum_squares_finish(const Tensor& partials, Tensor& acc) {
-  for (int64_t i = 0; i < partials.numel(); ++i) add(acc, partials.slice(i, i + 1), acc);
 }
 
 void Backend::do_adamw_many(const std::vector<AdamWEntry>& entries, const AdamWParams& p) {

@@ -392,17 +392,6 @@ class Backend {
   // add in an order of its own (not necessarily the bits of sum_squares over each x in turn).
   // Default: sum_squares over each x in turn.
   void sum_squares_many(const std::vector<Tensor>& xs, Tensor& acc);
-  // sum_squares_many in two steps, so that the partial sums of different tensors can be taken at
-  // different times (each layer's gradients as backward completes them, optim/grad_squares.h)
-  // and added up once. sum_squares_slots(n): how many partial sums a tensor of n elements fills.
-  // sum_squares_partials: writes the partial sums of xs, in order, to `partials` (master dtype,
-  // exactly the sum of xs' slots elements); it allocates nothing, so it may run on any stream.
-  // sum_squares_finish: acc[1] += the sum of `partials` (master dtype, any length), in a fixed
-  // order. Partials of the tensors of xs (in order, split into any runs) followed by one finish
-  // are bitwise sum_squares_many(xs, acc).
-  int64_t sum_squares_slots(int64_t n) const { return do_sum_squares_slots(n); }
-  void sum_squares_partials(const std::vector<Tensor>& xs, Tensor& partials);
-  void sum_squares_finish(const Tensor& partials, Tensor& acc);
   // The gate of a gated update (AdamWParams::gate), computed on the device: gate[0] =
   // clip_coefficient(sqrt(sum of sumsq's elements, added in order in f64), max_norm)
   // (framework/core/clip.h: the host's arithmetic, the same bits), gate[1] = 1 when every element
@@ -510,12 +499,6 @@ class Backend {
   virtual void do_adamw(Tensor& master, const Tensor& grad, Tensor& m, Tensor& v,
                         const AdamWParams& p, Tensor& working) = 0;
   virtual void do_sum_squares_many(const std::vector<Tensor>& xs, Tensor& acc);
-  // Defaults: one slot a tensor, holding what sum_squares would add to a zero; the finish adds
-  // the slots in order with add. The same bits as the default do_sum_squares_many wherever
-  // sum_squares adds one rounded sum to acc (as the cpu backend does).
-  virtual int64_t do_sum_squares_slots(int64_t n) const;
-  virtual void do_sum_squares_partials(const std::vector<Tensor>& xs, Tensor& partials);
-  virtual void do_sum_squares_finish(const Tensor& partials, Tensor& acc);
   virtual void do_adamw_many(const std::vector<AdamWEntry>& entries, const AdamWParams& p);
 
   // Called on a mark while profiling: before the change with the marks being left, and after it.

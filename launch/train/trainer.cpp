@@ -93,9 +93,6 @@ Trainer::Trainer(const TrainOptions& o, const RankContext& ctx)
   if (ctx_.world() > 1)
     grad_sync_ = std::make_unique<GradSync>(*be_, model_->params(), grad_groups, grad_stream,
                                             zero1_.get(), o_.optimizer.grad_reduce_dtype);
-  if (ctx_.world() == 1 && o_.optimizer.grad_norm_overlap)
-    grad_squares_ =
-        std::make_unique<LayerGradSquares>(*be_, model_->params(), Backend::StreamKind::kComm);
   state_bytes_ = hp::optimizer_state_bytes(model_->params());
   sched_ = o_.optimizer;  // lr, min_lr, warmup_steps
   sched_.total_steps = std::max<int64_t>(1, o_.run.steps);
@@ -241,22 +238,15 @@ StepStats Trainer::step() {
   }
   // ---- backward; each layer's gradient all-reduce starts as backward finishes the layer ----
   GradSync* grad_sync = grad_sync_.get();  // null on one rank: nothing to reduce
-  // One rank: the norm's squares of each layer's gradients start as backward completes them
-  // (not in a step whose gradients are replaced by NaNs after backward, a fault-injection test).
-  const bool nan_injected = nan_gradients_injected(ctx_.rank(), st.step);
-  LayerGradSquares* grad_squares = nan_injected ? nullptr : grad_squares_.get();
   {
     PhaseScope phase(be, StepPhase::kBackward);
-    if (grad_sync)
-      model_->backward(grad_sync);
-    else
-      model_->backward(grad_squares);
+    model_->backward(grad_sync);
   }
   {
     PhaseScope phase(be, StepPhase::kGradSync);
     if (grad_sync) grad_sync->finish();  // compute now waits for the last reductions
   }
-  if (nan_injected) {
+  if (nan_gradients_injected(ctx_.rank(), st.step)) {
     for (auto& p : model_->params().all()) {
       be.fill(p->grad, std::nan(""));
       // zero1: the norm and the update read the reduced rows of this rank's shards.
@@ -272,8 +262,6 @@ StepStats Trainer::step() {
     // summed over the world below, so none and zero1 fold the same numbers in the same order.
     if (ctx_.world() > 1)
       partitioned_grad_sum_squares(be, model_->params(), grad_groups_, zero1_.get(), grad_sumsq);
-    else if (grad_squares)
-      grad_squares->finish(grad_sumsq);  // the bits of grad_sum_squares
     else
       grad_sum_squares(be, model_->params(), grad_sumsq);
     st.lr = sched_.at(st.step);

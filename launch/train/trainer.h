@@ -17,7 +17,6 @@
 #include "launch/train/rank_context.h"
 #include "launch/train/run_checkpoint.h"
 #include "optim/adamw.h"
-#include "optim/grad_squares.h"
 #include "optim/lr_schedule.h"
 #include "parallel/grad_sync.h"
 #include "parallel/zero1.h"
@@ -84,8 +83,6 @@ class Trainer {
   std::unique_ptr<Zero1> zero1_;
   // Multi-rank only: reduces each layer's gradients as backward finishes it.
   std::unique_ptr<GradSync> grad_sync_;
-  // One rank with grad_norm_overlap: the norm's squares, taken as backward completes each layer.
-  std::unique_ptr<LayerGradSquares> grad_squares_;
   OptimizerStateBytes state_bytes_;
   ProcessGroups grad_groups_;  // the communicators of the gradient reductions
   // The communicators of the run's tensors (NCCL on CUDA; ctx_.groups on the CPU): the expert

@@ -2,8 +2,7 @@
 // it alone (sizes from 1 to 1M, weight decay on and off, bf16, f32 and no working copy, slices at
 // offsets that rule out 16-byte accesses, more tensors than one launch takes); sum_squares_many
 // matches a double-precision host sum within fp32 rounding and repeats its bits, whatever the
-// alignment of its tensors, and its two-step form (partials on another stream, one finish) and
-// LayerGradSquares give its bits.
+// alignment of its tensors.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -14,8 +13,6 @@
 #include <vector>
 
 #include "framework/backend/cuda/cuda_backend.h"
-#include "optim/adamw.h"
-#include "optim/grad_squares.h"
 #include "tests/gpu/gpu_fixtures.h"
 
 namespace hp {
@@ -198,91 +195,6 @@ TEST(CudaSumSquaresMany, MatchesAHostSumAndRepeatsBitwise) {
     }
     EXPECT_TRUE(same_bits(*be, sums[0], sums[1]));
     EXPECT_GT(to_double_vector(to_host(*be, sums[0]))[0], 1e4);
-  }
-}
-
-// The two-step form: partial sums in runs of tensors, issued out of order on the comm stream,
-// then one finish on compute, are the bits of sum_squares_many; LayerGradSquares over a registry
-// of gradients laid out as a model's is the bits of grad_sum_squares.
-TEST(CudaSumSquaresMany, PartialsInRunsOnTheCommStreamAreTheOneCallBits) {
-  HP_REQUIRE_GPU();
-  auto be = make_cuda_backend(0, CudaBackendOptions{});
-  std::mt19937 rng(12);
-  std::vector<Tensor> xs;
-  for (int i = 0; i < 150; ++i) {
-    const int64_t n = kSizes[static_cast<size_t>(i) % (sizeof(kSizes) / sizeof(kSizes[0]))];
-    const DType t = i % 6 == 5 ? DType::kBF16 : DType::kF32;
-    const std::vector<float> v = random_values(n, rng, 0.5f + static_cast<float>(i % 3), false);
-    xs.push_back(placed(*be, n, i % 5 == 4 ? 1 : 0, t, &v));
-    if (i == 70) xs.push_back(be->empty({0}, DType::kF32));
-  }
-  Tensor want = be->upload(Tensor::host_from<float>({0.5f}, DType::kF32));
-  be->sum_squares_many(xs, want);
-  std::vector<int64_t> first{0};
-  for (const Tensor& x : xs) first.push_back(first.back() + be->sum_squares_slots(x.numel()));
-  EXPECT_GT(first.back(), static_cast<int64_t>(xs.size()));  // large tensors fill several
-  Tensor partials = be->empty({first.back()}, DType::kF32);
-  // Runs of 1 to 140 tensors (over one launch's 128), issued last run first.
-  std::vector<size_t> cuts{0, 1, 9, 149, xs.size()};
-  for (size_t r = cuts.size() - 1; r-- > 0;) {
-    auto ready = be->record_event(Backend::StreamKind::kCompute);
-    be->wait_event(Backend::StreamKind::kComm, *ready);
-    be->set_stream(Backend::StreamKind::kComm);
-    std::vector<Tensor> run(xs.begin() + static_cast<std::ptrdiff_t>(cuts[r]),
-                            xs.begin() + static_cast<std::ptrdiff_t>(cuts[r + 1]));
-    Tensor out = partials.slice(first[cuts[r]], first[cuts[r + 1]]);
-    be->sum_squares_partials(run, out);
-    be->set_stream(Backend::StreamKind::kCompute);
-  }
-  auto done = be->record_event(Backend::StreamKind::kComm);
-  be->wait_event(Backend::StreamKind::kCompute, *done);
-  Tensor got = be->upload(Tensor::host_from<float>({0.5f}, DType::kF32));
-  be->sum_squares_finish(partials, got);
-  EXPECT_TRUE(same_bits(*be, want, got));
-  EXPECT_GT(to_double_vector(to_host(*be, got))[0], 1e6);
-}
-
-TEST(CudaLayerGradSquares, EqualsGradSumSquaresBitwise) {
-  HP_REQUIRE_GPU();
-  auto be = make_cuda_backend(0, CudaBackendOptions{});
-  std::mt19937 rng(31);
-  ParamRegistry reg;
-  // Embedding, then 3 layers of dense and expert gradients interleaved, then the head.
-  std::vector<std::pair<std::string, int64_t>> specs = {{"embed", 300007}};
-  for (int l = 0; l < 3; ++l) {
-    const std::string p = "layers." + std::to_string(l) + ".";
-    specs.push_back({p + "attn.wqkv", 65536 + l});
-    specs.push_back({p + "moe.w1", 1 << 20});
-    specs.push_back({p + "norm", 777});
-    specs.push_back({p + "moe.w2", 300001});
-  }
-  specs.push_back({"final_norm", 4096});
-  specs.push_back({"lm_head", 300007});
-  for (const auto& [name, n] : specs) {
-    Param q;
-    q.name = name;
-    q.shape = q.global_shape = {n};
-    q.group = name.find("moe.") != std::string::npos ? ParamGroup::kExpert : ParamGroup::kDense;
-    Param& p = reg.add(q);
-    p.grad = be->empty({n}, DType::kF32);
-  }
-  LayerGradSquares squares(*be, reg, Backend::StreamKind::kComm);
-  for (int step = 0; step < 3; ++step) {
-    for (auto& p : reg.all()) {
-      const std::vector<float> v = random_values(p->grad.numel(), rng, 0.1f, false);
-      be->copy(Tensor::host_from(v, DType::kF32), p->grad);
-    }
-    Tensor want = be->zeros({2}, DType::kF32);
-    grad_sum_squares(*be, reg, want);
-    // As backward reports; the last step leaves the head for finish.
-    for (int layer : {2, 1, 0}) squares.layer_ready(layer);
-    if (step < 2) squares.layer_ready(-1);
-    Tensor got = be->upload(Tensor::host_from<float>({7.f, 7.f}, DType::kF32));
-    squares.finish(got);
-    EXPECT_TRUE(same_bits(*be, want, got)) << "step " << step;
-    const std::vector<double> v = to_double_vector(to_host(*be, got));
-    EXPECT_GT(v[0], 1.0);
-    EXPECT_GT(v[1], 1.0);
   }
 }
 

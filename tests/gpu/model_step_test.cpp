@@ -264,36 +264,5 @@ TEST(CudaModel, TinyMoeTrainsWithFallingLoss) {
   EXPECT_LT(last, first - 0.5) << "first=" << first << " last=" << last;
 }
 
-// grad_norm_overlap: the norm's squares run on the comm stream as backward completes each layer.
-// With clipping in force every step's norm scales the update, so a square read before its
-// gradient was complete, or a finish that did not wait for the squares, changes the losses.
-TEST(CudaModel, GradNormOverlapGivesTheBitsOfTheNormAfterBackward) {
-  HP_REQUIRE_GPU();
-  TrainOptions o;
-  o.model = gpu_moe_config();
-  o.device.kind = DeviceKind::kCuda;
-  o.cuda.deterministic = true;
-  o.data.seq_len = 128;
-  o.data.batch_tokens = 4096;
-  o.run.steps = 6;
-  o.optimizer.lr = 3e-3;
-  o.optimizer.warmup_steps = 0;
-  o.optimizer.grad_clip = 0.05;
-  o.data.synthetic_vocab = 16;
-  TrainOptions off = o;
-  off.optimizer.grad_norm_overlap = false;
-  RankContext ctx = single_rank_context();
-  Trainer a(o, ctx);
-  Trainer b(off, ctx);
-  for (int i = 0; i < o.run.steps; ++i) {
-    const StepStats x = a.step(), y = b.step();
-    EXPECT_GT(x.grad_norm, o.optimizer.grad_clip) << "step " << x.step;
-    EXPECT_EQ(x.loss, y.loss) << "step " << x.step;
-    EXPECT_EQ(x.grad_norm, y.grad_norm) << "step " << x.step;
-    EXPECT_EQ(x.syncs.get(SyncCause::kLoss), 1);
-    EXPECT_EQ(x.syncs.get(SyncCause::kOther), 0);
-  }
-}
-
 }  // namespace
 }  // namespace hp

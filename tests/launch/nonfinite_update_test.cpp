@@ -96,35 +96,6 @@ TEST(UpdateCheck, GatedUpdateClipsAsTheHostDecidedOneDoes) {
   }
 }
 
-// grad_norm_overlap (one rank: the norm's squares taken as backward completes each layer) against
-// the norm taken after backward: the same losses, norms and training state, bitwise, on a dense
-// and a mixture-of-experts model (dense and expert sums), with clipping in force.
-TEST(GradNormOverlap, GivesTheBitsOfTheNormTakenAfterBackward) {
-  for (bool moe : {false, true}) {
-    SCOPED_TRACE(moe ? "moe" : "dense");
-    TrainOptions on = tiny_run(NonfinitePolicy::kAbort, 1e-2);
-    if (moe) {
-      on.model.n_experts = 4;
-      on.model.top_k = 2;
-      on.model.expert_ffn_dim = 32;
-      on.model.moe_aux_coef = 0.01;
-    }
-    on.optimizer.grad_clip = 0.05;
-    TrainOptions off = on;
-    off.optimizer.grad_norm_overlap = false;
-    Trainer a(on, single_rank_context());
-    Trainer b(off, single_rank_context());
-    for (int i = 0; i < 3; ++i) {
-      const StepStats x = a.step(), y = b.step();
-      EXPECT_GT(x.grad_norm, on.optimizer.grad_clip);
-      EXPECT_EQ(x.loss, y.loss);
-      EXPECT_EQ(x.grad_norm, y.grad_norm);
-      EXPECT_EQ(x.syncs.get(SyncCause::kLoss), y.syncs.get(SyncCause::kLoss));
-      EXPECT_EQ(test::state_bytes(a.model()), test::state_bytes(b.model()));
-    }
-  }
-}
-
 TEST(UpdateCheck, AbortRunsNoCheckAndNoExtraSync) {
   Trainer t(tiny_run(NonfinitePolicy::kAbort, kOverflowLr), single_rank_context());
   const StepStats s = t.step();

@@ -1230,29 +1230,6 @@ class CudaBackend final : public Backend {
     cuda::launch_sum_squares_many(refs, acc.data<float>(), *alloc_, cur_stream());
   }
 
-  int64_t do_sum_squares_slots(int64_t n) const override { return cuda::sum_squares_slots(n); }
-
-  void do_sum_squares_partials(const std::vector<Tensor>& xs, Tensor& partials) override {
-    const char* op = "sum_squares_partials";
-    check_dtype(op, "partials", partials, DType::kF32);
-    std::vector<cuda::SumSquaresRef> refs;
-    refs.reserve(xs.size());
-    for (size_t i = 0; i < xs.size(); ++i) {
-      const std::string name = "xs[" + std::to_string(i) + "]";
-      check_float(op, name.c_str(), xs[i]);
-      refs.push_back({xs[i].raw(), xs[i].dtype(), xs[i].numel()});
-    }
-    cuda::launch_sum_squares_partials(refs, partials.data<float>(), cur_stream());
-  }
-
-  void do_sum_squares_finish(const Tensor& partials, Tensor& acc) override {
-    const char* op = "sum_squares_finish";
-    check_dtype(op, "partials", partials, DType::kF32);
-    check_dtype(op, "acc", acc, DType::kF32);
-    cuda::launch_sum_squares_finish(partials.data<float>(), partials.numel(), acc.data<float>(),
-                                    cur_stream());
-  }
-
   void do_adamw_many(const std::vector<AdamWEntry>& entries, const AdamWParams& p) override {
     if (p.gate != nullptr) check_dtype("adamw_many", "gate", *p.gate, DType::kF64);
     std::vector<cuda::AdamWRef> refs;

@@ -67,13 +67,6 @@ struct SumSquaresRef {
 };
 void launch_sum_squares_many(const std::vector<SumSquaresRef>& xs, float* acc, Allocator& alloc,
                              cudaStream_t stream);
-// launch_sum_squares_many in two steps: the partial sums a tensor of n elements fills (one a
-// chunk); the partials of xs, in order, written to `partials` (exactly the sum of their slots;
-// nothing allocated); acc[0] += the sum of n partials in the fixed order of the one-step form.
-int64_t sum_squares_slots(int64_t n);
-void launch_sum_squares_partials(const std::vector<SumSquaresRef>& xs, float* partials,
-                                 cudaStream_t stream);
-void launch_sum_squares_finish(const float* partials, int64_t n, float* acc, cudaStream_t stream);
 // acc[0] += scale * sum x.
 void launch_reduce_sum_add(const float* x, int64_t n, float scale, float* acc, Allocator& alloc,
                            cudaStream_t stream);

@@ -234,22 +234,22 @@ __global__ void __launch_bounds__(kThreads)
 
 }  // namespace
 
-int64_t sum_squares_slots(int64_t n) { return (n + kSqChunk - 1) / kSqChunk; }
-
-void launch_sum_squares_partials(const std::vector<SumSquaresRef>& xs, float* partials,
-                                 cudaStream_t stream) {
+void launch_sum_squares_many(const std::vector<SumSquaresRef>& xs, float* acc, Allocator& alloc,
+                             cudaStream_t stream) {
   int64_t total = 0;
   for (const SumSquaresRef& r : xs) {
-    HP_CHECK(r.t == DType::kF32 || r.t == DType::kBF16, "launch_sum_squares_partials: dtype ",
+    HP_CHECK(r.t == DType::kF32 || r.t == DType::kBF16, "launch_sum_squares_many: dtype ",
              dtype_name(r.t), " is not f32 or bf16");
-    const int64_t chunks = sum_squares_slots(r.n);
-    HP_CHECK(chunks <= kSqMaxBlocks, "launch_sum_squares_partials: a tensor of ", r.n,
+    const int64_t chunks = (r.n + kSqChunk - 1) / kSqChunk;
+    HP_CHECK(chunks <= kSqMaxBlocks, "launch_sum_squares_many: a tensor of ", r.n,
              " elements is too large");
     total += chunks;
   }
-  HP_CHECK(total <= std::numeric_limits<int>::max(), "launch_sum_squares_partials: ", total,
+  if (total == 0) return;
+  HP_CHECK(total <= std::numeric_limits<int>::max(), "launch_sum_squares_many: ", total,
            " partial sums are too many");
-  float* out = partials;
+  Tensor partial = Tensor::empty(alloc, {total}, DType::kF32);
+  float* out = partial.data<float>();
   size_t i = 0;
   while (i < xs.size()) {
     SumSquaresTable t{};
@@ -257,7 +257,7 @@ void launch_sum_squares_partials(const std::vector<SumSquaresRef>& xs, float* pa
     for (; i < xs.size() && t.count < kSqMax; ++i) {
       const SumSquaresRef& r = xs[i];
       if (r.n == 0) continue;
-      const int64_t chunks = sum_squares_slots(r.n);
+      const int64_t chunks = (r.n + kSqChunk - 1) / kSqChunk;
       if (blocks + chunks > kSqMaxBlocks) break;
       const int c = t.count++;
       const size_t elem = r.t == DType::kBF16 ? 2 : 4;
@@ -274,24 +274,9 @@ void launch_sum_squares_partials(const std::vector<SumSquaresRef>& xs, float* pa
     CUDA_CHECK_LAUNCH();
     out += blocks;
   }
-}
-
-void launch_sum_squares_finish(const float* partials, int64_t n, float* acc, cudaStream_t stream) {
-  if (n == 0) return;
-  HP_CHECK(n <= std::numeric_limits<int>::max(), "launch_sum_squares_finish: ", n,
-           " partial sums are too many");
-  finish_sum_kernel<<<1, kSqFinishThreads, 0, stream>>>(partials, static_cast<int>(n), 1.f, acc);
+  finish_sum_kernel<<<1, kSqFinishThreads, 0, stream>>>(partial.data<float>(),
+                                                        static_cast<int>(total), 1.f, acc);
   CUDA_CHECK_LAUNCH();
-}
-
-void launch_sum_squares_many(const std::vector<SumSquaresRef>& xs, float* acc, Allocator& alloc,
-                             cudaStream_t stream) {
-  int64_t total = 0;
-  for (const SumSquaresRef& r : xs) total += sum_squares_slots(r.n);
-  if (total == 0) return;
-  Tensor partial = Tensor::empty(alloc, {total}, DType::kF32);
-  launch_sum_squares_partials(xs, partial.data<float>(), stream);
-  launch_sum_squares_finish(partial.data<float>(), total, acc, stream);
 }
 
 void launch_reduce_sum_add(const float* x, int64_t n, float scale, float* acc, Allocator& alloc,
