@@ -30,7 +30,9 @@
 # Environment: GPU_BIN (default .gpu/bin), LOG_DIR, ANCHOR_DIR (default .gpu/anchors: the
 # anchor's torch_ref.py and make_uniform_docs.py), MODELS (default "gptoss llama qwen"),
 # PACKINGS (default "stream whole"), PRECISIONS (the step section's; default "bf16", e.g.
-# "bf16 fp8"), STEP_ARGS (extra flags for every bench step), BENCH_GPUS
+# "bf16 fp8"), STEP_ARGS (extra flags for every bench step), STEP_STEPS (the step section's timed
+# steps on both sides, medians over them; default 20: with 6, runs of the same binary differed by
+# up to 2% and the anchor's step times by 4%), BENCH_GPUS
 # (the GPU count to plan for; default nvidia-smi's), TOKENS_PER_GPU (default 16384).
 set -uo pipefail
 bin=${GPU_BIN:-.gpu/bin}
@@ -38,6 +40,7 @@ log_dir=${LOG_DIR:-gpu_logs/bench}
 anchors=${ANCHOR_DIR:-.gpu/anchors}
 sections=${*:-attention step experts}
 per_gpu=${TOKENS_PER_GPU:-16384}
+step_steps=${STEP_STEPS:-20}
 gpus=${BENCH_GPUS:-$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)}
 [ -x "$bin/hotpath" ] || { echo "gpu_bench.sh: no $bin/hotpath (pack it with launch/scripts/gpu_bundle.sh; see GPU_BIN)" >&2; exit 2; }
 for s in $sections; do
@@ -87,11 +90,11 @@ if want step; then
         # shellcheck disable=SC2086
         run "$name" "${hp[@]}" bench step --config ${cfg[$m]} --data="$docs" --eot_token=128001 \
           --shuffle=false --seq_len=4096 --batch_tokens=16384 --packing="$p" --precision="$prec" \
-          --bench_steps=6 --bench_warmup=2 --bench_json="$log_dir/$name.json" ${STEP_ARGS:-}
+          --bench_steps="$step_steps" --bench_warmup=2 --bench_json="$log_dir/$name.json" ${STEP_ARGS:-}
       done
     done
     run "torch_$m" python3 "$anchors/torch_ref.py" --config "${ref[$m]}" --tokens 16384 --seq_len 4096 \
-      --compile --steps 6 --h5 "$docs"
+      --compile --steps "$step_steps" --h5 "$docs"
   done
 fi
 if want experts; then
