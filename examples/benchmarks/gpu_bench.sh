@@ -31,8 +31,8 @@
 # anchor's torch_ref.py and make_uniform_docs.py), MODELS (default "gptoss llama qwen"),
 # PACKINGS (default "stream whole"), PRECISIONS (the step section's; default "bf16", e.g.
 # "bf16 fp8"), STEP_ARGS (extra flags for every bench step), STEP_STEPS (the step section's timed
-# steps on both sides, medians over them; default 20: with 6, runs of the same binary differed by
-# up to 2% and the anchor's step times by 4%), BENCH_GPUS
+# steps on both sides, medians over them; default 20: medians of 6 moved by about 2% between
+# identical runs, and the anchor's step times spread by 4% within one), BENCH_GPUS
 # (the GPU count to plan for; default nvidia-smi's), TOKENS_PER_GPU (default 16384).
 set -uo pipefail
 bin=${GPU_BIN:-.gpu/bin}
