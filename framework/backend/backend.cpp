@@ -342,6 +342,17 @@ void Backend::gemm_fp8_group(const std::vector<GemmProblem>& problems, bool tran
   do_gemm_fp8_group(problems, trans_a, trans_b, beta, spec);
 }
 
+void Backend::hold_fp8_weights(const std::vector<Tensor>& weights, const Fp8Gemm& spec) {
+  for (size_t i = 0; i < weights.size(); ++i) {
+    const Tensor& w = weights[i];
+    HP_CHECK(w.defined() && w.ndim() == 2, "hold_fp8_weights: weight ", i,
+             " must be a 2-D tensor, got ", w.defined() ? w.desc() : std::string("none"));
+    HP_CHECK(w.dtype() == DType::kF32 || w.dtype() == DType::kBF16, "hold_fp8_weights: weight ", i,
+             " must be f32 or bf16, got ", w.desc());
+  }
+  do_hold_fp8_weights(weights, spec);
+}
+
 void Backend::do_gemm_fp8(const Tensor&, bool, const Tensor&, bool, Tensor&, double, const Tensor&,
                           const Tensor&, const Fp8Gemm&) {
   HP_FAIL(ErrorKind::kInternal, "backend ", name(),
@@ -553,6 +564,24 @@ void Backend::glu_bwd(const Tensor& h, const Tensor& da, const GluParams& p, Ten
   need_shape(op, "da", da, {h.dim(0), h.dim(1) / 2});
   need_shape(op, "dh", dh, h.shape());
   do_glu_bwd(h, da, p, dh);
+}
+
+void Backend::glu_fwd_fp8(const Tensor& h, const GluParams& p, Tensor& a, const Fp8Gemm& spec) {
+  const char* op = "glu_fwd_fp8";
+  need_ndim(op, "h", h, 2);
+  HP_CHECK(h.dim(1) % 2 == 0, op, ": h ", h.desc(), " needs an even width [g | u]");
+  need_shape(op, "a", a, {h.dim(0), h.dim(1) / 2});
+  do_glu_fwd_fp8(h, p, a, spec);
+}
+
+void Backend::glu_bwd_fp8(const Tensor& h, const Tensor& da, const GluParams& p, Tensor& dh,
+                          const Fp8Gemm& spec) {
+  const char* op = "glu_bwd_fp8";
+  need_ndim(op, "h", h, 2);
+  HP_CHECK(h.dim(1) % 2 == 0, op, ": h ", h.desc(), " needs an even width [g | u]");
+  need_shape(op, "da", da, {h.dim(0), h.dim(1) / 2});
+  need_shape(op, "dh", dh, h.shape());
+  do_glu_bwd_fp8(h, da, p, dh, spec);
 }
 
 // ---- mixture-of-experts routing -------------------------------------------------------------

@@ -258,6 +258,16 @@ class Backend {
   // gemm_fp8 one problem after another.
   void gemm_fp8_group(const std::vector<GemmProblem>& problems, bool trans_a, bool trans_b,
                       double beta, const Fp8Gemm& spec);
+  // Quantized copies of weights that FP8 products will take as their b operand (gemm_fp8 and
+  // gemm_fp8_group under `spec`, whether op(b) is W or W^T), made now and kept until
+  // release_fp8_weights(): a later product whose b is one of them (the same storage, shape and
+  // dtype, `spec`'s recipe) takes the held codes instead of quantizing it again, bit for bit the
+  // same operand. The caller must not write a held weight before releasing it. Each weight is
+  // 2-D, f32 or bf16, on this backend. Default (and the CPU reference): nothing is held, every
+  // product quantizes its operands.
+  void hold_fp8_weights(const std::vector<Tensor>& weights, const Fp8Gemm& spec);
+  // Frees every held copy (a no-op where none is held).
+  void release_fp8_weights() { do_release_fp8_weights(); }
   // y[M,N] += b[N] broadcast over rows.
   void add_bias(Tensor& y, const Tensor& bias);
   // db[N] += sum over rows of dy[M,N].
@@ -335,6 +345,14 @@ class Backend {
   void glu_fwd(const Tensor& h, const GluParams& p, Tensor& a);
   // da[M, F]: dh[M, 2F] written.
   void glu_bwd(const Tensor& h, const Tensor& da, const GluParams& p, Tensor& dh);
+  // glu_fwd, and a handed on quantized (`spec`'s data operand, as gemm_fp8 quantizes op(a) = a)
+  // to the next gemm_fp8 call, which takes those codes where its op(a) is a (same storage,
+  // shape and dtype, not transposed) instead of quantizing a; any other next FP8 product drops
+  // them. glu_bwd_fp8 likewise for dh. Same bits as glu_fwd / glu_bwd followed by the product.
+  // Default (and the CPU reference): glu_fwd / glu_bwd alone.
+  void glu_fwd_fp8(const Tensor& h, const GluParams& p, Tensor& a, const Fp8Gemm& spec);
+  void glu_bwd_fp8(const Tensor& h, const Tensor& da, const GluParams& p, Tensor& dh,
+                   const Fp8Gemm& spec);
 
   // ---- mixture-of-experts routing (rule 3) --------------------------------------------------
   // For each row of logits[N,E]: the k largest (1 <= k <= E; ties: lower expert id first),
@@ -437,6 +455,8 @@ class Backend {
                            double beta, const Tensor& bias, const Tensor& r, const Fp8Gemm& spec);
   virtual void do_gemm_fp8_group(const std::vector<GemmProblem>& problems, bool trans_a,
                                  bool trans_b, double beta, const Fp8Gemm& spec);
+  virtual void do_hold_fp8_weights(const std::vector<Tensor>&, const Fp8Gemm&) {}
+  virtual void do_release_fp8_weights() {}
   virtual void do_add_bias(Tensor& y, const Tensor& bias) = 0;
   virtual void do_bias_grad(const Tensor& dy, Tensor& db) = 0;
   virtual void do_bias_grad_segments(const Tensor& dy, const std::vector<RowSegment>& segments);
@@ -471,6 +491,13 @@ class Backend {
                                 const Tensor& dout, Tensor& dqkv, Tensor& dsinks) = 0;
   virtual void do_glu_fwd(const Tensor& h, const GluParams& p, Tensor& a) = 0;
   virtual void do_glu_bwd(const Tensor& h, const Tensor& da, const GluParams& p, Tensor& dh) = 0;
+  virtual void do_glu_fwd_fp8(const Tensor& h, const GluParams& p, Tensor& a, const Fp8Gemm&) {
+    do_glu_fwd(h, p, a);
+  }
+  virtual void do_glu_bwd_fp8(const Tensor& h, const Tensor& da, const GluParams& p, Tensor& dh,
+                              const Fp8Gemm&) {
+    do_glu_bwd(h, da, p, dh);
+  }
   virtual void do_router_topk(const Tensor& logits, int k, Tensor& idx, Tensor& w) = 0;
   virtual void do_router_topk_bwd(const Tensor& idx, const Tensor& w, const Tensor& dw,
                                   Tensor& dlogits) = 0;

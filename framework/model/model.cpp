@@ -274,9 +274,7 @@ void Model::dense_gemm(const Tensor& a, bool ta, const Tensor& b, bool tb, Tenso
   // Weight gradients (dW = X^T dY, contracted over the tokens) stay in the activation dtype under
   // precision=fp8 as well (docs/design.md, "FP8 training").
   if (opts_.fp8_dense() && !weight_grad) {
-    Backend::Fp8Gemm spec;
-    spec.recipe = opts_.fp8_recipe;
-    be_.gemm_fp8(a, ta, b, tb, c, beta, bias, r, spec);
+    be_.gemm_fp8(a, ta, b, tb, c, beta, bias, r, fp8_spec());
   } else if (r.defined()) {
     be_.gemm_add(a, ta, b, tb, r, c, bias);
   } else if (bias.defined()) {
@@ -289,12 +287,36 @@ void Model::dense_gemm(const Tensor& a, bool ta, const Tensor& b, bool tb, Tenso
 void Model::expert_gemms(const std::vector<Backend::GemmProblem>& problems, bool ta, bool tb,
                          double beta, bool weight_grad) {
   if (opts_.fp8_experts() && !weight_grad) {
-    Backend::Fp8Gemm spec;
-    spec.recipe = opts_.fp8_recipe;
-    be_.gemm_fp8_group(problems, ta, tb, beta, spec);
+    be_.gemm_fp8_group(problems, ta, tb, beta, fp8_spec());
   } else {
     be_.gemm_group(problems, ta, tb, beta);
   }
+}
+
+Backend::Fp8Gemm Model::fp8_spec() const {
+  Backend::Fp8Gemm spec;
+  spec.recipe = opts_.fp8_recipe;
+  return spec;
+}
+
+void Model::hold_fp8_weights(int l) {
+  if (!opts_.fp8_dense() && !opts_.fp8_experts()) return;
+  const Layer& L = *layers_[static_cast<size_t>(l)];
+  std::vector<Tensor> w;
+  if (opts_.fp8_dense()) {
+    w.push_back(L.wqkv->work);
+    w.push_back(L.wo->work);
+    if (!cfg_.is_moe()) {
+      w.push_back(L.w_gate_up->work);
+      w.push_back(L.w_down->work);
+    }
+  }
+  if (opts_.fp8_experts() && cfg_.is_moe())
+    for (int le = 0; le < local_experts_; ++le) {
+      w.push_back(L.w1->work[le]);
+      w.push_back(L.w2->work[le]);
+    }
+  be_.hold_fp8_weights(w, fp8_spec());
 }
 
 Tensor Model::new_act(Shape s) { return be_.empty(std::move(s), be_.act_dtype()); }
@@ -307,6 +329,7 @@ void Model::layer_forward(int l, const BatchMeta& meta_in, LayerActs& a, bool re
   if (!recompute) {
     a.meta = meta_in;
     if (opts_.metadata == MetadataMode::kPerLayer) be_.rebuild_metadata(a.meta);
+    hold_fp8_weights(l);  // after the weights are ready (Model::forward's param_ready)
   }
   // Attention block.
   a.xn = new_act({n, d});
@@ -353,7 +376,12 @@ void Model::layer_forward(int l, const BatchMeta& meta_in, LayerActs& a, bool re
     dense_gemm(a.hn, false, L.w_gate_up->work, false, a.gu, 0.0, Tensor(), Tensor(), false);
     family(be_, OpFamily::kElementwise);
     a.act = new_act({n, f});
-    be_.glu_fwd(a.gu, glu_, a.act);
+    // Under fp8 the down projection (Model::forward, next) takes act's codes from the GLU; a
+    // recomputed forward has no down projection after it.
+    if (opts_.fp8_dense() && !recompute)
+      be_.glu_fwd_fp8(a.gu, glu_, a.act, fp8_spec());
+    else
+      be_.glu_fwd(a.gu, glu_, a.act);
   }
 }
 
@@ -432,6 +460,7 @@ void Model::forward(const BatchMeta& meta, const Tensor& aux_sum, Pass pass,
   const bool train = pass == Pass::kTrain;
   const bool ckpt = opts_.checkpoint_activations;
   pass_ = std::make_unique<PassState>();
+  be_.release_fp8_weights();  // what a pass that did not finish left held
   PassState& st = *pass_;
   st.pass = pass;
   st.meta = meta;
@@ -469,6 +498,7 @@ void Model::forward(const BatchMeta& meta, const Tensor& aux_sum, Pass pass,
     if (st.store) a.x = Tensor();
     x = out;
   }
+  if (!train) be_.release_fp8_weights();
   st.x_last = x;
   st.hidden = new_act({n, d});
   st.rstd_final = new_master({n});
@@ -538,6 +568,7 @@ void Model::backward(GradReadyHook* grad_ready) {
     if (grad_ready) grad_ready->layer_ready(l);
   }
   if (st.store) st.store->end_step();
+  be_.release_fp8_weights();
   family(be_, OpFamily::kEmbedding);
   be_.embedding_bwd(dx, st.meta.inputs, grad_acc(*embed_));
   settle_grads(-2);
@@ -562,7 +593,10 @@ void Model::layer_backward(int l, LayerActs& a, Tensor& dx) {
                true);
     Tensor dgu = new_act({n, 2 * f});
     family(be_, OpFamily::kElementwise);
-    be_.glu_bwd(a.gu, dact, glu_, dgu);
+    if (opts_.fp8_dense())  // the input gradient below takes dgu's codes from the GLU
+      be_.glu_bwd_fp8(a.gu, dact, glu_, dgu, fp8_spec());
+    else
+      be_.glu_bwd(a.gu, dact, glu_, dgu);
     family(be_, OpFamily::kDenseGemm);
     dense_gemm(dgu, false, L.w_gate_up->work, true, dhn, 0.0, Tensor(), Tensor(), false);
     dense_gemm(a.hn, true, dgu, false, L.w_gate_up->grad, grad_beta(*L.w_gate_up), Tensor(),

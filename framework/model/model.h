@@ -150,6 +150,13 @@ class Model {
   // gemm_group, or gemm_fp8_group under precision=fp8 with the experts class unless weight_grad.
   void expert_gemms(const std::vector<Backend::GemmProblem>& problems, bool ta, bool tb,
                     double beta, bool weight_grad);
+  // Under precision=fp8: hands layer l's FP8-class weights to Backend::hold_fp8_weights, so that
+  // each is quantized once for the step's forward, recomputation and input-gradient products;
+  // the model releases them when its backward (or an eval forward) ends, before the optimizer
+  // writes them.
+  void hold_fp8_weights(int l);
+  // The spec of the model's FP8 products: its recipe, data times weight.
+  Backend::Fp8Gemm fp8_spec() const;
   Tensor new_act(Shape s);
   Tensor new_master(Shape s);
 

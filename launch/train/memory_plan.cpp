@@ -201,9 +201,32 @@ MemoryPlan plan_memory(const TrainOptions& o, const PlanLayout& layout, bool cud
       layer_matrix(rows, f, d);
     }
     for (int64_t b : best_parts) p.fp8_scratch += count(b);
+    // Held weights: a weight W [in, out] as X = W (in rows of K = out) and X = W^T.
+    int64_t held = 0;
+    auto hold = [&](int64_t in, int64_t out, int64_t copies) {
+      for (const Fp8Operand& f : {fp8_operand(in, out, true), fp8_operand(out, in, true)})
+        for (const int64_t bytes : {f.codes, f.scales}) {
+          held += copies * count(bytes);
+          if (cuda) rounding += (copies - 1) * (cuda_bucket(bytes) - bytes);
+        }
+    };
+    if (o.compute.fp8_gemms.dense) {
+      hold(d, qkv, c.n_layers);
+      hold(attn, d, c.n_layers);
+      if (!c.is_moe()) {
+        hold(d, 2 * c.ffn_dim, c.n_layers);
+        hold(c.ffn_dim, d, c.n_layers);
+      }
+    }
+    if (o.compute.fp8_gemms.experts && c.is_moe()) {
+      const int64_t local = c.n_experts / ep * c.n_layers;
+      hold(d, 2 * c.expert_ffn_dim, local);
+      hold(c.expert_ffn_dim, d, local);
+    }
+    p.fp8_weights = held;
   }
   p.total = p.params + p.grads + p.optimizer + p.activations + p.staging + p.reserve;
-  if (cuda) p.total += p.fp8_scratch;
+  if (cuda) p.total += p.fp8_scratch + p.fp8_weights;
   p.rounding = cuda ? rounding + p.activations / 8 : 0;
   p.total += p.rounding;
   return p;
@@ -284,6 +307,7 @@ Json plan_json(const MemoryPlan& p, int64_t device_bytes) {
   j["reserve_bytes"] = p.reserve;
   j["host_pinned_bytes"] = p.host_pinned;
   j["fp8_scratch_bytes"] = p.fp8_scratch;
+  j["fp8_weights_bytes"] = p.fp8_weights;
   j["host_snapshot_bytes"] = p.host_snapshot;
   j["total_bytes"] = p.total;
   j["device_bytes"] = device_bytes;
@@ -313,6 +337,11 @@ std::string format_plan(const MemoryPlan& p, int64_t device_bytes) {
   if (p.fp8_scratch)
     s += str_cat("  fp8 scratch      ", gib(p.fp8_scratch),
                  p.cuda ? "  (the largest FP8 product's quantized operands and fp32 output)"
+                        : "  (the CUDA FP8 path's; not held here, not in the total)",
+                 "\n");
+  if (p.fp8_weights)
+    s += str_cat("  fp8 weights      ", gib(p.fp8_weights),
+                 p.cuda ? "  (every layer's FP8-class weights quantized, both forms)"
                         : "  (the CUDA FP8 path's; not held here, not in the total)",
                  "\n");
   if (p.rounding) s += str_cat("  block rounding   ", gib(p.rounding), "\n");

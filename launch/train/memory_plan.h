@@ -54,6 +54,10 @@ struct MemoryPlan {
   // only during that product. The CPU backend emulates FP8 per product and holds none of it: a
   // CUDA plan counts it in its total, a CPU plan shows it only.
   int64_t fp8_scratch = 0;
+  // precision=fp8 on CUDA: the FP8-class weights of every layer quantized in both forms a
+  // product takes (X = W and X = W^T, codes and scales), held from the layer's forward to the
+  // end of backward (Backend::hold_fp8_weights). Counted like fp8_scratch.
+  int64_t fp8_weights = 0;
   // Host memory of a background checkpoint's snapshot (checkpoint_async with a checkpoint_dir):
   // at most the masters and moments this rank owns (under MPI it copies only the rows it writes).
   int64_t host_snapshot = 0;

@@ -1,7 +1,8 @@
 // A backend for the FP8 tests that runs every op on another backend (the CPU reference) and
-// records, for each GEMM, which op computed it, the output's address and the FP8 spec: which
-// products of a model step are FP8 and which are not. It can also report another FP8 recipe
-// than the backend below it (the recipe a GPU would give).
+// records, for each GEMM, which op computed it, the output's address, the FP8 spec and whether
+// its b operand was held (Backend::hold_fp8_weights): which products of a model step are FP8
+// and which are not. It can also report another FP8 recipe than the backend below it (the
+// recipe a GPU would give).
 #pragma once
 
 #include <string>
@@ -17,8 +18,15 @@ class Fp8ForwardingBackend final : public Backend {
     std::string op;            // gemm, gemm_bias, gemm_add, gemm_group, gemm_fp8, gemm_fp8_group
     const void* c = nullptr;   // the output's first element
     Fp8Gemm spec;              // the FP8 ops' spec
+    bool b_held = false;       // b was among the held weights (same storage and shape)
   };
   std::vector<Gemm> gemms;
+  // hold_fp8_weights and release_fp8_weights calls, and the weights held now.
+  int64_t holds = 0, releases = 0;
+  std::vector<Tensor> held;
+  // glu_fwd_fp8 and glu_bwd_fp8 calls, and how many of their outputs the next FP8 product took
+  // as its op(a) (a itself, not transposed).
+  int64_t glu_fp8 = 0, glu_fp8_taken = 0;
 
   explicit Fp8ForwardingBackend(Backend& inner) : in_(inner), recipe_(inner.fp8_recipe()) {}
   void set_fp8_recipe(fp8::Recipe r) { recipe_ = r; }
@@ -69,13 +77,39 @@ class Fp8ForwardingBackend final : public Backend {
   }
   void do_gemm_fp8(const Tensor& a, bool ta, const Tensor& b, bool tb, Tensor& c, double beta,
                    const Tensor& bias, const Tensor& r, const Fp8Gemm& spec) override {
-    gemms.push_back({"gemm_fp8", c.raw(), spec});
+    gemms.push_back({"gemm_fp8", c.raw(), spec, is_held(b)});
+    take_handed(a, ta);
     in_.gemm_fp8(a, ta, b, tb, c, beta, bias, r, spec);
   }
   void do_gemm_fp8_group(const std::vector<GemmProblem>& ps, bool ta, bool tb, double beta,
                          const Fp8Gemm& spec) override {
-    for (const GemmProblem& p : ps) gemms.push_back({"gemm_fp8_group", p.c.raw(), spec});
+    for (const GemmProblem& p : ps) {
+      gemms.push_back({"gemm_fp8_group", p.c.raw(), spec, is_held(p.b)});
+      take_handed(p.a, ta);
+    }
     in_.gemm_fp8_group(ps, ta, tb, beta, spec);
+  }
+  void do_glu_fwd_fp8(const Tensor& h, const GluParams& p, Tensor& a,
+                      const Fp8Gemm& spec) override {
+    ++glu_fp8;
+    handed_ = a;
+    in_.glu_fwd_fp8(h, p, a, spec);
+  }
+  void do_glu_bwd_fp8(const Tensor& h, const Tensor& da, const GluParams& p, Tensor& dh,
+                      const Fp8Gemm& spec) override {
+    ++glu_fp8;
+    handed_ = dh;
+    in_.glu_bwd_fp8(h, da, p, dh, spec);
+  }
+  void do_hold_fp8_weights(const std::vector<Tensor>& w, const Fp8Gemm& spec) override {
+    ++holds;
+    held.insert(held.end(), w.begin(), w.end());
+    in_.hold_fp8_weights(w, spec);
+  }
+  void do_release_fp8_weights() override {
+    ++releases;
+    held.clear();
+    in_.release_fp8_weights();
   }
   void do_add_bias(Tensor& y, const Tensor& bias) override { in_.add_bias(y, bias); }
   void do_bias_grad(const Tensor& dy, Tensor& db) override { in_.bias_grad(dy, db); }
@@ -175,8 +209,19 @@ class Fp8ForwardingBackend final : public Backend {
   }
 
  private:
+  void take_handed(const Tensor& a, bool ta) {
+    if (handed_.defined() && !ta && a.raw() == handed_.raw() && a.shape() == handed_.shape())
+      ++glu_fp8_taken;
+    handed_ = Tensor();
+  }
+  bool is_held(const Tensor& b) const {
+    for (const Tensor& w : held)
+      if (w.raw() == b.raw() && w.shape() == b.shape() && w.dtype() == b.dtype()) return true;
+    return false;
+  }
   Backend& in_;
   fp8::Recipe recipe_;
+  Tensor handed_;  // the last glu_*_fp8 output, until the next FP8 product
 };
 
 }  // namespace hp::test

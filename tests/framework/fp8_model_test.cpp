@@ -137,10 +137,12 @@ struct Recorded {
   std::map<std::string, std::vector<std::string>> grad_ops;
   std::vector<test::Fp8ForwardingBackend::Gemm> fp8;  // every FP8 product
   int64_t other = 0;                                  // products into neither
+  int64_t holds = 0, releases = 0, held_after = 0;    // hold_fp8_weights; held after the step
+  int64_t glu_fp8 = 0, glu_fp8_taken = 0;             // GLUs handing their output on; taken
 };
 
 Recorded record_step(const ModelConfig& cfg, GemmPrecision precision, Fp8GemmClasses classes,
-                     fp8::Recipe recipe) {
+                     fp8::Recipe recipe, bool checkpoint = false) {
   auto cpu = make_cpu_backend(DType::kF32);
   test::Fp8ForwardingBackend be(*cpu);
   ModelOptions opts;
@@ -148,6 +150,7 @@ Recorded record_step(const ModelConfig& cfg, GemmPrecision precision, Fp8GemmCla
   opts.precision = precision;
   opts.fp8_gemms = classes;
   opts.fp8_recipe = recipe;
+  opts.checkpoint_activations = checkpoint;
   Model model(cfg, opts, be);
   model.init_params(11);
   const PackedBatch batch = test::synthetic_batch(cfg, 5, 64, 3, 20.0);
@@ -155,6 +158,11 @@ Recorded record_step(const ModelConfig& cfg, GemmPrecision precision, Fp8GemmCla
   model.zero_grads();
   model.forward_backward(meta, 1.0 / batch.num_doc_tokens);
   Recorded r;
+  r.holds = be.holds;
+  r.releases = be.releases;
+  r.held_after = static_cast<int64_t>(be.held.size());
+  r.glu_fp8 = be.glu_fp8;
+  r.glu_fp8_taken = be.glu_fp8_taken;
   for (const auto& g : be.gemms) {
     const Param* into = nullptr;
     for (auto& p : model.params().all()) {
@@ -225,6 +233,45 @@ TEST(Fp8Model, OnlyForwardAndInputGradientProductsAreFp8) {
     }
     // Everything else (router, attention, unembedding) is a product in the activation dtype.
     EXPECT_EQ(fp8.other + static_cast<int64_t>(fp8.fp8.size()), bf16.other);
+  }
+}
+
+// Under fp8 every FP8 product's weight was held when it ran (each layer's FP8-class weights are
+// handed to hold_fp8_weights once, as its forward begins), with and without recomputation in
+// backward, and nothing is held once the step's backward is done (the optimizer writes them
+// next); a dense FFN's GLU output goes straight to the product after it. Under bf16 nothing
+// is held or handed on.
+TEST(Fp8Model, WeightsAreHeldAndGluOutputsHandedOnToTheirProducts) {
+  OneThread one;
+  for (const bool moe : {true, false})
+    for (const bool ckpt : {false, true}) {
+      const std::string what = std::string(moe ? "moe" : "dense") + (ckpt ? " ckpt" : "");
+      const ModelConfig cfg = moe ? config() : dense_config();
+      const Recorded bf16 =
+          record_step(cfg, GemmPrecision::kBF16, classes(true, true), fp8::Recipe::kBlock128, ckpt);
+      EXPECT_EQ(bf16.holds, 0) << what;
+      const Recorded fp8 =
+          record_step(cfg, GemmPrecision::kFP8, classes(true, true), fp8::Recipe::kBlock128, ckpt);
+      EXPECT_EQ(fp8.holds, cfg.n_layers) << what;
+      EXPECT_GE(fp8.releases, 1) << what;
+      EXPECT_EQ(fp8.held_after, 0) << what;
+      ASSERT_FALSE(fp8.fp8.empty()) << what;
+      int64_t held = 0;
+      for (const auto& g : fp8.fp8) held += g.b_held;
+      EXPECT_EQ(held, static_cast<int64_t>(fp8.fp8.size())) << what;
+      // A dense FFN's GLU hands its output on to the FP8 product that takes it next: once in
+      // forward (not again when recomputed) and once in backward, per layer, every time taken.
+      EXPECT_EQ(bf16.glu_fp8, 0) << what;
+      EXPECT_EQ(fp8.glu_fp8, moe ? 0 : 2 * cfg.n_layers) << what;
+      EXPECT_EQ(fp8.glu_fp8_taken, fp8.glu_fp8) << what;
+    }
+  // One class: only its weights are held, and the other class's products are bf16 ones.
+  const Recorded experts =
+      record_step(config(), GemmPrecision::kFP8, classes(false, true), fp8::Recipe::kBlock128);
+  ASSERT_FALSE(experts.fp8.empty());
+  for (const auto& g : experts.fp8) {
+    EXPECT_EQ(g.op, "gemm_fp8_group");
+    EXPECT_TRUE(g.b_held);
   }
 }
 

@@ -235,6 +235,14 @@ TEST_F(CudaFp8, QuantizeMatchesReferenceBitwise) {
   }
 }
 
+// A data operand of more rows than the data kernel's column-major grid holds (65535 groups of
+// 32 rows) takes its row-major grid: the same bits either way.
+TEST_F(CudaFp8, QuantizeDataOfManyRowsBitwise) {
+  const Tensor x = random_host(65535 * 32 + 40, 16, 77);
+  for (DType dt : {DType::kF32, DType::kBF16})
+    check_quantize(x, false, Recipe::kBlock128, Role::kData, dt);
+}
+
 // Zeros, one large value in a block of small ones, values in E4M3's subnormal range after
 // scaling, amaxes whose scale is subnormal or clamps (MX), and non-finite blocks.
 TEST_F(CudaFp8, QuantizeEdgeValuesBitwise) {
@@ -259,6 +267,25 @@ TEST_F(CudaFp8, QuantizeEdgeValuesBitwise) {
           if (recipe == Recipe::kMx32 && role == Role::kWeight) continue;
           // f32 only: the subnormal floats and 448 + 8j are not bf16 values.
           check_quantize(x, trans, recipe, role, DType::kF32);
+        }
+  }
+  // bf16 sources (whose amax the 16-byte kernel takes on the raw halves): values that bf16
+  // holds exactly, zeros, -0, a large power of two among small ones, NaN and both infinities.
+  for (const int64_t cols : {260, 264}) {
+    Tensor x = random_host(130, cols, 8);
+    float* p = x.data<float>();
+    for (int64_t c = 0; c < cols; ++c) p[0 * cols + c] = 0.f;
+    for (int64_t c = 0; c < cols; ++c) p[1 * cols + c] = c % 2 ? -0.f : std::ldexp(1.0f, -10);
+    p[1 * cols + 77] = -32768.f;
+    p[2 * cols + 130] = std::numeric_limits<float>::quiet_NaN();
+    p[3 * cols + 255] = std::numeric_limits<float>::infinity();
+    p[4 * cols + 0] = -std::numeric_limits<float>::infinity();
+    for (int64_t c = 0; c < cols; ++c) p[5 * cols + c] = -0.f;
+    for (Recipe recipe : {Recipe::kBlock128, Recipe::kMx32})
+      for (Role role : {Role::kData, Role::kWeight})
+        for (bool trans : {false, true}) {
+          if (recipe == Recipe::kMx32 && role == Role::kWeight) continue;
+          check_quantize(x, trans, recipe, role, DType::kBF16);
         }
   }
 }
@@ -308,10 +335,14 @@ TEST_F(CudaFp8, ProductsMatchCpuEmulation) {
 
 // A MoE layer's groups over row slices of one buffer (an empty expert, partial blocks): forward
 // with biases, input gradient, weight gradients accumulated with beta 1.
+//
+// Chunks of one buffer: a chunk whose rows are not a multiple of 4 writes its padded rows into
+// the next chunk's rows, which the next product overwrites (beta 0); only the last such chunk
+// (203 rows) of the forward and input-gradient groups goes through the fp32 scratch.
 TEST_F(CudaFp8, GroupsMatchCpuEmulation) {
   Recipe recipe;
   if (!device_recipe(&recipe)) GTEST_SKIP() << "no block-scaled FP8 GEMMs on this device";
-  const std::vector<int64_t> rows = {0, 5, 130, 64, 200};
+  const std::vector<int64_t> rows = {0, 5, 130, 64, 203};
   const int64_t d = 256, f = 192;
   int64_t total = 0;
   for (int64_t r : rows) total += r;
@@ -327,9 +358,10 @@ TEST_F(CudaFp8, GroupsMatchCpuEmulation) {
   Backend::Fp8Gemm wgrad = fwd;
   wgrad.b = Role::kData;
   // put(host, dtype) on a backend; returns y, dx and the weight gradients.
-  auto run = [&](Backend& be, auto&& put) {
+  int64_t scratch = 0;
+  auto run = [&](Backend& be, auto&& put, DType out_dt) {
     Tensor bx = put(x, DType::kBF16), bdy = put(dy, DType::kBF16);
-    Tensor y = be.empty({total, f}, DType::kF32), dx = be.empty({total, d}, DType::kF32);
+    Tensor y = be.empty({total, f}, out_dt), dx = be.empty({total, d}, out_dt);
     std::vector<Tensor> out = {y, dx};
     std::vector<Backend::GemmProblem> pf, pd, pw;
     int64_t r0 = 0;
@@ -344,54 +376,180 @@ TEST_F(CudaFp8, GroupsMatchCpuEmulation) {
     }
     be.gemm_fp8_group(pf, false, false, 0.0, fwd);
     be.gemm_fp8_group(pd, false, true, 0.0, fwd);
+    if (&be == gpu_.get()) scratch = cuda_fp8_scratch_products(be) - scratch;
     be.gemm_fp8_group(pw, true, false, 1.0, wgrad);
     return out;
   };
-  const std::vector<Tensor> want =
-      run(*cpu_, [&](const Tensor& h, DType) { return cpu_->upload(h); });
-  const std::vector<Tensor> got =
-      run(*gpu_, [&](const Tensor& h, DType dt) { return on_gpu(h, dt); });
-  ASSERT_EQ(want.size(), got.size());
-  // Each output against the CPU's with the product's bound (as check_product states it).
-  auto compare = [&](const char* what, const Tensor& g, const Tensor& c,
-                     const std::vector<double>& s, const std::vector<double>& extra) {
-    const std::vector<double> gv = values(g), cv = to_double_vector(c);
-    ASSERT_EQ(gv.size(), cv.size());
-    int64_t bad = 0;
-    for (size_t e = 0; e < cv.size(); ++e) {
-      const double bound = std::ldexp(s[e], -9) + std::ldexp(std::fabs(cv[e]), -23) +
-                           std::ldexp(extra.empty() ? 0.0 : extra[e], -20);
-      bad += !(std::fabs(gv[e] - cv[e]) <= bound);
+  const std::vector<Tensor> want = run(
+      *cpu_, [&](const Tensor& h, DType) { return cpu_->upload(h); }, DType::kF32);
+  // fp32 outputs, and bf16 ones (the model's), which bound the comparison by their rounding.
+  for (const DType out_dt : {DType::kF32, DType::kBF16}) {
+    const int out_bits = out_dt == DType::kBF16 ? -8 : -23;
+    const std::string tag = std::string(" (") + dtype_name(out_dt) + " outputs)";
+    scratch = cuda_fp8_scratch_products(*gpu_);
+    const std::vector<Tensor> got = run(
+        *gpu_, [&](const Tensor& h, DType dt) { return on_gpu(h, dt); }, out_dt);
+    if (out_dt == DType::kBF16) {
+      EXPECT_EQ(scratch, 2) << "products through the fp32 scratch in the forward and "
+                               "input-gradient groups";
     }
-    EXPECT_EQ(bad, 0) << what << ": " << bad << " of " << cv.size() << " outside the bound";
-  };
-  // S for the slices: the forward and input-gradient rows expert by expert.
-  std::vector<double> sy, sdx;
-  int64_t r0 = 0;
-  std::vector<double> ey;
-  for (size_t i = 0; i < rows.size(); ++i) {
-    const int64_t r1 = r0 + rows[i];
-    if (rows[i] > 0) {
-      const Tensor xs = x.slice(r0, r1), dys = dy.slice(r0, r1);
-      const std::vector<double> a = abs_sums(xs, false, w[i], false, fwd);
-      const std::vector<double> b = abs_sums(dys, false, w[i], true, fwd);
-      sy.insert(sy.end(), a.begin(), a.end());
-      sdx.insert(sdx.end(), b.begin(), b.end());
-      for (int64_t rr = 0; rr < rows[i]; ++rr)
-        for (int64_t j = 0; j < f; ++j) ey.push_back(std::fabs(bias[i].data<float>()[j]));
-      const std::vector<double> sw = abs_sums(xs, true, dys, false, wgrad);
-      std::vector<double> eg(static_cast<size_t>(d * f));
-      for (size_t e = 0; e < eg.size(); ++e) eg[e] = std::fabs(g0[i].data<float>()[e]);
-      compare(("weight gradient of expert " + std::to_string(i)).c_str(), got[2 + i], want[2 + i],
-              sw, eg);
+    ASSERT_EQ(want.size(), got.size());
+    // Each output against the CPU's with the product's bound (as check_product states it).
+    auto compare = [&](const std::string& what, const Tensor& g, const Tensor& c,
+                       const std::vector<double>& s, const std::vector<double>& extra) {
+      const std::vector<double> gv = values(g), cv = to_double_vector(c);
+      ASSERT_EQ(gv.size(), cv.size());
+      int64_t bad = 0;
+      for (size_t e = 0; e < cv.size(); ++e) {
+        const double bound = std::ldexp(s[e], -9) + std::ldexp(std::fabs(cv[e]), out_bits) +
+                             std::ldexp(extra.empty() ? 0.0 : extra[e], -20);
+        bad += !(std::fabs(gv[e] - cv[e]) <= bound);
+      }
+      EXPECT_EQ(bad, 0) << what << ": " << bad << " of " << cv.size() << " outside the bound";
+    };
+    // S for the slices: the forward and input-gradient rows expert by expert.
+    std::vector<double> sy, sdx;
+    int64_t r0 = 0;
+    std::vector<double> ey;
+    for (size_t i = 0; i < rows.size(); ++i) {
+      const int64_t r1 = r0 + rows[i];
+      if (rows[i] > 0) {
+        const Tensor xs = x.slice(r0, r1), dys = dy.slice(r0, r1);
+        const std::vector<double> a = abs_sums(xs, false, w[i], false, fwd);
+        const std::vector<double> b = abs_sums(dys, false, w[i], true, fwd);
+        sy.insert(sy.end(), a.begin(), a.end());
+        sdx.insert(sdx.end(), b.begin(), b.end());
+        for (int64_t rr = 0; rr < rows[i]; ++rr)
+          for (int64_t j = 0; j < f; ++j) ey.push_back(std::fabs(bias[i].data<float>()[j]));
+        const std::vector<double> sw = abs_sums(xs, true, dys, false, wgrad);
+        std::vector<double> eg(static_cast<size_t>(d * f));
+        for (size_t e = 0; e < eg.size(); ++e) eg[e] = std::fabs(g0[i].data<float>()[e]);
+        compare("weight gradient of expert " + std::to_string(i) + tag, got[2 + i], want[2 + i], sw,
+                eg);
+      }
+      r0 = r1;
     }
-    r0 = r1;
+    compare("forward with biases" + tag, got[0], want[0], sy, ey);
+    compare("input gradient" + tag, got[1], want[1], sdx, {});
   }
-  compare("forward with biases", got[0], want[0], sy, ey);
-  compare("input gradient", got[1], want[1], sdx, {});
 }
 
 // A recipe other than the device's is refused before any work, naming both.
+// Held weights (Backend::hold_fp8_weights): the forward x W and input gradient dY W^T of a held
+// weight give the same bits as products that quantize W themselves; each takes the held form
+// (the use count), and none is held after the release. Shapes whose tiles are whole and
+// partial, rows that are not 16-byte runs (300 x 129: the general kernel), 20 weights held in
+// one call (two launches of the pair kernel), bf16 and f32 weights.
+TEST_F(CudaFp8, HeldWeightsGiveTheSameProductsBitwise) {
+  Recipe recipe;
+  if (!device_recipe(&recipe)) GTEST_SKIP() << "no block-scaled FP8 GEMMs on this device";
+  Backend::Fp8Gemm spec;
+  spec.recipe = recipe;
+  struct Shape3 {
+    int64_t t, in, out;
+  };
+  std::vector<Shape3> shapes = {{256, 384, 512}, {200, 320, 136}, {37, 100, 72}, {64, 300, 129}};
+  for (int i = 0; i < 16; ++i) shapes.push_back({48 + 8 * i, 136 + 16 * i, 264 - 8 * i});
+  uint64_t seed = 5000;
+  for (DType wdt : {DType::kBF16, DType::kF32}) {
+    const std::string tag = dtype_name(wdt);
+    std::vector<Tensor> x, dy, w;
+    for (const Shape3& s : shapes) {
+      x.push_back(on_gpu(random_host(s.t, s.in, ++seed), wdt));
+      dy.push_back(on_gpu(random_host(s.t, s.out, ++seed), wdt));
+      w.push_back(on_gpu(random_host(s.in, s.out, ++seed), wdt));
+    }
+    auto products = [&](size_t i) {
+      const Shape3& s = shapes[i];
+      Tensor y = gpu_->empty({s.t, s.out}, DType::kBF16);
+      Tensor dx = gpu_->empty({s.t, s.in}, DType::kBF16);
+      gpu_->gemm_fp8(x[i], false, w[i], false, y, 0.0, Tensor(), Tensor(), spec);
+      gpu_->gemm_fp8(dy[i], false, w[i], true, dx, 0.0, Tensor(), Tensor(), spec);
+      return std::make_pair(values(y), values(dx));
+    };
+    std::vector<std::pair<std::vector<double>, std::vector<double>>> want;
+    for (size_t i = 0; i < shapes.size(); ++i) want.push_back(products(i));
+    const int64_t uses0 = cuda_fp8_held_uses(*gpu_);
+    gpu_->hold_fp8_weights(w, spec);
+    EXPECT_EQ(cuda_fp8_held_weights(*gpu_), static_cast<int64_t>(shapes.size())) << tag;
+    for (size_t i = 0; i < shapes.size(); ++i) {
+      const std::string what = tag + " " + std::to_string(shapes[i].t) + "x" +
+                               std::to_string(shapes[i].in) + "x" + std::to_string(shapes[i].out);
+      const auto got = products(i);
+      EXPECT_EQ(got.first, want[i].first) << "forward " << what;
+      EXPECT_EQ(got.second, want[i].second) << "input gradient " << what;
+    }
+    EXPECT_EQ(cuda_fp8_held_uses(*gpu_) - uses0, 2 * static_cast<int64_t>(shapes.size())) << tag;
+    gpu_->release_fp8_weights();
+    EXPECT_EQ(cuda_fp8_held_weights(*gpu_), 0) << tag;
+    const int64_t uses1 = cuda_fp8_held_uses(*gpu_);
+    EXPECT_EQ(products(0), want[0]) << tag;
+    EXPECT_EQ(cuda_fp8_held_uses(*gpu_), uses1) << tag;
+  }
+}
+
+// The GLUs that hand their output on (Backend::glu_fwd_fp8, glu_bwd_fp8): their output is bit
+// for bit glu_fwd's / glu_bwd's, and the next product, which takes the handed-on codes (the use
+// count), gives the bits of the product that quantizes that output itself; a product with
+// another a drops them, so the one after quantizes again. Rows that are and are not a multiple
+// of 4 (zero rows pad the codes), both activations, f 128 and 384 (the fused kernels) and 136
+// (the plain GLU, nothing handed on).
+TEST_F(CudaFp8, GluHandsItsQuantizedOutputToTheNextProductBitwise) {
+  Recipe recipe;
+  if (!device_recipe(&recipe)) GTEST_SKIP() << "no block-scaled FP8 GEMMs on this device";
+  Backend::Fp8Gemm spec;
+  spec.recipe = recipe;
+  const bool fused_recipe = recipe == Recipe::kBlock128;
+  uint64_t seed = 9000;
+  for (const GluKind kind : {GluKind::kSwiGLU, GluKind::kGptOss})
+    for (const int64_t rows : {256, 37})
+      for (const int64_t f : {128, 384, 136}) {
+        const std::string what = std::string(kind == GluKind::kSwiGLU ? "swiglu " : "gpt-oss ") +
+                                 std::to_string(rows) + "x" + std::to_string(f);
+        const bool fused = fused_recipe && f % 128 == 0;
+        GluParams p;
+        p.kind = kind;
+        const Tensor h = on_gpu(random_host(rows, 2 * f, ++seed), DType::kBF16);
+        const Tensor da = on_gpu(random_host(rows, f, ++seed), DType::kBF16);
+        const Tensor wd = on_gpu(random_host(f, 96, ++seed), DType::kBF16);       // down [f, 96]
+        const Tensor wu = on_gpu(random_host(64, 2 * f, ++seed), DType::kBF16);   // gate_up
+        const Tensor other = on_gpu(random_host(rows, f, ++seed), DType::kBF16);  // another a
+        // Plain: the GLU, then the products quantize their own a.
+        Tensor a0 = gpu_->empty({rows, f}, DType::kBF16),
+               dh0 = gpu_->empty({rows, 2 * f}, DType::kBF16);
+        Tensor y0 = gpu_->empty({rows, 96}, DType::kBF16),
+               dx0 = gpu_->empty({rows, 64}, DType::kBF16);
+        gpu_->glu_fwd(h, p, a0);
+        gpu_->gemm_fp8(a0, false, wd, false, y0, 0.0, Tensor(), Tensor(), spec);
+        gpu_->glu_bwd(h, da, p, dh0);
+        gpu_->gemm_fp8(dh0, false, wu, true, dx0, 0.0, Tensor(), Tensor(), spec);
+        // Handed on: the next product takes the codes.
+        Tensor a1 = gpu_->empty({rows, f}, DType::kBF16),
+               dh1 = gpu_->empty({rows, 2 * f}, DType::kBF16);
+        Tensor y1 = gpu_->empty({rows, 96}, DType::kBF16),
+               dx1 = gpu_->empty({rows, 64}, DType::kBF16);
+        const int64_t uses0 = cuda_fp8_handed_uses(*gpu_);
+        gpu_->glu_fwd_fp8(h, p, a1, spec);
+        gpu_->gemm_fp8(a1, false, wd, false, y1, 0.0, Tensor(), Tensor(), spec);
+        gpu_->glu_bwd_fp8(h, da, p, dh1, spec);
+        gpu_->gemm_fp8(dh1, false, wu, true, dx1, 0.0, Tensor(), Tensor(), spec);
+        EXPECT_EQ(cuda_fp8_handed_uses(*gpu_) - uses0, fused ? 2 : 0) << what;
+        EXPECT_EQ(values(a1), values(a0)) << "glu output " << what;
+        EXPECT_EQ(values(dh1), values(dh0)) << "glu gradient " << what;
+        EXPECT_EQ(values(y1), values(y0)) << "product after the glu " << what;
+        EXPECT_EQ(values(dx1), values(dx0)) << "product after the glu gradient " << what;
+        // Another product in between drops what was handed on.
+        Tensor y2 = gpu_->empty({rows, 96}, DType::kBF16),
+               z = gpu_->empty({rows, 96}, DType::kBF16);
+        const int64_t uses1 = cuda_fp8_handed_uses(*gpu_);
+        gpu_->glu_fwd_fp8(h, p, a1, spec);
+        gpu_->gemm_fp8(other, false, wd, false, z, 0.0, Tensor(), Tensor(), spec);
+        gpu_->gemm_fp8(a1, false, wd, false, y2, 0.0, Tensor(), Tensor(), spec);
+        EXPECT_EQ(cuda_fp8_handed_uses(*gpu_), uses1) << what;
+        EXPECT_EQ(values(y2), values(y0)) << "product after a dropped hand-on " << what;
+      }
+}
+
 TEST_F(CudaFp8, RefusesTheOtherRecipe) {
   Recipe recipe;
   if (!device_recipe(&recipe)) GTEST_SKIP() << "no block-scaled FP8 GEMMs on this device";

@@ -127,8 +127,9 @@ struct Agreement {
   double all = 5e-2;  // of the whole model's gradient
 };
 
-double forward_backward_matches_cpu(const ModelOptions& opts, const Agreement& tol) {
-  const ModelConfig cfg = gpu_moe_config();
+double forward_backward_matches_cpu(const ModelOptions& opts, const Agreement& tol,
+                                    const ModelConfig& cfg = gpu_moe_config(),
+                                    int64_t* fp8_handed = nullptr) {
   PackedBatch batch = synthetic_batch(cfg.vocab_size, 4, 128);
   const double scale = 1.0 / static_cast<double>(batch.num_valid_targets);
 
@@ -149,6 +150,7 @@ double forward_backward_matches_cpu(const ModelOptions& opts, const Agreement& t
   mg.zero_grads();
   LossSums sc = mc.forward_backward(metc, scale);
   LossSums sg = mg.forward_backward(metg, scale);
+  if (fp8_handed) *fp8_handed = cuda_fp8_handed_uses(*gpu);
   const double lc = to_double_vector(sc.lm)[0] * scale;
   const double lg = host_values(*gpu, sg.lm)[0] * scale;
   EXPECT_NEAR(lg, lc, tol.loss * lc) << "loss cpu=" << lc << " gpu=" << lg;
@@ -205,6 +207,42 @@ TEST(CudaModel, Fp8ForwardBackwardMatchesCpuFp8Reference) {
   const double fp8 = forward_backward_matches_cpu(opts, tol);
   EXPECT_NE(fp8, bf16) << "precision=fp8 gave the bf16 loss bit for bit";
   EXPECT_NEAR(fp8, bf16, 2e-2 * bf16);
+}
+
+// The same for a dense model whose FFN width (256) takes the GLUs that hand their quantized
+// output on to the products after them: each of the 2 layers' down projection (forward) and
+// gate_up input gradient (backward) takes it.
+TEST(CudaModel, Fp8DenseForwardBackwardMatchesCpuFp8Reference) {
+  HP_REQUIRE_GPU();
+  fp8::Recipe recipe;
+  {
+    auto gpu = make_cuda_backend(0);
+    if (!gpu->has_fp8_gemms()) GTEST_SKIP() << "this GPU has no block-scaled FP8 GEMMs";
+    recipe = gpu->fp8_recipe();
+  }
+  ModelConfig cfg = gpu_moe_config();
+  cfg.n_experts = 0;
+  cfg.top_k = 0;
+  cfg.expert_ffn_dim = 0;
+  cfg.moe_aux_coef = 0;
+  cfg.ffn_dim = 256;
+  cfg.activation = Activation::kSwiGLU;
+  ModelOptions opts;
+  opts.max_positions = 128;
+  opts.ce_chunk_tokens = 300;
+  const double bf16 = forward_backward_matches_cpu(opts, Agreement{}, cfg);
+  opts.precision = GemmPrecision::kFP8;
+  opts.fp8_recipe = recipe;
+  Agreement tol;
+  tol.loss = 2e-2;
+  tol.grad = 0.25;
+  tol.cancelling_grad = 0.5;
+  tol.all = 0.1;
+  int64_t handed = -1;
+  const double fp8 = forward_backward_matches_cpu(opts, tol, cfg, &handed);
+  EXPECT_NE(fp8, bf16) << "precision=fp8 gave the bf16 loss bit for bit";
+  EXPECT_NEAR(fp8, bf16, 2e-2 * bf16);
+  EXPECT_EQ(handed, recipe == fp8::Recipe::kBlock128 ? 2 * cfg.n_layers : 0);
 }
 
 TEST(CudaModel, SyncBudgetCachedAndBaselines) {

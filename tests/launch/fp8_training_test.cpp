@@ -210,9 +210,10 @@ TEST(Fp8Options, TheRecipeIsTheBackends) {
   EXPECT_EQ(make_model_options(o, &mx).fp8_recipe, fp8::Recipe::kBlock128);
 }
 
-// The plan's one FP8 line, only under fp8: the scratch of the largest forward or input-gradient
-// FP8 product (both operands quantized, the fp32 output), counted in a CUDA plan's total and
-// shown, not counted, in a CPU plan's. The weight gradients run in bf16 and add nothing.
+// The plan's FP8 lines, only under fp8: the scratch of the largest forward or input-gradient
+// FP8 product (both operands quantized, the fp32 output) and the held weights of the FP8
+// classes, counted in a CUDA plan's total and shown, not counted, in a CPU plan's. The weight
+// gradients run in bf16 and add nothing.
 TEST(Fp8Options, MemoryPlanCountsTheLargestProductsScratch) {
   TrainOptions o = small_run(true);
   const MemoryPlan bf16 = plan_memory(o, layout_of(o, 1), true);
@@ -227,22 +228,32 @@ TEST(Fp8Options, MemoryPlanCountsTheLargestProductsScratch) {
   // tile x 4 x 128 bytes (block128's 4 fp32), output 512 x 128 fp32.
   const int64_t experts = 512 * 64 + 512 * 4 + 128 * 64 + 512 + 512 * 128 * 4;
   EXPECT_EQ(fp8.fp8_scratch, experts);
+  // The held weights, both forms of each (X = W, X = W^T): codes of rows x K, scales the larger
+  // of block128's and mxfp8's (1 tile x 4 x 128 bytes here). wqkv [64, 128]: 2 x (64 x 128 +
+  // 512); wo [64, 64]: 2 x (64 x 64 + 512); per expert w1 [64, 128] as wqkv, w2 [64, 64] as wo.
+  const int64_t layers = o.model.n_layers;
+  const int64_t wqkv = 2 * (64 * 128 + 512), wo = 2 * (64 * 64 + 512);
+  EXPECT_EQ(fp8.fp8_weights, layers * (wqkv + wo + 4 * (wqkv + wo)));
   // Every piece is a multiple of 512 bytes: the allocator adds no rounding.
   EXPECT_EQ(fp8.rounding, bf16.rounding);
-  EXPECT_EQ(fp8.total, bf16.total + fp8.fp8_scratch);
+  EXPECT_EQ(fp8.total, bf16.total + fp8.fp8_scratch + fp8.fp8_weights);
   const std::string text = format_plan(fp8, 0);
   EXPECT_NE(text.find("fp8 scratch"), std::string::npos) << text;
+  EXPECT_NE(text.find("fp8 weights"), std::string::npos) << text;
   const nlohmann::ordered_json j = plan_json(fp8, 0);
   EXPECT_EQ(j["fp8_scratch_bytes"], experts);
+  EXPECT_EQ(j["fp8_weights_bytes"], fp8.fp8_weights);
 
   // The dense class alone: qkv's forward [256, 64] x [64, 128] is the largest.
   o.compute.fp8_gemms.experts = false;
   EXPECT_EQ(plan_memory(o, layout_of(o, 1), true).fp8_scratch,
             256 * 64 + 256 * 4 + 128 * 64 + 512 + 256 * 128 * 4);
+  EXPECT_EQ(plan_memory(o, layout_of(o, 1), true).fp8_weights, layers * (wqkv + wo));
   // The experts class alone gives the experts' product again.
   o.compute.fp8_gemms.experts = true;
   o.compute.fp8_gemms.dense = false;
   EXPECT_EQ(plan_memory(o, layout_of(o, 1), true).fp8_scratch, experts);
+  EXPECT_EQ(plan_memory(o, layout_of(o, 1), true).fp8_weights, layers * 4 * (wqkv + wo));
 
   // A CPU plan shows it but holds none of it.
   o.compute.fp8_gemms.dense = true;

@@ -645,6 +645,7 @@ class CudaBackend final : public Backend {
     x.workspace = cublas_workspace_.raw();
     x.workspace_bytes = static_cast<size_t>(cublas_workspace_.nbytes());
     x.lt = fp8_lt_.get();
+    x.held = &fp8_held_;
     x.device = device_;
     x.cc_major = cc_major_;
     x.cc_minor = cc_minor_;
@@ -658,16 +659,50 @@ class CudaBackend final : public Backend {
   }
 
   // One product after another on the current stream (each its own quantization and matmul), all
-  // problems checked first.
+  // problems checked first. Where a problem's output is followed in memory by the next one's (the
+  // expert chunks of one buffer) and beta is 0, the next product overwrites those rows in full
+  // after this one: this product may write its padded rows into them (fp8_gemm's spill_rows).
   void do_gemm_fp8_group(const std::vector<GemmProblem>& ps, bool trans_a, bool trans_b,
                          double beta, const Fp8Gemm& spec) override {
     for (const GemmProblem& p : ps) check_fp8("gemm_fp8_group", p.a, p.b, p.c, p.bias, Tensor());
     const cuda::Fp8Context x = fp8_context();
-    for (const GemmProblem& p : ps) {
+    auto overlaps = [](const Tensor& t, const Tensor& u) {
+      if (!t.defined() || !u.defined()) return false;
+      const char *t0 = static_cast<const char*>(t.raw()), *u0 = static_cast<const char*>(u.raw());
+      return t0 < u0 + u.nbytes() && u0 < t0 + t.nbytes();
+    };
+    for (size_t i = 0; i < ps.size(); ++i) {
+      const GemmProblem& p = ps[i];
+      int64_t spill = 0;
+      if (beta == 0 && i + 1 < ps.size()) {
+        const GemmProblem& nx = ps[i + 1];
+        const bool follows = nx.c.dtype() == p.c.dtype() && nx.c.dim(1) == p.c.dim(1) &&
+                             static_cast<const char*>(nx.c.raw()) ==
+                                 static_cast<const char*>(p.c.raw()) + p.c.nbytes();
+        if (follows && !overlaps(nx.a, nx.c) && !overlaps(nx.b, nx.c) && !overlaps(nx.bias, nx.c))
+          spill = nx.c.dim(0);
+      }
       Tensor c = p.c;
-      cuda::fp8_gemm(x, p.a, trans_a, p.b, trans_b, c, beta, p.bias, Tensor(), spec);
+      cuda::fp8_gemm(x, p.a, trans_a, p.b, trans_b, c, beta, p.bias, Tensor(), spec, spill);
     }
   }
+
+  // Both forms of each weight from one read (fp8_gemm.h, Fp8HeldWeights), under the device's
+  // recipe, which is the only one its products take.
+  void do_hold_fp8_weights(const std::vector<Tensor>& weights, const Fp8Gemm& spec) override {
+    const char* op = "hold_fp8_weights";
+    for (const Tensor& w : weights) check_float(op, "weight", w);
+    fp8::Recipe native{};
+    HP_CHECK(cuda::fp8_device_recipe(cc_major_, &native) && spec.recipe == native, op, ": recipe ",
+             fp8::recipe_name(spec.recipe), " does not run on CUDA device ", device_,
+             " (compute capability ", cc_major_, ".", cc_minor_, ")");
+    fp8_held_.hold(*alloc_, weights, spec.recipe, cur_stream());
+  }
+  void do_release_fp8_weights() override { fp8_held_.release(); }
+  int64_t fp8_held_uses() const { return fp8_held_.uses(); }
+  int64_t fp8_handed_uses() const { return fp8_held_.data_uses(); }
+  int64_t fp8_scratch_products() const { return fp8_lt_ ? fp8_lt_->scratch_products() : 0; }
+  int64_t fp8_held_count() const { return fp8_held_.size(); }
 
   // gemm_fp8's quantization of one operand alone (cuda_backend.h); read back where `fetch`.
   fp8::Quantized fp8_quantize(const Tensor& x, bool trans, fp8::Recipe recipe, fp8::Role role,
@@ -993,6 +1028,54 @@ class CudaBackend final : public Backend {
     const int64_t m = h.dim(0), f = h.dim(1) / 2;
     cuda::launch_glu_fwd(h.raw(), a.raw(), h.dtype(), m, f, p.kind == GluKind::kGptOss ? 1 : 0,
                          static_cast<float>(p.alpha), static_cast<float>(p.limit), cur_stream());
+  }
+
+  // The GLU with its output quantized for the next FP8 product (fp8_gemm.h): where the fused
+  // kernels take the shape (bf16, f a multiple of 128) and the spec is the device's block128
+  // with a data operand a; otherwise the plain GLU, and the product quantizes a itself.
+  bool glu_fp8_spec(const Fp8Gemm& spec) const {
+    fp8::Recipe native{};
+    return cuda::fp8_device_recipe(cc_major_, &native) && spec.recipe == native &&
+           spec.recipe == fp8::Recipe::kBlock128 && spec.a == fp8::Role::kData;
+  }
+  void do_glu_fwd_fp8(const Tensor& h, const GluParams& p, Tensor& a,
+                      const Fp8Gemm& spec) override {
+    check_float("glu_fwd_fp8", "h", h);
+    check_dtype("glu_fwd_fp8", "a", a, h.dtype());
+    const int64_t m = h.dim(0), f = h.dim(1) / 2;
+    if (glu_fp8_spec(spec) && h.dtype() == DType::kBF16 && a.dtype() == DType::kBF16 &&
+        f % 128 == 0) {
+      cuda::Fp8Operand q = cuda::fp8_empty_operand(
+          *alloc_, cuda::fp8_layout(m, f, spec.recipe, fp8::Role::kData, 4));
+      if (cuda::launch_glu_fwd_fp8(h.raw(), a.raw(), h.dtype(), m, f,
+                                   p.kind == GluKind::kGptOss ? 1 : 0, static_cast<float>(p.alpha),
+                                   static_cast<float>(p.limit), q.layout, q.codes.raw(),
+                                   q.scales.raw(), cur_stream())) {
+        fp8_held_.set_next_data(a, std::move(q), spec.recipe);
+        return;
+      }
+    }
+    do_glu_fwd(h, p, a);
+  }
+  void do_glu_bwd_fp8(const Tensor& h, const Tensor& da, const GluParams& p, Tensor& dh,
+                      const Fp8Gemm& spec) override {
+    check_float("glu_bwd_fp8", "h", h);
+    check_dtype("glu_bwd_fp8", "da", da, h.dtype());
+    check_dtype("glu_bwd_fp8", "dh", dh, h.dtype());
+    const int64_t m = h.dim(0), f = h.dim(1) / 2;
+    if (glu_fp8_spec(spec) && h.dtype() == DType::kBF16 && da.dtype() == DType::kBF16 &&
+        dh.dtype() == DType::kBF16 && f % 128 == 0) {
+      cuda::Fp8Operand q = cuda::fp8_empty_operand(
+          *alloc_, cuda::fp8_layout(m, 2 * f, spec.recipe, fp8::Role::kData, 4));
+      if (cuda::launch_glu_bwd_fp8(h.raw(), da.raw(), dh.raw(), h.dtype(), m, f,
+                                   p.kind == GluKind::kGptOss ? 1 : 0, static_cast<float>(p.alpha),
+                                   static_cast<float>(p.limit), q.layout, q.codes.raw(),
+                                   q.scales.raw(), cur_stream())) {
+        fp8_held_.set_next_data(dh, std::move(q), spec.recipe);
+        return;
+      }
+    }
+    do_glu_bwd(h, da, p, dh);
   }
 
   void do_glu_bwd(const Tensor& h, const Tensor& da, const GluParams& p, Tensor& dh) override {
@@ -1533,6 +1616,7 @@ class CudaBackend final : public Backend {
   CudaCachingAllocator* alloc_;
   cuda::LtGemm lt_;                              // bf16 GEMMs (lt_gemm.h)
   std::unique_ptr<cuda::Fp8Lt> fp8_lt_;          // FP8 GEMMs (fp8_gemm.h), made at first use
+  cuda::Fp8HeldWeights fp8_held_;                // Backend::hold_fp8_weights
   bool in_group_ = false;                        // inside gemm_group: products not tuned
   std::unique_ptr<cuda::CudnnAttention> cudnn_;  // null: the tiled kernels
   std::string attention_desc_;
@@ -1600,5 +1684,13 @@ void cuda_fp8_quantize_only(Backend& b, const Tensor& x, bool trans, fp8::Recipe
                             fp8::Role role) {
   as_cuda(b).fp8_quantize(x, trans, recipe, role, false);
 }
+
+int64_t cuda_fp8_held_weights(Backend& b) { return as_cuda(b).fp8_held_count(); }
+
+int64_t cuda_fp8_held_uses(Backend& b) { return as_cuda(b).fp8_held_uses(); }
+
+int64_t cuda_fp8_handed_uses(Backend& b) { return as_cuda(b).fp8_handed_uses(); }
+
+int64_t cuda_fp8_scratch_products(Backend& b) { return as_cuda(b).fp8_scratch_products(); }
 
 }  // namespace hp

@@ -59,6 +59,16 @@ fp8::Quantized cuda_fp8_quantize(Backend& b, const Tensor& x, bool trans, fp8::R
 // The same quantization enqueued and not read back (what a benchmark times).
 void cuda_fp8_quantize_only(Backend& b, const Tensor& x, bool trans, fp8::Recipe recipe,
                             fp8::Role role);
+// Weights held by Backend::hold_fp8_weights now, and the FP8 products so far that took a held
+// weight instead of quantizing it. Throw if `b` is not a CUDA backend.
+int64_t cuda_fp8_held_weights(Backend& b);
+int64_t cuda_fp8_held_uses(Backend& b);
+// FP8 products so far that took the codes a GLU handed on (Backend::glu_fwd_fp8, glu_bwd_fp8)
+// instead of quantizing their op(a). Throws if `b` is not a CUDA backend.
+int64_t cuda_fp8_handed_uses(Backend& b);
+// FP8 products so far whose output went through the fp32 scratch and the combine kernel
+// (fp8_gemm.h). Throws if `b` is not a CUDA backend.
+int64_t cuda_fp8_scratch_products(Backend& b);
 // The device ordinal of a CUDA backend. Throws if `b` is not a CUDA backend.
 int cuda_backend_device(Backend& b);
 

@@ -3,6 +3,7 @@
 #include <array>
 #include <cstring>
 #include <limits>
+#include <tuple>
 
 #include "framework/backend/cuda/cuda_check.h"
 #include "framework/backend/cuda/lt_gemm.h"
@@ -42,6 +43,14 @@ Tensor scratch_bytes(Allocator& alloc, int64_t bytes) {
 }
 
 }  // namespace
+
+Fp8Operand fp8_empty_operand(Allocator& alloc, const Fp8Layout& layout) {
+  Fp8Operand q;
+  q.layout = layout;
+  q.codes = scratch_bytes(alloc, layout.code_bytes());
+  q.scales = scratch_bytes(alloc, layout.scale_count() * (layout.mx() ? 1 : 4));
+  return q;
+}
 
 Fp8Operand fp8_quantize_operand(Allocator& alloc, const Tensor& x, bool trans, fp8::Recipe recipe,
                                 fp8::Role role, int64_t row_multiple, int64_t k_multiple,
@@ -99,6 +108,90 @@ bool fp8_device_recipe(int major, fp8::Recipe* recipe) {
     return true;
   }
   return false;
+}
+
+// ---- Fp8HeldWeights -----------------------------------------------------------------------------
+
+bool Fp8HeldWeights::Key::operator<(const Key& o) const {
+  return std::tie(p, d0, d1, dtype, recipe) < std::tie(o.p, o.d0, o.d1, o.dtype, o.recipe);
+}
+
+void Fp8HeldWeights::hold(Allocator& alloc, const std::vector<Tensor>& weights, fp8::Recipe recipe,
+                          cudaStream_t stream) {
+  const bool mx = recipe == fp8::Recipe::kMx32;
+  const fp8::Role role = mx ? fp8::Role::kData : fp8::Role::kWeight;
+  // As fp8_gemm quantizes a b operand: rows padded to 8, K to 16 bytes.
+  constexpr int64_t kRows = 8, kK = 16;
+  std::vector<Fp8WeightPair> pairs[2];  // by dtype: f32, bf16
+  for (const Tensor& w : weights) {
+    const Key key{w.raw(), w.dim(0), w.dim(1), static_cast<int>(w.dtype()),
+                  static_cast<int>(recipe)};
+    if (held_.count(key)) continue;
+    Forms f;
+    f.role = role;
+    const int64_t r = w.dim(0), c = w.dim(1);
+    const bool pair_kernel = !mx && c % 8 == 0 && reinterpret_cast<uintptr_t>(w.raw()) % 16 == 0;
+    if (!pair_kernel) {
+      f.as_stored = fp8_quantize_operand(alloc, w, false, recipe, role, kRows, kK, stream);
+      f.transposed = fp8_quantize_operand(alloc, w, true, recipe, role, kRows, kK, stream);
+      held_.emplace(key, std::move(f));
+      continue;
+    }
+    auto make = [&](int64_t rows, int64_t k) {
+      Fp8Operand q;
+      q.layout = fp8_layout(rows, k, recipe, role, kRows, kK);
+      q.codes = scratch_bytes(alloc, q.layout.code_bytes());
+      q.scales = scratch_bytes(alloc, q.layout.scale_count() * 4);
+      return q;
+    };
+    f.as_stored = make(r, c);
+    f.transposed = make(c, r);
+    Fp8WeightPair p;
+    p.x = w.raw();
+    p.rows = r;
+    p.cols = c;
+    p.as_stored = f.as_stored.layout;
+    p.transposed = f.transposed.layout;
+    p.codes_s = f.as_stored.codes.raw();
+    p.scales_s = f.as_stored.scales.raw();
+    p.codes_t = f.transposed.codes.raw();
+    p.scales_t = f.transposed.scales.raw();
+    pairs[w.dtype() == DType::kBF16 ? 1 : 0].push_back(p);
+    held_.emplace(key, std::move(f));
+  }
+  launch_fp8_quantize_weight_pairs(pairs[0], DType::kF32, stream);
+  launch_fp8_quantize_weight_pairs(pairs[1], DType::kBF16, stream);
+}
+
+const Fp8Operand* Fp8HeldWeights::find(const Tensor& w, bool trans, fp8::Recipe recipe,
+                                       fp8::Role role) {
+  if (held_.empty() || w.ndim() != 2) return nullptr;
+  const auto it = held_.find(
+      Key{w.raw(), w.dim(0), w.dim(1), static_cast<int>(w.dtype()), static_cast<int>(recipe)});
+  if (it == held_.end() || it->second.role != role) return nullptr;
+  ++uses_;
+  return trans ? &it->second.transposed : &it->second.as_stored;
+}
+
+void Fp8HeldWeights::set_next_data(const Tensor& x, Fp8Operand q, fp8::Recipe recipe) {
+  next_data_ = std::make_unique<NextData>(NextData{
+      Key{x.raw(), x.dim(0), x.dim(1), static_cast<int>(x.dtype()), static_cast<int>(recipe)},
+      std::move(q)});
+}
+
+std::unique_ptr<Fp8Operand> Fp8HeldWeights::take_next_data(const Tensor& a, bool trans,
+                                                           fp8::Recipe recipe,
+                                                           const Fp8Layout& narrow) {
+  std::unique_ptr<NextData> d = std::move(next_data_);
+  if (!d || trans || a.ndim() != 2) return nullptr;
+  const Key k{a.raw(), a.dim(0), a.dim(1), static_cast<int>(a.dtype()), static_cast<int>(recipe)};
+  const Fp8Layout& l = d->q.layout;
+  if (k < d->key || d->key < k || l.recipe != narrow.recipe || l.weight != narrow.weight ||
+      l.rows != narrow.rows || l.k != narrow.k || l.rows_pad != narrow.rows_pad ||
+      l.ldk != narrow.ldk)
+    return nullptr;
+  ++data_uses_;
+  return std::make_unique<Fp8Operand>(std::move(d->q));
 }
 
 // ---- Fp8Lt --------------------------------------------------------------------------------------
@@ -203,11 +296,17 @@ bool Fp8Lt::run(const Problem& p, void* workspace, size_t workspace_bytes, cudaS
 
 void fp8_gemm(const Fp8Context& ctx, const Tensor& a, bool trans_a, const Tensor& b, bool trans_b,
               Tensor& c, double beta, const Tensor& bias, const Tensor& r,
-              const Backend::Fp8Gemm& spec) {
+              const Backend::Fp8Gemm& spec, int64_t spill_rows) {
   const char* op = "gemm_fp8";
   const int64_t m = trans_a ? a.dim(1) : a.dim(0);
   const int64_t k = trans_a ? a.dim(0) : a.dim(1);
   const int64_t n = trans_b ? b.dim(0) : b.dim(1);
+  // What a GLU handed on (Backend::glu_fwd_fp8), taken or dropped by this product whatever it is.
+  const fp8::Role role_a0 = spec.recipe == fp8::Recipe::kMx32 ? fp8::Role::kData : spec.a;
+  const std::unique_ptr<Fp8Operand> handed =
+      ctx.held ? ctx.held->take_next_data(a, trans_a, spec.recipe,
+                                          fp8_layout(m, k, spec.recipe, role_a0, 4, 16))
+               : nullptr;
   if (m == 0 || n == 0) return;
   fp8::Recipe native{};
   if (!fp8_device_recipe(ctx.cc_major, &native))
@@ -245,10 +344,15 @@ void fp8_gemm(const Fp8Context& ctx, const Tensor& a, bool trans_a, const Tensor
   auto quantize = [&](bool wide, Fp8Operand& qa, Fp8Operand& qb) {
     // Narrow: rows to 4 (a) and 8 (b), K to 16 bytes. Wide: rows to 128, K to the block length.
     const int64_t kq = wide ? fp8::block_k(spec.recipe) : 16;
-    qa = fp8_quantize_operand(*ctx.alloc, a, trans_a, spec.recipe, role_a, wide ? 128 : 4, kq,
-                              ctx.stream);
-    qb = fp8_quantize_operand(*ctx.alloc, b, !trans_b, spec.recipe, role_b, wide ? 128 : 8, kq,
-                              ctx.stream);
+    qa = !wide && handed ? *handed
+                         : fp8_quantize_operand(*ctx.alloc, a, trans_a, spec.recipe, role_a,
+                                                wide ? 128 : 4, kq, ctx.stream);
+    // A held weight (Backend::hold_fp8_weights) is the narrow form's b operand as it is.
+    const Fp8Operand* held =
+        !wide && ctx.held ? ctx.held->find(b, !trans_b, spec.recipe, role_b) : nullptr;
+    qb = held ? *held
+              : fp8_quantize_operand(*ctx.alloc, b, !trans_b, spec.recipe, role_b, wide ? 128 : 8,
+                                     kq, ctx.stream);
   };
   auto problem = [](const Fp8Operand& qa, const Fp8Operand& qb) {
     Fp8Lt::Problem p;
@@ -270,6 +374,7 @@ void fp8_gemm(const Fp8Context& ctx, const Tensor& a, bool trans_a, const Tensor
     p.beta = 0.f;
     p.bias = nullptr;
     if (!ctx.lt->run(p, ctx.workspace, ctx.workspace_bytes, ctx.stream)) return false;
+    ctx.lt->count_scratch_product();
     mark_written(d.raw(), d.nbytes(), ctx.stream);
     launch_fp8_combine(static_cast<const float*>(d.raw()), p.m, c.raw(), c.dtype(), m, n, beta,
                        bias.defined() ? bias.raw() : nullptr, bias_t,
@@ -282,7 +387,11 @@ void fp8_gemm(const Fp8Context& ctx, const Tensor& a, bool trans_a, const Tensor
     // Straight into c: the epilogue adds beta * c, or the residual as C apart from D, and a
     // bf16 bias.
     const bool bias_ok = !bias.defined() || (bias.dtype() == DType::kBF16 && aligned(bias.raw()));
-    if (qa.layout.rows_pad == m && qb.layout.rows_pad == n && bias_ok && aligned(c.raw()) &&
+    // Padded rows past c's end land in rows a later product overwrites (spill_rows); they hold
+    // the zero rows' product (and the bias) until then.
+    const bool rows_ok = qa.layout.rows_pad == m ||
+                         (beta == 0 && !r.defined() && qa.layout.rows_pad - m <= spill_rows);
+    if (rows_ok && qb.layout.rows_pad == n && bias_ok && aligned(c.raw()) &&
         (!r.defined() || aligned(r.raw()))) {
       Fp8Lt::Problem p = problem(qa, qb);
       p.d = c.raw();

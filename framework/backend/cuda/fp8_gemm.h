@@ -10,8 +10,9 @@
 //
 // The output goes straight into c, with beta * c, a bf16 bias (cuBLASLt's bias epilogue) and a
 // residual (cuBLASLt's C apart from D) added in the matmul's fp32 epilogue, where c's rows and
-// columns meet cuBLASLt's block-scaling rules (rows a multiple of 4, columns of 8, 16-byte
-// pointers) and cuBLASLt has an algorithm for it. Otherwise the product goes to an fp32 scratch
+// columns meet cuBLASLt's block-scaling rules (rows a multiple of 4, or padded rows that may
+// spill into the next product's output; columns of 8, 16-byte pointers) and cuBLASLt has an
+// algorithm for it. Otherwise the product goes to an fp32 scratch
 // of padded shape and one kernel adds beta * c, the bias and the residual in double and rounds
 // once into c.
 //
@@ -25,6 +26,8 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <map>
+#include <memory>
 #include <unordered_map>
 #include <unordered_set>
 #include <vector>
@@ -46,6 +49,32 @@ void launch_fp8_combine(const float* d, int64_t ldd, void* c, DType c_t, int64_t
                         double beta, const void* bias, DType bias_t, const void* r,
                         cudaStream_t stream);
 
+// A weight W [rows, cols] (row-major, contiguous) quantized in both forms a product takes from
+// one read of each 128x128 tile (recipe block128, role kWeight: a tile's scale is the same
+// whichever way round it is used): `as_stored` X = W (the b operand of dY W^T), `transposed`
+// X = W^T (the b operand of x W). Codes and scales are written in full, padding included.
+struct Fp8WeightPair {
+  const void* x = nullptr;
+  int64_t rows = 0, cols = 0;
+  Fp8Layout as_stored, transposed;
+  void *codes_s = nullptr, *scales_s = nullptr, *codes_t = nullptr, *scales_t = nullptr;
+};
+// Every pair quantized, all of x_t, with cols a multiple of 8 and x 16-byte aligned; a few
+// launches for all of them (the tiles of up to 16 weights each).
+void launch_fp8_quantize_weight_pairs(const std::vector<Fp8WeightPair>& pairs, DType x_t,
+                                      cudaStream_t stream);
+
+// Backend::glu_fwd_fp8 / glu_bwd_fp8: launch_glu_fwd / launch_glu_bwd's GLU written to a (dh)
+// and quantized into `l` as a block128 data operand (X = a: rows x f; X = dh: rows x 2f;
+// rows padded to 4), codes and scales in full. False, with nothing done, unless the dtype is
+// bf16, f a multiple of 128, the pointers 16-byte aligned and `l` that layout.
+bool launch_glu_fwd_fp8(const void* h, void* a, DType t, int64_t rows, int64_t f, int kind,
+                        float alpha, float limit, const Fp8Layout& l, void* codes, void* scales,
+                        cudaStream_t stream);
+bool launch_glu_bwd_fp8(const void* h, const void* da, void* dh, DType t, int64_t rows, int64_t f,
+                        int kind, float alpha, float limit, const Fp8Layout& l, void* codes,
+                        void* scales, cudaStream_t stream);
+
 // ---- fp8_gemm.cpp -------------------------------------------------------------------------------
 // A quantized operand on the device: codes and scales in `layout`.
 struct Fp8Operand {
@@ -53,6 +82,9 @@ struct Fp8Operand {
   Tensor codes;   // code_bytes() bytes (i32 storage)
   Tensor scales;  // scale_count() fp32 values, or bytes for kMx32 (i32 storage)
 };
+
+// Codes and scales for `layout`, from `alloc`, not written.
+Fp8Operand fp8_empty_operand(Allocator& alloc, const Fp8Layout& layout);
 
 // X = trans ? x^T : x (x 2-D, f32 or bf16, on the device) quantized along X's columns with
 // `role`'s blocks under `recipe`, rows padded to a multiple of `row_multiple` and K to one of
@@ -101,6 +133,9 @@ class Fp8Lt {
   // padding (fp8_gemm): later ones quantize that way at once.
   bool wide(uint64_t shape) const { return wide_.count(shape) != 0; }
   void set_wide(uint64_t shape) { wide_.insert(shape); }
+  // Products that went through the fp32 scratch and the combine kernel (fp8_gemm).
+  int64_t scratch_products() const { return scratch_products_; }
+  void count_scratch_product() { ++scratch_products_; }
 
  private:
   struct Key {
@@ -118,8 +153,57 @@ class Fp8Lt {
                      size_t workspace_bytes);
   cublasLtHandle_t handle_ = nullptr;
   int queries_ = 0;
+  int64_t scratch_products_ = 0;
   std::unordered_map<Key, Entry, KeyHash> algos_;
   std::unordered_set<uint64_t> wide_;
+};
+
+// The quantized weights of Backend::hold_fp8_weights: both forms of each (X = W, X = W^T) as a
+// product's b operand takes them (rows padded to 8, K to 16 bytes; role kWeight under block128,
+// kData under mxfp8), keyed by the weight's storage, shape, dtype and recipe.
+class Fp8HeldWeights {
+ public:
+  // Quantizes `weights` (2-D, f32 or bf16, on the device) under `recipe` on `stream`, scratch
+  // from `alloc`; weights held already are kept as they are.
+  void hold(Allocator& alloc, const std::vector<Tensor>& weights, fp8::Recipe recipe,
+            cudaStream_t stream);
+  void release() {
+    held_.clear();
+    next_data_.reset();
+  }
+  // A data operand handed on to the next product (Backend::glu_fwd_fp8, glu_bwd_fp8): x's codes
+  // as gemm_fp8 quantizes op(a) = x.
+  void set_next_data(const Tensor& x, Fp8Operand q, fp8::Recipe recipe);
+  // The handed-on operand where it is this product's op(a) (a not transposed; same storage,
+  // shape, dtype, recipe and layout), else null; nothing is handed on afterwards either way.
+  std::unique_ptr<Fp8Operand> take_next_data(const Tensor& a, bool trans, fp8::Recipe recipe,
+                                             const Fp8Layout& narrow);
+  int64_t data_uses() const { return data_uses_; }
+  // The held operand X of w (w^T where `trans`) under `recipe` and `role`, or null; counts a use.
+  const Fp8Operand* find(const Tensor& w, bool trans, fp8::Recipe recipe, fp8::Role role);
+  // Weights held now, and products that took a held operand so far.
+  int64_t size() const { return static_cast<int64_t>(held_.size()); }
+  int64_t uses() const { return uses_; }
+
+ private:
+  struct Key {
+    const void* p;
+    int64_t d0, d1;
+    int dtype, recipe;
+    bool operator<(const Key& o) const;
+  };
+  struct Forms {
+    fp8::Role role;
+    Fp8Operand as_stored, transposed;
+  };
+  std::map<Key, Forms> held_;
+  int64_t uses_ = 0;
+  struct NextData {
+    Key key;
+    Fp8Operand q;
+  };
+  std::unique_ptr<NextData> next_data_;
+  int64_t data_uses_ = 0;
 };
 
 // What fp8_gemm runs with: the backend's allocator, stream, cuBLASLt workspace and device.
@@ -129,12 +213,17 @@ struct Fp8Context {
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
   Fp8Lt* lt = nullptr;
+  Fp8HeldWeights* held = nullptr;  // b operands held by Backend::hold_fp8_weights, or null
   int device = 0, cc_major = 0, cc_minor = 0;
 };
 
 // Backend::gemm_fp8 on the device (shapes checked by the interface, dtypes by the backend).
+// `spill_rows`: rows of c's width and dtype right after c's end that a later product overwrites
+// in full (gemm_fp8_group's next problem): with beta 0 and no residual, a product whose rows
+// are not a multiple of 4 may then write its padded rows straight into c, past its end,
+// instead of going through the fp32 scratch.
 void fp8_gemm(const Fp8Context& ctx, const Tensor& a, bool trans_a, const Tensor& b, bool trans_b,
               Tensor& c, double beta, const Tensor& bias, const Tensor& r,
-              const Backend::Fp8Gemm& spec);
+              const Backend::Fp8Gemm& spec, int64_t spill_rows = 0);
 
 }  // namespace hp::cuda

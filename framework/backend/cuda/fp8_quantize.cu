@@ -30,6 +30,7 @@
 #include "framework/backend/cuda/cuda_check.h"
 #include "framework/backend/cuda/cuda_common.cuh"
 #include "framework/backend/cuda/fp8_gemm.h"
+#include "framework/backend/cuda/glu_math.cuh"
 
 namespace hp {
 namespace cuda {
@@ -200,9 +201,32 @@ __device__ __forceinline__ void load8(const T* p, float (&v)[8]) {
 
 __device__ __forceinline__ unsigned abs_bits(float x) { return __float_as_uint(x) & 0x7FFFFFFFu; }
 
+// The largest |x| bits (as f32 bits) of the 8 elements of q. A bf16's f32 bits are its own
+// shifted up by 16, so the maximum is taken on the packed halves of the raw words (sign
+// cleared, unsigned order = magnitude order, a NaN above infinity) and shifted once.
+template <typename T>
+__device__ __forceinline__ unsigned amax8_bits(const Vec16<T> (&q)[8 / Vec16<T>::kN]) {
+  if constexpr (std::is_same_v<T, bf16_t>) {
+    const uint4 w = q[0].raw;
+    constexpr unsigned kAbs = 0x7FFF7FFFu;
+    const unsigned m2 =
+        __vmaxu2(__vmaxu2(w.x & kAbs, w.y & kAbs), __vmaxu2(w.z & kAbs, w.w & kAbs));
+    return max(m2 >> 16, m2 & 0xFFFFu) << 16;
+  } else {
+    constexpr int kPer = Vec16<T>::kN;
+    unsigned m = 0;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) m = max(m, abs_bits(q[i / kPer].get(i % kPer)));
+    return m;
+  }
+}
+
 // Block128 data operand, source K-contiguous (X[r][c] = x[r * ld + c], ld and k multiples of 8,
-// x 16-byte aligned). A thread block covers kDataRows rows and 256 columns (grid x: groups of
-// rows, grid y: groups of 256 columns, so no index is divided); a warp takes kUnits rows, lanes
+// x 16-byte aligned). A thread block covers kDataRows rows and 256 columns (one grid dimension
+// the groups of 256 columns, the other the groups of rows, so no index is divided; the column
+// groups go along x where the row groups fit y, so that blocks launched together read
+// neighbouring bytes of the same rows rather than one 512-byte run of each of many rows, whose
+// addresses repeat at the row stride, often a power of two); a warp takes kUnits rows, lanes
 // 0-15 one 128-column block of a row, lanes 16-31 the next, 8 columns a lane. The kernel is
 // bound by how many bytes are in flight: every row's 16 bytes are loaded, raw, before any is
 // used, and the raw words (not their f32 values) stay in registers, so that a thread holds
@@ -239,11 +263,14 @@ __device__ __forceinline__ uint2 quantize8(const Vec16<T> (&q)[8 / Vec16<T>::kN]
 template <typename T>
 __global__ void __launch_bounds__(kThreads)
     quantize_data_kernel(const T* __restrict__ x, int64_t ld, Fp8Layout l,
-                         unsigned char* __restrict__ codes, float* __restrict__ scales) {
+                         unsigned char* __restrict__ codes, float* __restrict__ scales,
+                         bool columns_along_x) {
   constexpr int kPer = Vec16<T>::kN;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  const int64_t c = static_cast<int64_t>(blockIdx.y) * 256 + lane * 8;
-  const int64_t r0 = static_cast<int64_t>(blockIdx.x) * kDataRows + warp;
+  const unsigned col_group = columns_along_x ? blockIdx.x : blockIdx.y;
+  const unsigned row_group = columns_along_x ? blockIdx.y : blockIdx.x;
+  const int64_t c = static_cast<int64_t>(col_group) * 256 + lane * 8;
+  const int64_t r0 = static_cast<int64_t>(row_group) * kDataRows + warp;
   // k % 8 == 0: a lane's 8 columns are all in or all out.
   const bool col_in = c < l.k;
   Vec16<T> q[kUnits][8 / kPer];
@@ -261,9 +288,7 @@ __global__ void __launch_bounds__(kThreads)
   for (int u = 0; u < kUnits; ++u) {
     const int64_t r = r0 + u * (kThreads / 32);
     if (r >= l.rows_pad) break;  // the whole warp alike
-    unsigned m = 0;
-#pragma unroll
-    for (int i = 0; i < 8; ++i) m = max(m, abs_bits(q[u][i / kPer].get(i % kPer)));
+    unsigned m = amax8_bits<T>(q[u]);
 #pragma unroll
     for (int o = 8; o > 0; o >>= 1) m = max(m, __shfl_xor_sync(0xFFFFFFFFu, m, o));
     const Scale sc = make_scale(block_scale_bits(m));
@@ -344,6 +369,186 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// Block128 weights in both forms at once (fp8_gemm.h, Fp8WeightPair): thread block b takes tile
+// b of the launch's weights, one after another in the job table. Each thread loads 8 runs of 8
+// elements of the tile of W, raw (16 bytes an access); the tile's amax (one scale for both
+// forms) by warp, then block; the codes go to shared memory as words in W's orientation, 8 a
+// run, two stores. Out as W: a word per thread and step, rows of the tile in order. Out as W^T:
+// each thread takes 4x4 blocks of codes, reads 4 words of consecutive rows, transposes them in
+// registers (__byte_perm) and writes 4 words to 4 consecutive rows of the W^T copy.
+constexpr int kPairJobs = 16;
+struct PairJob {
+  const void* x;
+  int64_t rows, cols, tiles_c, first_tile;
+  Fp8Layout ls, lt;  // X = W, X = W^T
+  unsigned char *codes_s, *codes_t;
+  float *scales_s, *scales_t;
+};
+struct PairBatch {
+  int n;
+  PairJob job[kPairJobs];
+};
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+    quantize_weight_pair_kernel(const __grid_constant__ PairBatch batch) {
+  constexpr int kPer = Vec16<T>::kN;
+  constexpr int kRuns = kTile * kTile / 8 / kThreads;  // 8
+  constexpr int kWords = kTile / 4 + 1;                // words per shared row (banks skewed)
+  __shared__ unsigned tile[kTile * kWords];
+  __shared__ unsigned warp_max[kThreads / 32];
+  const int tid = threadIdx.x;
+  const int64_t t = blockIdx.x;
+  int jn = 0;
+  while (jn + 1 < batch.n && t >= batch.job[jn + 1].first_tile) ++jn;
+  const PairJob& job = batch.job[jn];  // read in place (__grid_constant__): no local copy
+  const int64_t tt = t - job.first_tile;
+  const int64_t i0 = tt / job.tiles_c * kTile, j0 = tt % job.tiles_c * kTile;
+  const T* x = static_cast<const T*>(job.x);
+  Vec16<T> q[kRuns][8 / kPer];
+#pragma unroll
+  for (int r = 0; r < kRuns; ++r) {
+    const int run = tid + r * kThreads;
+    const int i = run / (kTile / 8), j = (run % (kTile / 8)) * 8;
+    const bool in = i0 + i < job.rows && j0 + j < job.cols;  // cols % 8 == 0: runs whole
+#pragma unroll
+    for (int h = 0; h < 8 / kPer; ++h)
+      q[r][h].raw = in ? reinterpret_cast<const uint4*>(x + (i0 + i) * job.cols + j0 + j)[h]
+                       : make_uint4(0, 0, 0, 0);
+  }
+  unsigned m = 0;
+#pragma unroll
+  for (int r = 0; r < kRuns; ++r) m = max(m, amax8_bits<T>(q[r]));
+  m = __reduce_max_sync(0xFFFFFFFFu, m);
+  if (tid % 32 == 0) warp_max[tid / 32] = m;
+  __syncthreads();
+#pragma unroll
+  for (int w = 0; w < kThreads / 32; ++w) m = max(m, warp_max[w]);
+  const Scale sc = make_scale(block_scale_bits(m));
+  if (tid == 0) {
+    // X = W: tile (i0, j0), K block j0 / 128; X = W^T: tile (j0, i0), K block i0 / 128. The
+    // stride's padding columns are written by the last K block of each row of tiles.
+    const int64_t bs = j0 / kTile, bt = i0 / kTile;
+    job.scales_s[job.ls.scale_index(i0, bs)] = sc.s;
+    if (bs == job.ls.k_blocks() - 1)
+      for (int64_t p = job.ls.k_blocks(); p < job.ls.k_blocks4(); ++p)
+        job.scales_s[job.ls.scale_index(i0, p)] = 0.f;
+    job.scales_t[job.lt.scale_index(j0, bt)] = sc.s;
+    if (bt == job.lt.k_blocks() - 1)
+      for (int64_t p = job.lt.k_blocks(); p < job.lt.k_blocks4(); ++p)
+        job.scales_t[job.lt.scale_index(j0, p)] = 0.f;
+  }
+#pragma unroll
+  for (int r = 0; r < kRuns; ++r) {
+    const int run = tid + r * kThreads;
+    const int i = run / (kTile / 8), j = (run % (kTile / 8)) * 8;
+    const bool in = i0 + i < job.rows && j0 + j < job.cols;
+    const uint2 w = in ? quantize8<T>(q[r], sc) : make_uint2(0, 0);
+    tile[i * kWords + j / 4] = w.x;
+    tile[i * kWords + j / 4 + 1] = w.y;
+  }
+  __syncthreads();
+  for (int w = tid; w < kTile * kTile / 4; w += kThreads) {
+    const int r = w / (kTile / 4), c = w % (kTile / 4);
+    if (i0 + r < job.ls.rows_pad && j0 + 4 * c < job.ls.ldk)
+      *reinterpret_cast<unsigned*>(job.codes_s + (i0 + r) * job.ls.ldk + j0 + 4 * c) =
+          tile[r * kWords + c];
+  }
+  for (int b = tid; b < (kTile / 4) * (kTile / 4); b += kThreads) {
+    const int bi = b % (kTile / 4), bj = b / (kTile / 4);  // rows 4 bi.., columns 4 bj.. of W
+    const unsigned w0 = tile[(4 * bi) * kWords + bj], w1 = tile[(4 * bi + 1) * kWords + bj];
+    const unsigned w2 = tile[(4 * bi + 2) * kWords + bj], w3 = tile[(4 * bi + 3) * kWords + bj];
+    const unsigned lo01 = __byte_perm(w0, w1, 0x5140), hi01 = __byte_perm(w0, w1, 0x7362);
+    const unsigned lo23 = __byte_perm(w2, w3, 0x5140), hi23 = __byte_perm(w2, w3, 0x7362);
+    // Row 4 bj + f of W^T: byte f of w0, w1, w2, w3.
+    const unsigned out[4] = {__byte_perm(lo01, lo23, 0x5410), __byte_perm(lo01, lo23, 0x7632),
+                             __byte_perm(hi01, hi23, 0x5410), __byte_perm(hi01, hi23, 0x7632)};
+    if (i0 + 4 * bi >= job.lt.ldk) continue;
+#pragma unroll
+    for (int f = 0; f < 4; ++f) {
+      const int64_t row = j0 + 4 * bj + f;
+      if (row < job.lt.rows_pad)
+        *reinterpret_cast<unsigned*>(job.codes_t + row * job.lt.ldk + i0 + 4 * bi) = out[f];
+    }
+  }
+}
+
+// The GLU kernels of elementwise.cu (bf16, 16 bytes an access) that also quantize what they write
+// as a block128 data operand X [rows_pad, ldk] (rows padded to 4 with zero rows): f a multiple
+// of 128, so the 16 lanes of a half-warp hold one 1x128 block of a row, whose amax they reduce
+// by shuffles as quantize_data_kernel does, from the bf16 values written. Threads run over
+// rows_pad rows; a warp leaves the loop as a whole (the shuffles need every lane) and half-warps
+// past the end write nothing.
+using Bf16Vec = Vec16<bf16_t>;
+
+__device__ __forceinline__ void put_block_codes(const Bf16Vec (&v)[1], unsigned m, int lane,
+                                                const Fp8Layout& l, int64_t r, int64_t col,
+                                                unsigned char* codes, float* scales) {
+  const Scale sc = make_scale(block_scale_bits(m));
+  if (lane % 16 == 0) scales[l.scale_index(r, col / kTile)] = sc.s;
+  *reinterpret_cast<uint2*>(codes + r * l.ldk + col) = quantize8<bf16_t>(v, sc);
+}
+
+__device__ __forceinline__ unsigned half_warp_max(unsigned m) {
+#pragma unroll
+  for (int o = 8; o > 0; o >>= 1) m = max(m, __shfl_xor_sync(0xFFFFFFFFu, m, o));
+  return m;
+}
+
+__global__ void __launch_bounds__(kThreads)
+    glu_fwd_fp8_kernel(const uint4* __restrict__ h, uint4* __restrict__ a, int64_t rows, int64_t fv,
+                       GluArgs p, Fp8Layout l, unsigned char* __restrict__ codes,
+                       float* __restrict__ scales) {
+  const int lane = threadIdx.x % 32;
+  const int64_t n = l.rows_pad * fv, stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i - lane < n;
+       i += stride) {
+    const int64_t r = i / fv, c = i - r * fv;
+    Bf16Vec out[1];
+    out[0].raw = make_uint4(0, 0, 0, 0);
+    if (i < n && r < rows) {
+      const Bf16Vec g{h[r * 2 * fv + c]}, u{h[r * 2 * fv + fv + c]};
+#pragma unroll
+      for (int q = 0; q < Bf16Vec::kN; ++q) out[0].set(q, glu_value(g.get(q), u.get(q), p));
+      a[i] = out[0].raw;
+    }
+    const unsigned m = half_warp_max(amax8_bits<bf16_t>(out));
+    if (i >= n) continue;
+    put_block_codes(out, m, lane, l, r, c * 8, codes, scales);
+  }
+}
+
+__global__ void __launch_bounds__(kThreads)
+    glu_bwd_fp8_kernel(const uint4* __restrict__ h, const uint4* __restrict__ da,
+                       uint4* __restrict__ dh, int64_t rows, int64_t fv, GluArgs p, Fp8Layout l,
+                       unsigned char* __restrict__ codes, float* __restrict__ scales) {
+  const int lane = threadIdx.x % 32;
+  const int64_t n = l.rows_pad * fv, stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i - lane < n;
+       i += stride) {
+    const int64_t r = i / fv, c = i - r * fv;
+    Bf16Vec dg[1], du[1];
+    dg[0].raw = du[0].raw = make_uint4(0, 0, 0, 0);
+    if (i < n && r < rows) {
+      const Bf16Vec g{h[r * 2 * fv + c]}, u{h[r * 2 * fv + fv + c]}, d{da[i]};
+#pragma unroll
+      for (int q = 0; q < Bf16Vec::kN; ++q) {
+        float x, y;
+        glu_grad(g.get(q), u.get(q), d.get(q), p, x, y);
+        dg[0].set(q, x);
+        du[0].set(q, y);
+      }
+      dh[r * 2 * fv + c] = dg[0].raw;
+      dh[r * 2 * fv + fv + c] = du[0].raw;
+    }
+    const unsigned mg = half_warp_max(amax8_bits<bf16_t>(dg));
+    const unsigned mu = half_warp_max(amax8_bits<bf16_t>(du));
+    if (i >= n) continue;
+    put_block_codes(dg, mg, lane, l, r, c * 8, codes, scales);
+    put_block_codes(du, mu, lane, l, r, fv * 8 + c * 8, codes, scales);
+  }
+}
+
 // c[i, j] = d[i * ldd + j] + beta * c[i, j] + bias[j] + r[i, j] in double, rounded once to C.
 // Rows along the grid's y, columns along x: no index division.
 template <typename C, typename B>
@@ -383,12 +588,17 @@ void launch_fp8_quantize(const void* x, DType x_t, int64_t row_stride, int64_t c
     using T = decltype(tag);
     const T* src = static_cast<const T*>(x);
     auto* out = static_cast<unsigned char*>(codes);
-    if (block128 && !l.weight && k_contiguous && runs_of_8 && (l.ldk + 255) / 256 <= 65535 &&
-        (l.rows_pad + kDataRows - 1) / kDataRows <= 0x7FFFFFFF) {
-      const dim3 grid(static_cast<unsigned>((l.rows_pad + kDataRows - 1) / kDataRows),
-                      static_cast<unsigned>((l.ldk + 255) / 256));
-      quantize_data_kernel<T><<<grid, kThreads, 0, stream>>>(src, ld, l, out,
-                                                             static_cast<float*>(scales));
+    const int64_t col_groups = (l.ldk + 255) / 256;
+    const int64_t row_groups = (l.rows_pad + kDataRows - 1) / kDataRows;
+    if (block128 && !l.weight && k_contiguous && runs_of_8 && col_groups <= 65535 &&
+        row_groups <= 0x7FFFFFFF) {
+      const bool columns_along_x = row_groups <= 65535;
+      const dim3 grid =
+          columns_along_x
+              ? dim3(static_cast<unsigned>(col_groups), static_cast<unsigned>(row_groups))
+              : dim3(static_cast<unsigned>(row_groups), static_cast<unsigned>(col_groups));
+      quantize_data_kernel<T><<<grid, kThreads, 0, stream>>>(
+          src, ld, l, out, static_cast<float*>(scales), columns_along_x);
     } else if (block128 && l.weight && runs_of_8) {
       const dim3 grid(static_cast<unsigned>((l.ldk + kTile - 1) / kTile),
                       static_cast<unsigned>(l.row_tiles()));
@@ -402,6 +612,77 @@ void launch_fp8_quantize(const void* x, DType x_t, int64_t row_stride, int64_t c
     }
   });
   CUDA_CHECK_LAUNCH();
+}
+
+void launch_fp8_quantize_weight_pairs(const std::vector<Fp8WeightPair>& pairs, DType x_t,
+                                      cudaStream_t stream) {
+  for (size_t at = 0; at < pairs.size(); at += kPairJobs) {
+    PairBatch batch{};
+    int64_t tiles = 0;
+    for (size_t i = at; i < std::min(pairs.size(), at + kPairJobs); ++i) {
+      const Fp8WeightPair& p = pairs[i];
+      HP_CHECK(p.cols % 8 == 0 && reinterpret_cast<uintptr_t>(p.x) % 16 == 0 &&
+                   p.as_stored.recipe == fp8::Recipe::kBlock128 && p.as_stored.weight &&
+                   p.transposed.weight,
+               "fp8 weight pairs: ", p.rows, " x ", p.cols,
+               " needs block128 weight layouts, columns a multiple of 8 and a 16-byte aligned "
+               "source");
+      if (p.rows == 0 || p.cols == 0) continue;
+      PairJob& j = batch.job[batch.n++];
+      j.x = p.x;
+      j.rows = p.rows;
+      j.cols = p.cols;
+      j.tiles_c = (p.cols + kTile - 1) / kTile;
+      j.first_tile = tiles;
+      j.ls = p.as_stored;
+      j.lt = p.transposed;
+      j.codes_s = static_cast<unsigned char*>(p.codes_s);
+      j.codes_t = static_cast<unsigned char*>(p.codes_t);
+      j.scales_s = static_cast<float*>(p.scales_s);
+      j.scales_t = static_cast<float*>(p.scales_t);
+      tiles += (p.rows + kTile - 1) / kTile * j.tiles_c;
+    }
+    if (tiles == 0) continue;
+    HP_CHECK(tiles <= 0x7FFFFFFF, "fp8 weight pairs: ", tiles, " tiles exceed the grid");
+    dispatch_float(x_t, [&](auto tag) {
+      using T = decltype(tag);
+      quantize_weight_pair_kernel<T><<<static_cast<unsigned>(tiles), kThreads, 0, stream>>>(batch);
+    });
+    CUDA_CHECK_LAUNCH();
+  }
+}
+
+static bool glu_fp8_fused(DType t, int64_t f, const Fp8Layout& l,
+                          std::initializer_list<const void*> p) {
+  return t == DType::kBF16 && f % kTile == 0 && l.recipe == fp8::Recipe::kBlock128 && !l.weight &&
+         l.ldk == l.k && vec16_rows(f, 2, p);
+}
+
+bool launch_glu_fwd_fp8(const void* h, void* a, DType t, int64_t rows, int64_t f, int kind,
+                        float alpha, float limit, const Fp8Layout& l, void* codes, void* scales,
+                        cudaStream_t stream) {
+  if (!glu_fp8_fused(t, f, l, {h, a, codes}) || l.k != f || l.rows != rows) return false;
+  if (l.rows_pad == 0 || f == 0) return true;
+  const int64_t fv = f / 8;
+  glu_fwd_fp8_kernel<<<grid_for(l.rows_pad * fv, kThreads, 4096), kThreads, 0, stream>>>(
+      static_cast<const uint4*>(h), static_cast<uint4*>(a), rows, fv, GluArgs{kind, alpha, limit},
+      l, static_cast<unsigned char*>(codes), static_cast<float*>(scales));
+  CUDA_CHECK_LAUNCH();
+  return true;
+}
+
+bool launch_glu_bwd_fp8(const void* h, const void* da, void* dh, DType t, int64_t rows, int64_t f,
+                        int kind, float alpha, float limit, const Fp8Layout& l, void* codes,
+                        void* scales, cudaStream_t stream) {
+  if (!glu_fp8_fused(t, f, l, {h, da, dh, codes}) || l.k != 2 * f || l.rows != rows) return false;
+  if (l.rows_pad == 0 || f == 0) return true;
+  const int64_t fv = f / 8;
+  glu_bwd_fp8_kernel<<<grid_for(l.rows_pad * fv, kThreads, 4096), kThreads, 0, stream>>>(
+      static_cast<const uint4*>(h), static_cast<const uint4*>(da), static_cast<uint4*>(dh), rows,
+      fv, GluArgs{kind, alpha, limit}, l, static_cast<unsigned char*>(codes),
+      static_cast<float*>(scales));
+  CUDA_CHECK_LAUNCH();
+  return true;
 }
 
 void launch_fp8_combine(const float* d, int64_t ldd, void* c, DType c_t, int64_t m, int64_t n,
