@@ -299,6 +299,17 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// A 128x128 tile's scale from each thread's amax (bits of |x|): the warps' maxima through
+// warp_max (kThreads / 32 slots of shared memory), then the block's.
+__device__ __forceinline__ Scale tile_scale(unsigned m, unsigned* warp_max) {
+  m = __reduce_max_sync(0xFFFFFFFFu, m);
+  if (threadIdx.x % 32 == 0) warp_max[threadIdx.x / 32] = m;
+  __syncthreads();
+#pragma unroll
+  for (int w = 0; w < kThreads / 32; ++w) m = max(m, warp_max[w]);
+  return make_scale(block_scale_bits(m));
+}
+
 // Block128 weight operand: one thread block per 128x128 tile of X, read from the source S
 // (S[i][j] = x[i * ld + j], ld a multiple of 8, x 16-byte aligned) as X[r][c] = S[r][c], or
 // S[c][r] where `trans`. Each thread loads 8 runs of 8 source elements of the tile; the tile's
@@ -333,12 +344,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int e = 0; e < 8; ++e) m = max(m, abs_bits(v[q][e]));
   }
-  m = __reduce_max_sync(0xFFFFFFFFu, m);
-  if (tid % 32 == 0) warp_max[tid / 32] = m;
-  __syncthreads();
-#pragma unroll
-  for (int w = 0; w < kThreads / 32; ++w) m = max(m, warp_max[w]);
-  const Scale sc = make_scale(block_scale_bits(m));
+  const Scale sc = tile_scale(m, warp_max);
   if (tid == 0) {
     const int64_t b = c0 / kTile;
     scales[l.scale_index(r0, b)] = sc.s;
@@ -419,12 +425,7 @@ __global__ void __launch_bounds__(kThreads)
   unsigned m = 0;
 #pragma unroll
   for (int r = 0; r < kRuns; ++r) m = max(m, amax8_bits<T>(q[r]));
-  m = __reduce_max_sync(0xFFFFFFFFu, m);
-  if (tid % 32 == 0) warp_max[tid / 32] = m;
-  __syncthreads();
-#pragma unroll
-  for (int w = 0; w < kThreads / 32; ++w) m = max(m, warp_max[w]);
-  const Scale sc = make_scale(block_scale_bits(m));
+  const Scale sc = tile_scale(m, warp_max);
   if (tid == 0) {
     // X = W: tile (i0, j0), K block j0 / 128; X = W^T: tile (j0, i0), K block i0 / 128. The
     // stride's padding columns are written by the last K block of each row of tiles.
