@@ -300,23 +300,26 @@ Backend::Fp8Gemm Model::fp8_spec() const {
 }
 
 void Model::hold_fp8_weights(int l) {
-  if (!opts_.fp8_dense() && !opts_.fp8_experts()) return;
   const Layer& L = *layers_[static_cast<size_t>(l)];
-  std::vector<Tensor> w;
+  // Each class under its GEMM family, so that a profile counts the quantization with its products.
   if (opts_.fp8_dense()) {
-    w.push_back(L.wqkv->work);
-    w.push_back(L.wo->work);
+    std::vector<Tensor> w = {L.wqkv->work, L.wo->work};
     if (!cfg_.is_moe()) {
       w.push_back(L.w_gate_up->work);
       w.push_back(L.w_down->work);
     }
+    FamilyScope scope(be_, OpFamily::kDenseGemm);
+    be_.hold_fp8_weights(w, fp8_spec());
   }
-  if (opts_.fp8_experts() && cfg_.is_moe())
+  if (opts_.fp8_experts() && cfg_.is_moe()) {
+    std::vector<Tensor> w;
     for (int le = 0; le < local_experts_; ++le) {
       w.push_back(L.w1->work[le]);
       w.push_back(L.w2->work[le]);
     }
-  be_.hold_fp8_weights(w, fp8_spec());
+    FamilyScope scope(be_, OpFamily::kExpertGemm);
+    be_.hold_fp8_weights(w, fp8_spec());
+  }
 }
 
 Tensor Model::new_act(Shape s) { return be_.empty(std::move(s), be_.act_dtype()); }
