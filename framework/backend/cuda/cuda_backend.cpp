@@ -687,7 +687,7 @@ class CudaBackend final : public Backend {
     }
   }
 
-  // Both forms of each weight from one read (fp8_gemm.h, Fp8HeldWeights), under the device's
+  // Both forms of each weight from one read (fp8_gemm.h, Fp8HeldOperands), under the device's
   // recipe, which is the only one its products take.
   void do_hold_fp8_weights(const std::vector<Tensor>& weights, const Fp8Gemm& spec) override {
     const char* op = "hold_fp8_weights";
@@ -1616,7 +1616,7 @@ class CudaBackend final : public Backend {
   CudaCachingAllocator* alloc_;
   cuda::LtGemm lt_;                              // bf16 GEMMs (lt_gemm.h)
   std::unique_ptr<cuda::Fp8Lt> fp8_lt_;          // FP8 GEMMs (fp8_gemm.h), made at first use
-  cuda::Fp8HeldWeights fp8_held_;                // Backend::hold_fp8_weights
+  cuda::Fp8HeldOperands fp8_held_;               // Backend::hold_fp8_weights
   bool in_group_ = false;                        // inside gemm_group: products not tuned
   std::unique_ptr<cuda::CudnnAttention> cudnn_;  // null: the tiled kernels
   std::string attention_desc_;

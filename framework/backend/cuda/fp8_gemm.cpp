@@ -57,10 +57,8 @@ Fp8Operand fp8_quantize_operand(Allocator& alloc, const Tensor& x, bool trans, f
                                 cudaStream_t stream) {
   const int64_t d0 = x.dim(0), d1 = x.dim(1);
   const int64_t rows = trans ? d1 : d0, k = trans ? d0 : d1;
-  Fp8Operand q;
-  q.layout = fp8_layout(rows, k, recipe, role, row_multiple, k_multiple);
-  q.codes = scratch_bytes(alloc, q.layout.code_bytes());
-  q.scales = scratch_bytes(alloc, q.layout.scale_count() * (q.layout.mx() ? 1 : 4));
+  Fp8Operand q =
+      fp8_empty_operand(alloc, fp8_layout(rows, k, recipe, role, row_multiple, k_multiple));
   // x row-major [d0, d1]: X[r][c] = x[r][c], or x[c][r] when transposed.
   launch_fp8_quantize(x.raw(), x.dtype(), trans ? 1 : d1, trans ? d1 : 1, q.layout, q.codes.raw(),
                       q.scales.raw(), stream);
@@ -110,22 +108,30 @@ bool fp8_device_recipe(int major, fp8::Recipe* recipe) {
   return false;
 }
 
-// ---- Fp8HeldWeights -----------------------------------------------------------------------------
+// ---- Fp8HeldOperands
+// -----------------------------------------------------------------------------
 
-bool Fp8HeldWeights::Key::operator<(const Key& o) const {
+bool Fp8HeldOperands::Key::operator<(const Key& o) const {
   return std::tie(p, d0, d1, dtype, recipe) < std::tie(o.p, o.d0, o.d1, o.dtype, o.recipe);
 }
 
-void Fp8HeldWeights::hold(Allocator& alloc, const std::vector<Tensor>& weights, fp8::Recipe recipe,
-                          cudaStream_t stream) {
+bool Fp8HeldOperands::Key::operator==(const Key& o) const {
+  return std::tie(p, d0, d1, dtype, recipe) == std::tie(o.p, o.d0, o.d1, o.dtype, o.recipe);
+}
+
+Fp8HeldOperands::Key Fp8HeldOperands::key_of(const Tensor& x, fp8::Recipe recipe) {
+  return Key{x.raw(), x.dim(0), x.dim(1), static_cast<int>(x.dtype()), static_cast<int>(recipe)};
+}
+
+void Fp8HeldOperands::hold(Allocator& alloc, const std::vector<Tensor>& weights, fp8::Recipe recipe,
+                           cudaStream_t stream) {
   const bool mx = recipe == fp8::Recipe::kMx32;
   const fp8::Role role = mx ? fp8::Role::kData : fp8::Role::kWeight;
   // As fp8_gemm quantizes a b operand: rows padded to 8, K to 16 bytes.
   constexpr int64_t kRows = 8, kK = 16;
   std::vector<Fp8WeightPair> pairs[2];  // by dtype: f32, bf16
   for (const Tensor& w : weights) {
-    const Key key{w.raw(), w.dim(0), w.dim(1), static_cast<int>(w.dtype()),
-                  static_cast<int>(recipe)};
+    const Key key = key_of(w, recipe);
     if (held_.count(key)) continue;
     Forms f;
     f.role = role;
@@ -137,15 +143,8 @@ void Fp8HeldWeights::hold(Allocator& alloc, const std::vector<Tensor>& weights, 
       held_.emplace(key, std::move(f));
       continue;
     }
-    auto make = [&](int64_t rows, int64_t k) {
-      Fp8Operand q;
-      q.layout = fp8_layout(rows, k, recipe, role, kRows, kK);
-      q.codes = scratch_bytes(alloc, q.layout.code_bytes());
-      q.scales = scratch_bytes(alloc, q.layout.scale_count() * 4);
-      return q;
-    };
-    f.as_stored = make(r, c);
-    f.transposed = make(c, r);
+    f.as_stored = fp8_empty_operand(alloc, fp8_layout(r, c, recipe, role, kRows, kK));
+    f.transposed = fp8_empty_operand(alloc, fp8_layout(c, r, recipe, role, kRows, kK));
     Fp8WeightPair p;
     p.x = w.raw();
     p.rows = r;
@@ -163,32 +162,24 @@ void Fp8HeldWeights::hold(Allocator& alloc, const std::vector<Tensor>& weights, 
   launch_fp8_quantize_weight_pairs(pairs[1], DType::kBF16, stream);
 }
 
-const Fp8Operand* Fp8HeldWeights::find(const Tensor& w, bool trans, fp8::Recipe recipe,
-                                       fp8::Role role) {
+const Fp8Operand* Fp8HeldOperands::find(const Tensor& w, bool trans, fp8::Recipe recipe,
+                                        fp8::Role role) {
   if (held_.empty() || w.ndim() != 2) return nullptr;
-  const auto it = held_.find(
-      Key{w.raw(), w.dim(0), w.dim(1), static_cast<int>(w.dtype()), static_cast<int>(recipe)});
+  const auto it = held_.find(key_of(w, recipe));
   if (it == held_.end() || it->second.role != role) return nullptr;
   ++uses_;
   return trans ? &it->second.transposed : &it->second.as_stored;
 }
 
-void Fp8HeldWeights::set_next_data(const Tensor& x, Fp8Operand q, fp8::Recipe recipe) {
-  next_data_ = std::make_unique<NextData>(NextData{
-      Key{x.raw(), x.dim(0), x.dim(1), static_cast<int>(x.dtype()), static_cast<int>(recipe)},
-      std::move(q)});
+void Fp8HeldOperands::set_next_data(const Tensor& x, Fp8Operand q, fp8::Recipe recipe) {
+  next_data_ = std::make_unique<NextData>(NextData{key_of(x, recipe), std::move(q)});
 }
 
-std::unique_ptr<Fp8Operand> Fp8HeldWeights::take_next_data(const Tensor& a, bool trans,
-                                                           fp8::Recipe recipe,
-                                                           const Fp8Layout& narrow) {
+std::unique_ptr<Fp8Operand> Fp8HeldOperands::take_next_data(const Tensor& a, bool trans,
+                                                            fp8::Recipe recipe,
+                                                            const Fp8Layout& narrow) {
   std::unique_ptr<NextData> d = std::move(next_data_);
-  if (!d || trans || a.ndim() != 2) return nullptr;
-  const Key k{a.raw(), a.dim(0), a.dim(1), static_cast<int>(a.dtype()), static_cast<int>(recipe)};
-  const Fp8Layout& l = d->q.layout;
-  if (k < d->key || d->key < k || l.recipe != narrow.recipe || l.weight != narrow.weight ||
-      l.rows != narrow.rows || l.k != narrow.k || l.rows_pad != narrow.rows_pad ||
-      l.ldk != narrow.ldk)
+  if (!d || trans || a.ndim() != 2 || !(d->key == key_of(a, recipe)) || !(d->q.layout == narrow))
     return nullptr;
   ++data_uses_;
   return std::make_unique<Fp8Operand>(std::move(d->q));

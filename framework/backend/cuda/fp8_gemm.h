@@ -158,10 +158,12 @@ class Fp8Lt {
   std::unordered_set<uint64_t> wide_;
 };
 
-// The quantized weights of Backend::hold_fp8_weights: both forms of each (X = W, X = W^T) as a
-// product's b operand takes them (rows padded to 8, K to 16 bytes; role kWeight under block128,
-// kData under mxfp8), keyed by the weight's storage, shape, dtype and recipe.
-class Fp8HeldWeights {
+// Quantized operands kept for later products: the weights of Backend::hold_fp8_weights, both
+// forms of each (X = W, X = W^T) as a product's b operand takes them (rows padded to 8, K to 16
+// bytes; role kWeight under block128, kData under mxfp8), and the one data operand a GLU hands
+// on to the next product (Backend::glu_fwd_fp8); keyed by the tensor's storage, shape, dtype and
+// recipe.
+class Fp8HeldOperands {
  public:
   // Quantizes `weights` (2-D, f32 or bf16, on the device) under `recipe` on `stream`, scratch
   // from `alloc`; weights held already are kept as they are.
@@ -191,7 +193,9 @@ class Fp8HeldWeights {
     int64_t d0, d1;
     int dtype, recipe;
     bool operator<(const Key& o) const;
+    bool operator==(const Key& o) const;
   };
+  static Key key_of(const Tensor& x, fp8::Recipe recipe);
   struct Forms {
     fp8::Role role;
     Fp8Operand as_stored, transposed;
@@ -213,7 +217,7 @@ struct Fp8Context {
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
   Fp8Lt* lt = nullptr;
-  Fp8HeldWeights* held = nullptr;  // b operands held by Backend::hold_fp8_weights, or null
+  Fp8HeldOperands* held = nullptr;  // held weights and handed-on data, or null
   int device = 0, cc_major = 0, cc_minor = 0;
 };
 

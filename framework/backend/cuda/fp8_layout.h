@@ -60,6 +60,10 @@ struct Fp8Layout {
     return b * rows_pad + r;
   }
   HP_FP8_HD int64_t code_bytes() const { return rows_pad * ldk; }
+  bool operator==(const Fp8Layout& o) const {
+    return recipe == o.recipe && weight == o.weight && rows == o.rows && k == o.k &&
+           rows_pad == o.rows_pad && ldk == o.ldk;
+  }
 };
 
 // The layout of X [rows, k] quantized under `recipe` with `role` (ignored under kMx32), rows
