@@ -47,10 +47,10 @@ const Names<Packing> kPackingNames = {{"stream", Packing::kStream}, {"whole", Pa
 const Names<GemmPrecision> kPrecisionNames = {{"bf16", GemmPrecision::kBF16},
                                               {"fp8", GemmPrecision::kFP8}};
 
-// fp8_gemms: a comma list of the classes dense and experts, at least one.
+// fp8_gemms: a comma list of the classes dense, experts and unembedding, at least one.
 Fp8GemmClasses parse_fp8_gemms(const std::string& text) {
   Fp8GemmClasses c;
-  c.dense = c.experts = false;
+  c.dense = c.experts = c.unembedding = false;
   std::stringstream list(text);
   std::string item;
   bool any = false;
@@ -59,15 +59,21 @@ Fp8GemmClasses parse_fp8_gemms(const std::string& text) {
       c.dense = true;
     } else if (item == "experts") {
       c.experts = true;
+    } else if (item == "unembedding") {
+      c.unembedding = true;
     } else {
-      HP_USER_ERROR(ErrorKind::kConfig, "config key 'fp8_gemms': must be a comma list of dense "
-                    "and experts, got '", text, "' ('", item, "' is neither)");
+      HP_USER_ERROR(ErrorKind::kConfig,
+                    "config key 'fp8_gemms': must be a comma list of dense, "
+                    "experts and unembedding, got '",
+                    text, "' ('", item, "' is none of them)");
     }
     any = true;
   }
   if (!any)
-    HP_USER_ERROR(ErrorKind::kConfig, "config key 'fp8_gemms': must be a comma list of dense "
-                  "and experts, got '", text, "'");
+    HP_USER_ERROR(ErrorKind::kConfig,
+                  "config key 'fp8_gemms': must be a comma list of dense, "
+                  "experts and unembedding, got '",
+                  text, "'");
   return c;
 }
 
@@ -248,10 +254,9 @@ po::options_description describe_options(TrainOptions& o, RawEnums& raw) {
       "AdamW decoupled weight decay (matrices only)")(
       "beta1", po::value(&o.optimizer.beta1)->default_value(o.optimizer.beta1), "AdamW beta1")(
       "beta2", po::value(&o.optimizer.beta2)->default_value(o.optimizer.beta2), "AdamW beta2")(
-      "adam_eps", po::value(&o.optimizer.eps)->default_value(o.optimizer.eps),
-      "AdamW epsilon")("grad_clip",
-                       po::value(&o.optimizer.grad_clip)->default_value(o.optimizer.grad_clip),
-                       "global gradient-norm clip (<= 0: off)")(
+      "adam_eps", po::value(&o.optimizer.eps)->default_value(o.optimizer.eps), "AdamW epsilon")(
+      "grad_clip", po::value(&o.optimizer.grad_clip)->default_value(o.optimizer.grad_clip),
+      "global gradient-norm clip (<= 0: off)")(
       "optimizer_sharding",
       po::value(&raw.optimizer_sharding)->default_value(raw.optimizer_sharding),
       "fp32 masters and AdamW moments: none (every rank holds its parameters') | zero1 (sharded: "
@@ -275,7 +280,8 @@ po::options_description describe_options(TrainOptions& o, RawEnums& raw) {
       "CPU backend's emulation, or CUDA on compute capability 9.x/10.x)")(
       "fp8_gemms", po::value(&raw.fp8_gemms)->default_value(raw.fp8_gemms),
       "precision=fp8: which products run in FP8, a comma list of dense (attention projections, "
-      "dense FFN) and experts (MoE expert FFNs); router, attention and unembedding stay bf16")(
+      "dense FFN), experts (MoE expert FFNs) and unembedding (logits and their input gradient; "
+      "off by default); router and attention stay bf16")(
       "ep_size", po::value(&o.parallel.ep_size)->default_value(o.parallel.ep_size),
       "expert-parallel ranks (world = dp x ep_size)")(
       "bootstrap", po::value(&raw.bootstrap)->default_value(raw.bootstrap),
@@ -299,14 +305,12 @@ po::options_description describe_options(TrainOptions& o, RawEnums& raw) {
       "offload=double: blocks reloaded ahead of the one in backward (1 .. offload_buffers-1)")(
       "sim_link_gbps", po::value(&off.sim_link_gbps)->default_value(off.sim_link_gbps),
       "cpu backend: simulated host-link bandwidth of offload copies in GB/s (0: unlimited)")(
-      "pinned_pool_mib",
-      po::value(&raw.pinned_pool_mib)->default_value(raw.pinned_pool_mib),
+      "pinned_pool_mib", po::value(&raw.pinned_pool_mib)->default_value(raw.pinned_pool_mib),
       "pinned host pool for offloaded block inputs in MiB (0: sized from the model and batch)")(
       "link_arbiter", po::value(&raw.link_arbiter)->default_value(raw.link_arbiter),
       "offload copies of the ranks of a node share their host links through a link arbiter: "
       "on | off (off: every rank copies on its own, the baseline)")(
-      "link_chunk_mib",
-      po::value(&o.link.chunk_mib)->default_value(o.link.chunk_mib),
+      "link_chunk_mib", po::value(&o.link.chunk_mib)->default_value(o.link.chunk_mib),
       "offload copies move in chunks of this many MiB, each with a grant (1 .. 4096)")(
       "link_inflight", po::value(&o.link.inflight)->default_value(o.link.inflight),
       "link_arbiter=on: chunks in flight per host link (1 .. 64)")(
@@ -711,8 +715,9 @@ void validate_train_options(const TrainOptions& o, int world) {
           str_cat("must be finite and >= 0 (0: no clipping), got ", opt.grad_clip));
   require(o.compute.ce_chunk_tokens >= 1, "ce_chunk_tokens", "must be >= 1");
   require(o.compute.precision != GemmPrecision::kFP8 || o.model.is_moe() ||
-              o.compute.fp8_gemms.dense,
-          "fp8_gemms", "a dense model has no expert GEMMs: with precision=fp8 include dense");
+              o.compute.fp8_gemms.dense || o.compute.fp8_gemms.unembedding,
+          "fp8_gemms",
+          "a dense model has no expert GEMMs: with precision=fp8 include dense or unembedding");
   const ParallelOptions& par = o.parallel;
   require(par.ep_size >= 1 && world % par.ep_size == 0, "ep_size",
           str_cat("must divide the world size ", world, ", got ", par.ep_size));

@@ -30,7 +30,8 @@
 # Environment: GPU_BIN (default .gpu/bin), LOG_DIR, ANCHOR_DIR (default .gpu/anchors: the
 # anchor's torch_ref.py and make_uniform_docs.py), MODELS (default "gptoss llama qwen"),
 # PACKINGS (default "stream whole"), PRECISIONS (the step section's; default "bf16", e.g.
-# "bf16 fp8"), STEP_ARGS (extra flags for every bench step), STEP_STEPS (the step section's timed
+# "bf16 fp8 fp8+unembedding": fp8+CLASS adds CLASS to the default fp8_gemms), STEP_ARGS (extra
+# flags for every bench step), STEP_STEPS (the step section's timed
 # steps on both sides, medians over them; default 20: medians of 6 moved by about 2% between
 # identical runs, and the anchor's step times spread by 4% within one), BENCH_GPUS
 # (the GPU count to plan for; default nvidia-smi's), TOKENS_PER_GPU (default 16384).
@@ -87,9 +88,11 @@ if want step; then
       for prec in ${PRECISIONS:-bf16}; do
         name="step_${m}_$p"
         [ "$prec" = bf16 ] || name="${name}_$prec"
+        prec_flags=(--precision="${prec%%+*}")
+        [[ $prec == *+* ]] && prec_flags+=(--fp8_gemms="dense,experts,${prec#*+}")
         # shellcheck disable=SC2086
         run "$name" "${hp[@]}" bench step --config ${cfg[$m]} --data="$docs" --eot_token=128001 \
-          --shuffle=false --seq_len=4096 --batch_tokens=16384 --packing="$p" --precision="$prec" \
+          --shuffle=false --seq_len=4096 --batch_tokens=16384 --packing="$p" "${prec_flags[@]}" \
           --bench_steps="$step_steps" --bench_warmup=2 --bench_json="$log_dir/$name.json" ${STEP_ARGS:-}
       done
     done

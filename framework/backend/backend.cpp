@@ -719,6 +719,15 @@ void Backend::cross_entropy(Tensor& logits, const Tensor& targets, double grad_s
   do_cross_entropy(logits, targets, grad_scale, loss);
 }
 
+void Backend::cross_entropy_fp8(Tensor& logits, const Tensor& targets, double grad_scale,
+                                Tensor& loss, const Fp8Gemm& spec) {
+  const char* op = "cross_entropy_fp8";
+  need_ndim(op, "logits", logits, 2);
+  need_shape(op, "targets", targets, {logits.dim(0)});
+  need_shape(op, "loss", loss, {1});
+  do_cross_entropy_fp8(logits, targets, grad_scale, loss, spec);
+}
+
 // ---- optimizer ------------------------------------------------------------------------------
 
 void Backend::sum_squares(const Tensor& x, Tensor& acc) {

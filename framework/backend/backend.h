@@ -396,6 +396,12 @@ class Backend {
   // target over valid rows; logits are overwritten by grad_scale * (softmax - onehot) for valid
   // rows and 0 for ignored rows.
   void cross_entropy(Tensor& logits, const Tensor& targets, double grad_scale, Tensor& loss);
+  // cross_entropy, and the gradient it writes into logits handed on quantized (`spec`'s data
+  // operand) to the next gemm_fp8 call as glu_fwd_fp8 hands on its output (the unembedding's
+  // input gradient dlogits W^T takes it). Same bits as cross_entropy followed by the product.
+  // Default (and the CPU reference): cross_entropy alone.
+  void cross_entropy_fp8(Tensor& logits, const Tensor& targets, double grad_scale, Tensor& loss,
+                         const Fp8Gemm& spec);
 
   // ---- optimizer ----------------------------------------------------------------------------
   // acc[1] += sum(x^2) (acc in master dtype).
@@ -520,6 +526,10 @@ class Backend {
   virtual void do_embedding_bwd(const Tensor& dout, const Tensor& ids, Tensor& dtable) = 0;
   virtual void do_cross_entropy(Tensor& logits, const Tensor& targets, double grad_scale,
                                 Tensor& loss) = 0;
+  virtual void do_cross_entropy_fp8(Tensor& logits, const Tensor& targets, double grad_scale,
+                                    Tensor& loss, const Fp8Gemm&) {
+    do_cross_entropy(logits, targets, grad_scale, loss);
+  }
   virtual void do_sum_squares(const Tensor& x, Tensor& acc) = 0;
   virtual void do_update_gate(const Tensor& checked, const Tensor& sumsq, double max_norm,
                               Tensor& gate) = 0;

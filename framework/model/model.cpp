@@ -104,7 +104,7 @@ Model::Model(const ModelConfig& cfg, const ModelOptions& opts, Backend& be,
   if (!exchange_) exchange_ = std::make_shared<LocalExpertExchange>();
   // precision=fp8 needs a backend with FP8 GEMMs (docs/design.md, "FP8 training"): one without
   // them (a GPU of another compute capability) is refused before any work, never run in bf16.
-  if ((opts_.fp8_dense() || opts_.fp8_experts()) && !be_.has_fp8_gemms())
+  if ((opts_.fp8_dense() || opts_.fp8_experts() || opts_.fp8_unembedding()) && !be_.has_fp8_gemms())
     HP_USER_ERROR(ErrorKind::kConfig, "config key 'precision': fp8 needs block-scaled FP8 GEMMs "
                   "(the CPU backend's emulation, or a CUDA device of compute capability 9.x or "
                   "10.x); backend ", be_.name(), " has none; use precision=bf16");
@@ -282,6 +282,13 @@ void Model::dense_gemm(const Tensor& a, bool ta, const Tensor& b, bool tb, Tenso
   } else {
     be_.gemm(a, ta, b, tb, c, 1.0, beta);
   }
+}
+
+void Model::head_gemm(const Tensor& a, bool ta, const Tensor& b, bool tb, Tensor& c) {
+  if (opts_.fp8_unembedding())
+    be_.gemm_fp8(a, ta, b, tb, c, 0.0, Tensor(), Tensor(), fp8_spec());
+  else
+    be_.gemm(a, ta, b, tb, c, 1.0, 0.0);
 }
 
 void Model::expert_gemms(const std::vector<Backend::GemmProblem>& problems, bool ta, bool tb,
@@ -517,6 +524,10 @@ void Model::loss(double grad_scale, const Tensor& lm_sum) {
   Tensor lm = lm_sum;
   FamilyScope scope(be_, OpFamily::kDenseGemm);
   if (train) st.d_hidden = be_.zeros({n, d}, be_.act_dtype());
+  // The unembedding's weight, quantized once for every chunk's logits and input gradient; it
+  // stays held until backward ends (release_fp8_weights), or this eval pass's loss does.
+  const Tensor& head = lm_head_ ? lm_head_->work : embed_->work;
+  if (opts_.fp8_unembedding()) be_.hold_fp8_weights({head}, fp8_spec());
   // Unembedding + cross-entropy in row chunks: logits for the whole batch never exist at once.
   const int64_t chunk = std::max<int64_t>(1, opts_.ce_chunk_tokens);
   for (int64_t r0 = 0; r0 < n; r0 += chunk) {
@@ -525,27 +536,27 @@ void Model::loss(double grad_scale, const Tensor& lm_sum) {
     Tensor hc = st.hidden.slice(r0, r1);
     Tensor chunk_logits = new_act({r1 - r0, vocab});
     family(be_, OpFamily::kDenseGemm);
-    if (lm_head_)
-      matmul(be_, hc, lm_head_->work, chunk_logits);
-    else
-      matmul(be_, hc, embed_->work, chunk_logits, false, true);
+    // lm_head is [d, vocab]; a tied embedding is [vocab, d].
+    head_gemm(hc, false, head, !lm_head_, chunk_logits);
     Tensor tc = st.meta.targets.slice(r0, r1);
     // Adds the chunk's -log p to lm and replaces the logits by d(grad_scale * loss)/d(logits),
     // in place: the chunk's one [rows, vocab] buffer serves both.
     family(be_, OpFamily::kCrossEntropy);
-    be_.cross_entropy(chunk_logits, tc, grad_scale, lm);
+    if (train && opts_.fp8_unembedding())  // the input gradient below takes dlogits' codes
+      be_.cross_entropy_fp8(chunk_logits, tc, grad_scale, lm, fp8_spec());
+    else
+      be_.cross_entropy(chunk_logits, tc, grad_scale, lm);
     if (!train) continue;
     family(be_, OpFamily::kDenseGemm);
     const Tensor dlogits = chunk_logits;
     Tensor dhc = st.d_hidden.slice(r0, r1);
-    if (lm_head_) {
-      matmul(be_, dlogits, lm_head_->work, dhc, false, true);
+    head_gemm(dlogits, false, head, static_cast<bool>(lm_head_), dhc);
+    if (lm_head_)
       matmul(be_, hc, dlogits, lm_head_->grad, true, false, grad_beta(*lm_head_));
-    } else {
-      matmul(be_, dlogits, embed_->work, dhc);
+    else
       matmul(be_, dlogits, hc, embed_->grad, true, false, grad_beta(*embed_));
-    }
   }
+  if (!train) be_.release_fp8_weights();
 }
 
 void Model::backward(GradReadyHook* grad_ready) {
@@ -742,10 +753,12 @@ Tensor Model::logits(const BatchMeta& meta) {
   forward(meta, aux, Pass::kEval);
   const int64_t n = pass_->hidden.dim(0);
   Tensor out = new_act({n, cfg_.vocab_size});
-  if (lm_head_)
-    matmul(be_, pass_->hidden, lm_head_->work, out);
-  else
-    matmul(be_, pass_->hidden, embed_->work, out, false, true);
+  // The products loss() runs: FP8 under the unembedding class.
+  const Tensor& head = lm_head_ ? lm_head_->work : embed_->work;
+  FamilyScope scope(be_, OpFamily::kDenseGemm);
+  if (opts_.fp8_unembedding()) be_.hold_fp8_weights({head}, fp8_spec());
+  head_gemm(pass_->hidden, false, head, !lm_head_, out);
+  if (opts_.fp8_unembedding()) be_.release_fp8_weights();
   pass_.reset();
   return out;
 }

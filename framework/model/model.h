@@ -29,12 +29,16 @@ enum class MetadataMode { kCached, kPerLayer };
 // activation dtype (bf16 on CUDA, cpu_dtype on the CPU); fp8 runs the forward and input-gradient
 // products of the classes fp8_gemms names through Backend::gemm_fp8 with the recipe fp8_recipe
 // (the backend's: Backend::fp8_recipe). Their weight-gradient products, the router, attention and
-// the unembedding stay in the activation dtype either way.
+// the classes fp8_gemms leaves out (by default the unembedding) stay in the activation dtype.
 enum class GemmPrecision { kBF16, kFP8 };
 // fp8_gemms: which classes of products precision=fp8 quantizes.
 struct Fp8GemmClasses {
   bool dense = true;    // the attention projections (qkv, out) and the dense FFN
   bool experts = true;  // the experts' FFN products of a MoE layer
+  // The unembedding's logits and the input gradient of the hidden states (the tied embedding's
+  // or lm_head's products; their weight gradient stays in the activation dtype). Off by default:
+  // its error reaches the logits directly (docs/design.md, "FP8 training").
+  bool unembedding = false;
 };
 
 struct ModelOptions {
@@ -52,6 +56,7 @@ struct ModelOptions {
 
   bool fp8_dense() const { return precision == GemmPrecision::kFP8 && fp8_gemms.dense; }
   bool fp8_experts() const { return precision == GemmPrecision::kFP8 && fp8_gemms.experts; }
+  bool fp8_unembedding() const { return precision == GemmPrecision::kFP8 && fp8_gemms.unembedding; }
 };
 
 // Scalars of one micro-batch, on the device (master dtype, shape [1]) until the trainer reads them.
@@ -147,6 +152,9 @@ class Model {
   // gemm_bias or gemm_add.
   void dense_gemm(const Tensor& a, bool ta, const Tensor& b, bool tb, Tensor& c, double beta,
                   const Tensor& bias, const Tensor& r, bool weight_grad);
+  // The unembedding's logits and input-gradient products, c = op(a) op(b): FP8 under
+  // precision=fp8 with the unembedding class, else gemm.
+  void head_gemm(const Tensor& a, bool ta, const Tensor& b, bool tb, Tensor& c);
   // gemm_group, or gemm_fp8_group under precision=fp8 with the experts class unless weight_grad.
   void expert_gemms(const std::vector<Backend::GemmProblem>& problems, bool ta, bool tb,
                     double beta, bool weight_grad);

@@ -171,10 +171,12 @@ MemoryPlan plan_memory(const TrainOptions& o, const PlanLayout& layout, bool cud
     const int64_t attn = c.n_heads * hd;
     int64_t best = 0;
     std::vector<int64_t> best_parts;
-    // The product [m, k] x [k, cols] with a data operand of m rows and a weight of cols rows.
-    auto product = [&](int64_t m_rows, int64_t k, int64_t cols) {
+    // The product [m, k] x [k, cols] with a data operand of m rows and a weight of cols rows;
+    // `scratch`: whether its fp32 [m, cols] scratch is counted.
+    auto product = [&](int64_t m_rows, int64_t k, int64_t cols, bool scratch = true) {
       const Fp8Operand x = fp8_operand(m_rows, k, false), w = fp8_operand(cols, k, true);
-      const std::vector<int64_t> parts = {x.codes, x.scales, w.codes, w.scales, m_rows * cols * 4};
+      const std::vector<int64_t> parts = {x.codes, x.scales, w.codes, w.scales,
+                                          scratch ? m_rows * cols * 4 : 0};
       int64_t sum = 0;
       for (int64_t b : parts) sum += b;
       if (sum > best) {
@@ -200,6 +202,16 @@ MemoryPlan plan_memory(const TrainOptions& o, const PlanLayout& layout, bool cud
       layer_matrix(rows, d, 2 * f);
       layer_matrix(rows, f, d);
     }
+    if (o.compute.fp8_gemms.unembedding) {
+      // A chunk's logits [rows, vocab] and the input gradient [rows, d] from its dlogits. The
+      // product goes straight into its output when the rows are whole multiples of 4 and the
+      // output's columns of 8 (the narrow form's padding, "FP8 on the GPU"); only otherwise
+      // through the fp32 scratch, which for the logits is as large as 4 bytes a logit.
+      const int64_t last = n - (n - 1) / chunk * chunk;
+      const bool rows_whole = chunk % 4 == 0 && last % 4 == 0;
+      product(chunk, d, c.vocab_size, !(rows_whole && c.vocab_size % 8 == 0));
+      product(chunk, c.vocab_size, d, !(rows_whole && d % 8 == 0));
+    }
     for (int64_t b : best_parts) p.fp8_scratch += count(b);
     // Held weights: a weight W [in, out] as X = W (in rows of K = out) and X = W^T.
     int64_t held = 0;
@@ -223,6 +235,7 @@ MemoryPlan plan_memory(const TrainOptions& o, const PlanLayout& layout, bool cud
       hold(d, 2 * c.expert_ffn_dim, local);
       hold(c.expert_ffn_dim, d, local);
     }
+    if (o.compute.fp8_gemms.unembedding) hold(c.d_model, c.vocab_size, 1);
     p.fp8_weights = held;
   }
   p.total = p.params + p.grads + p.optimizer + p.activations + p.staging + p.reserve;

@@ -24,9 +24,9 @@ class Fp8ForwardingBackend final : public Backend {
   // hold_fp8_weights and release_fp8_weights calls, and the weights held now.
   int64_t holds = 0, releases = 0;
   std::vector<Tensor> held;
-  // glu_fwd_fp8 and glu_bwd_fp8 calls, and how many of their outputs the next FP8 product took
-  // as its op(a) (a itself, not transposed).
-  int64_t glu_fp8 = 0, glu_fp8_taken = 0;
+  // glu_fwd_fp8 and glu_bwd_fp8 calls, cross_entropy_fp8 calls, and how many of the tensors
+  // they hand on the next FP8 product took as its op(a) (a itself, not transposed).
+  int64_t glu_fp8 = 0, ce_fp8 = 0, handed_taken = 0;
 
   explicit Fp8ForwardingBackend(Backend& inner) : in_(inner), recipe_(inner.fp8_recipe()) {}
   void set_fp8_recipe(fp8::Recipe r) { recipe_ = r; }
@@ -198,6 +198,12 @@ class Fp8ForwardingBackend final : public Backend {
                         Tensor& loss) override {
     in_.cross_entropy(logits, targets, scale, loss);
   }
+  void do_cross_entropy_fp8(Tensor& logits, const Tensor& targets, double scale, Tensor& loss,
+                            const Fp8Gemm& spec) override {
+    ++ce_fp8;
+    handed_ = logits;
+    in_.cross_entropy_fp8(logits, targets, scale, loss, spec);
+  }
   void do_sum_squares(const Tensor& x, Tensor& acc) override { in_.sum_squares(x, acc); }
   void do_update_gate(const Tensor& checked, const Tensor& sumsq, double max_norm,
                       Tensor& gate) override {
@@ -211,7 +217,7 @@ class Fp8ForwardingBackend final : public Backend {
  private:
   void take_handed(const Tensor& a, bool ta) {
     if (handed_.defined() && !ta && a.raw() == handed_.raw() && a.shape() == handed_.shape())
-      ++glu_fp8_taken;
+      ++handed_taken;
     handed_ = Tensor();
   }
   bool is_held(const Tensor& b) const {
@@ -221,7 +227,7 @@ class Fp8ForwardingBackend final : public Backend {
   }
   Backend& in_;
   fp8::Recipe recipe_;
-  Tensor handed_;  // the last glu_*_fp8 output, until the next FP8 product
+  Tensor handed_;  // the last glu_*_fp8 or cross_entropy_fp8 output, until the next FP8 product
 };
 
 }  // namespace hp::test

@@ -71,10 +71,11 @@ Result step(GemmPrecision precision, Fp8GemmClasses classes, bool checkpoint = f
   return r;
 }
 
-Fp8GemmClasses classes(bool dense, bool experts) {
+Fp8GemmClasses classes(bool dense, bool experts, bool unembedding = false) {
   Fp8GemmClasses c;
   c.dense = dense;
   c.experts = experts;
+  c.unembedding = unembedding;
   return c;
 }
 
@@ -84,8 +85,13 @@ TEST(Fp8Model, EachClassQuantizesItsOwnProducts) {
   const Result dense = step(GemmPrecision::kFP8, classes(true, false));
   const Result experts = step(GemmPrecision::kFP8, classes(false, true));
   const Result both = step(GemmPrecision::kFP8, classes(true, true));
+  const Result head = step(GemmPrecision::kFP8, classes(false, false, true));
+  const Result all = step(GemmPrecision::kFP8, classes(true, true, true));
   // precision=bf16 ignores fp8_gemms: its result is the classes-off one.
   const Result ref_off = step(GemmPrecision::kBF16, classes(false, false));
+  const Result ref_all = step(GemmPrecision::kBF16, classes(true, true, true));
+  EXPECT_EQ(ref.loss, ref_all.loss);
+  EXPECT_EQ(ref.grads, ref_all.grads);
   EXPECT_EQ(ref.loss, ref_off.loss);
   EXPECT_EQ(ref.grads, ref_off.grads);
   // Each setting changes the loss, and both classes together differ from each alone.
@@ -93,12 +99,14 @@ TEST(Fp8Model, EachClassQuantizesItsOwnProducts) {
   EXPECT_NE(experts.loss, ref.loss);
   EXPECT_NE(both.loss, dense.loss);
   EXPECT_NE(both.loss, experts.loss);
+  EXPECT_NE(head.loss, ref.loss);
+  EXPECT_NE(all.loss, both.loss);
   // Close to the unquantized step: the loss within 1%; the whole gradient within 10% of its norm
   // (E4M3 carries about 5% rms error per product), and each parameter's gradient norm within
   // 10% where that norm is at least 1% of the largest (the router biases' gradients are sums
   // that nearly cancel, a thousandth of the others, where a small change is a large ratio).
   const double max_norm = *std::max_element(ref.grad_norms.begin(), ref.grad_norms.end());
-  for (const Result* r : {&dense, &experts, &both}) {
+  for (const Result* r : {&dense, &experts, &both, &head, &all}) {
     EXPECT_LT(std::fabs(r->loss - ref.loss) / ref.loss, 0.01);
     double diff2 = 0, ref2 = 0;
     for (size_t i = 0; i < ref.grads.size(); ++i) {
@@ -138,7 +146,8 @@ struct Recorded {
   std::vector<test::Fp8ForwardingBackend::Gemm> fp8;  // every FP8 product
   int64_t other = 0;                                  // products into neither
   int64_t holds = 0, releases = 0, held_after = 0;    // hold_fp8_weights; held after the step
-  int64_t glu_fp8 = 0, glu_fp8_taken = 0;             // GLUs handing their output on; taken
+  int64_t glu_fp8 = 0, ce_fp8 = 0;                    // GLUs, losses handing their output on
+  int64_t handed_taken = 0;                           // hand-ons the next product took
 };
 
 Recorded record_step(const ModelConfig& cfg, GemmPrecision precision, Fp8GemmClasses classes,
@@ -162,7 +171,8 @@ Recorded record_step(const ModelConfig& cfg, GemmPrecision precision, Fp8GemmCla
   r.releases = be.releases;
   r.held_after = static_cast<int64_t>(be.held.size());
   r.glu_fp8 = be.glu_fp8;
-  r.glu_fp8_taken = be.glu_fp8_taken;
+  r.ce_fp8 = be.ce_fp8;
+  r.handed_taken = be.handed_taken;
   for (const auto& g : be.gemms) {
     const Param* into = nullptr;
     for (auto& p : model.params().all()) {
@@ -264,7 +274,7 @@ TEST(Fp8Model, WeightsAreHeldAndGluOutputsHandedOnToTheirProducts) {
       // forward (not again when recomputed) and once in backward, per layer, every time taken.
       EXPECT_EQ(bf16.glu_fp8, 0) << what;
       EXPECT_EQ(fp8.glu_fp8, moe ? 0 : 2 * cfg.n_layers) << what;
-      EXPECT_EQ(fp8.glu_fp8_taken, fp8.glu_fp8) << what;
+      EXPECT_EQ(fp8.handed_taken, fp8.glu_fp8) << what;
     }
   // One class: only its weights are held, and the other class's products are bf16 ones.
   const Recorded experts =
@@ -274,6 +284,89 @@ TEST(Fp8Model, WeightsAreHeldAndGluOutputsHandedOnToTheirProducts) {
     EXPECT_EQ(g.op, "gemm_fp8_group");
     EXPECT_TRUE(g.b_held);
   }
+}
+
+// fp8_gemms=unembedding: each cross-entropy chunk's logits and the input gradient of its hidden
+// states are FP8 products ({data, weight}) whose weight (lm_head, or the tied embedding) is held,
+// once for the whole loss; the weight gradient stays the product bf16 runs, and nothing is held
+// once backward, or an evaluation, is done. Alone or beside the other classes, tied or not.
+TEST(Fp8Model, UnembeddingClassQuantizesTheLogitsAndTheirInputGradient) {
+  OneThread one;
+  for (const bool moe : {true, false})
+    for (const bool tied : {false, true}) {
+      const std::string what = std::string(moe ? "moe" : "dense") + (tied ? " tied" : "");
+      ModelConfig cfg = moe ? config() : dense_config();
+      cfg.tie_embeddings = tied;
+      const Recorded bf16 = record_step(cfg, GemmPrecision::kBF16, classes(false, false, true),
+                                        fp8::Recipe::kBlock128);
+      EXPECT_TRUE(bf16.fp8.empty()) << what;
+      const Recorded head = record_step(cfg, GemmPrecision::kFP8, classes(false, false, true),
+                                        fp8::Recipe::kBlock128);
+      EXPECT_EQ(head.grad_ops, bf16.grad_ops) << what;
+      // One chunk (320 tokens, ce_chunk_tokens 4096): its logits and its input gradient.
+      ASSERT_EQ(head.fp8.size(), 2u) << what;
+      for (const auto& g : head.fp8) {
+        EXPECT_EQ(g.op, "gemm_fp8") << what;
+        EXPECT_EQ(g.spec.a, fp8::Role::kData) << what;
+        EXPECT_EQ(g.spec.b, fp8::Role::kWeight) << what;
+        EXPECT_TRUE(g.b_held) << what;
+      }
+      EXPECT_EQ(head.other + 2, bf16.other) << what;
+      EXPECT_EQ(head.holds, 1) << what;
+      EXPECT_EQ(head.held_after, 0) << what;
+      // The loss hands its gradient on to the input-gradient product, which takes it.
+      EXPECT_EQ(bf16.ce_fp8, 0) << what;
+      EXPECT_EQ(head.ce_fp8, 1) << what;
+      EXPECT_EQ(head.handed_taken, 1) << what;
+      // With every class: each layer's holds, the head's, and every FP8 product's weight held.
+      const Recorded all =
+          record_step(cfg, GemmPrecision::kFP8, classes(true, true, true), fp8::Recipe::kBlock128);
+      const Recorded layers =
+          record_step(cfg, GemmPrecision::kFP8, classes(true, true), fp8::Recipe::kBlock128);
+      EXPECT_EQ(all.holds, layers.holds + 1) << what;
+      EXPECT_EQ(all.fp8.size(), layers.fp8.size() + 2) << what;
+      for (const auto& g : all.fp8) EXPECT_TRUE(g.b_held) << what;
+      EXPECT_EQ(all.held_after, 0) << what;
+      EXPECT_EQ(all.handed_taken, all.glu_fp8 + all.ce_fp8) << what;
+      EXPECT_EQ(all.ce_fp8, 1) << what;
+    }
+  // An evaluation's loss and Model::logits quantize the same way and release the head after.
+  auto cpu = make_cpu_backend(DType::kF32);
+  test::Fp8ForwardingBackend be(*cpu);
+  ModelOptions opts;
+  opts.max_positions = 64;
+  opts.precision = GemmPrecision::kFP8;
+  opts.fp8_gemms = classes(false, false, true);
+  Model model(config(), opts, be);
+  model.init_params(11);
+  const PackedBatch batch = test::synthetic_batch(config(), 5, 64, 3, 20.0);
+  const BatchMeta meta = be.upload_batch(batch);
+  model.evaluate(meta);
+  int64_t fp8_products = 0;
+  for (const auto& g : be.gemms) fp8_products += g.op == "gemm_fp8" && g.b_held;
+  EXPECT_EQ(fp8_products, 1);
+  EXPECT_EQ(be.held.size(), 0u);
+  EXPECT_EQ(be.ce_fp8, 0);  // no product follows an evaluation's loss
+  const Tensor logits = model.logits(meta);
+  fp8_products = 0;
+  for (const auto& g : be.gemms) fp8_products += g.op == "gemm_fp8" && g.b_held;
+  EXPECT_EQ(fp8_products, 2);
+  EXPECT_EQ(be.held.size(), 0u);
+  EXPECT_EQ(be.holds, 2);
+  // Those logits are the FP8 product's: close to the unquantized ones, not equal to them.
+  ModelOptions bf16_opts = opts;
+  bf16_opts.precision = GemmPrecision::kBF16;
+  Model ref(config(), bf16_opts, *cpu);
+  ref.init_params(11);
+  const Tensor ref_logits = ref.logits(meta);
+  ASSERT_EQ(logits.numel(), ref_logits.numel());
+  double diff2 = 0, ref2 = 0;
+  for (int64_t i = 0; i < logits.numel(); ++i) {
+    diff2 += std::pow(double(logits.data<float>()[i]) - ref_logits.data<float>()[i], 2);
+    ref2 += std::pow(double(ref_logits.data<float>()[i]), 2);
+  }
+  EXPECT_GT(diff2, 0.0);
+  EXPECT_LT(std::sqrt(diff2 / ref2), 0.1);
 }
 
 }  // namespace

@@ -550,6 +550,68 @@ TEST_F(CudaFp8, GluHandsItsQuantizedOutputToTheNextProductBitwise) {
       }
 }
 
+// Backend::cross_entropy_fp8 hands the gradient it writes on to the next FP8 product (the
+// unembedding's input gradient, lm_head's form dlogits W^T and the tied embedding's dlogits E):
+// the loss, the gradient and the product are bitwise cross_entropy's followed by the product
+// quantizing dlogits itself. Rows with an ignored target (-1) and rows padded to 4 (37 rows) are
+// covered; a vocabulary that is not a multiple of 128 (200) is not fused and hands nothing on.
+TEST_F(CudaFp8, CrossEntropyHandsItsQuantizedGradientToTheNextProductBitwise) {
+  Recipe recipe;
+  if (!device_recipe(&recipe)) GTEST_SKIP() << "no block-scaled FP8 GEMMs on this device";
+  Backend::Fp8Gemm spec;
+  spec.recipe = recipe;
+  uint64_t seed = 9500;
+  for (const int64_t rows : {256, 37})
+    for (const int64_t v : {384, 1152, 200}) {
+      const std::string what = std::to_string(rows) + "x" + std::to_string(v);
+      const bool fused = recipe == Recipe::kBlock128 && v % 128 == 0;
+      const Tensor logits = on_gpu(random_host(rows, v, ++seed), DType::kBF16);
+      std::vector<int32_t> t(static_cast<size_t>(rows));
+      Philox rng(++seed, "fp8-ce-targets");
+      for (int64_t r = 0; r < rows; ++r)
+        t[static_cast<size_t>(r)] =
+            r % 11 == 5 ? -1 : static_cast<int32_t>(rng.below(static_cast<uint64_t>(r), v));
+      const Tensor targets = gpu_->upload(Tensor::host_from(t, DType::kI32));
+      const Tensor w = on_gpu(random_host(96, v, ++seed), DType::kBF16);  // lm_head [d, v]
+      const Tensor e = on_gpu(random_host(v, 96, ++seed), DType::kBF16);  // embedding [v, d]
+      const double scale = 1.0 / static_cast<double>(rows);
+      for (const bool tied : {false, true}) {
+        const std::string form = what + (tied ? " tied" : " lm_head");
+        const Tensor& head = tied ? e : w;
+        auto run = [&](bool hand_on, Tensor& dl, Tensor& loss, Tensor& dx) {
+          dl = gpu_->empty({rows, v}, DType::kBF16);
+          gpu_->copy(logits, dl);
+          loss = gpu_->zeros({1}, DType::kF32);
+          dx = gpu_->empty({rows, 96}, DType::kBF16);
+          if (hand_on)
+            gpu_->cross_entropy_fp8(dl, targets, scale, loss, spec);
+          else
+            gpu_->cross_entropy(dl, targets, scale, loss);
+          gpu_->gemm_fp8(dl, false, head, !tied, dx, 0.0, Tensor(), Tensor(), spec);
+        };
+        Tensor dl0, loss0, dx0, dl1, loss1, dx1;
+        run(false, dl0, loss0, dx0);
+        const int64_t uses0 = cuda_fp8_handed_uses(*gpu_);
+        run(true, dl1, loss1, dx1);
+        EXPECT_EQ(cuda_fp8_handed_uses(*gpu_) - uses0, fused ? 1 : 0) << form;
+        EXPECT_EQ(values(loss1), values(loss0)) << "loss " << form;
+        EXPECT_EQ(values(dl1), values(dl0)) << "gradient " << form;
+        EXPECT_EQ(values(dx1), values(dx0)) << "input gradient " << form;
+        // Another product in between drops what was handed on.
+        Tensor dl2 = gpu_->empty({rows, v}, DType::kBF16), loss2 = gpu_->zeros({1}, DType::kF32);
+        Tensor z = gpu_->empty({rows, 96}, DType::kBF16),
+               dx2 = gpu_->empty({rows, 96}, DType::kBF16);
+        gpu_->copy(logits, dl2);
+        const int64_t uses1 = cuda_fp8_handed_uses(*gpu_);
+        gpu_->cross_entropy_fp8(dl2, targets, scale, loss2, spec);
+        gpu_->gemm_fp8(logits, false, head, !tied, z, 0.0, Tensor(), Tensor(), spec);
+        gpu_->gemm_fp8(dl2, false, head, !tied, dx2, 0.0, Tensor(), Tensor(), spec);
+        EXPECT_EQ(cuda_fp8_handed_uses(*gpu_), uses1) << form;
+        EXPECT_EQ(values(dx2), values(dx0)) << "product after a dropped hand-on " << form;
+      }
+    }
+}
+
 TEST_F(CudaFp8, RefusesTheOtherRecipe) {
   Recipe recipe;
   if (!device_recipe(&recipe)) GTEST_SKIP() << "no block-scaled FP8 GEMMs on this device";

@@ -164,6 +164,7 @@ TEST(Fp8Options, ParsedTypedAndValidated) {
   const TrainOptions d = parsed({});
   EXPECT_EQ(d.compute.precision, GemmPrecision::kBF16);
   EXPECT_TRUE(d.compute.fp8_gemms.dense && d.compute.fp8_gemms.experts);
+  EXPECT_FALSE(d.compute.fp8_gemms.unembedding);
   EXPECT_FALSE(make_model_options(d).fp8_dense());
   const TrainOptions f = parsed({"--precision=fp8", "--fp8_gemms=experts"});
   EXPECT_EQ(f.compute.precision, GemmPrecision::kFP8);
@@ -171,6 +172,11 @@ TEST(Fp8Options, ParsedTypedAndValidated) {
   EXPECT_TRUE(f.compute.fp8_gemms.experts);
   EXPECT_TRUE(make_model_options(f).fp8_experts());
   EXPECT_FALSE(make_model_options(f).fp8_dense());
+  EXPECT_FALSE(make_model_options(f).fp8_unembedding());
+  const TrainOptions u = parsed({"--precision=fp8", "--fp8_gemms=dense,experts,unembedding"});
+  EXPECT_TRUE(u.compute.fp8_gemms.dense && u.compute.fp8_gemms.experts);
+  EXPECT_TRUE(make_model_options(u).fp8_unembedding());
+  EXPECT_FALSE(make_model_options(parsed({"--fp8_gemms=unembedding"})).fp8_unembedding());
 
   EXPECT_NE(parse_error({"--precision=fp16"}).find("config key 'precision': must be bf16 or fp8"),
             std::string::npos);
@@ -190,6 +196,9 @@ TEST(Fp8Options, ParsedTypedAndValidated) {
   dense.compute.precision = GemmPrecision::kFP8;
   dense.compute.fp8_gemms.dense = false;
   EXPECT_NE(test::validation_message(dense).find("config key 'fp8_gemms'"), std::string::npos);
+  dense.compute.fp8_gemms.unembedding = true;  // a class a dense model has
+  EXPECT_EQ(test::validation_message(dense), "");
+  dense.compute.fp8_gemms.unembedding = false;
   dense.compute.precision = GemmPrecision::kBF16;  // fp8_gemms is read only under fp8
   EXPECT_EQ(test::validation_message(dense), "");
 }
@@ -254,6 +263,22 @@ TEST(Fp8Options, MemoryPlanCountsTheLargestProductsScratch) {
   o.compute.fp8_gemms.dense = false;
   EXPECT_EQ(plan_memory(o, layout_of(o, 1), true).fp8_scratch, experts);
   EXPECT_EQ(plan_memory(o, layout_of(o, 1), true).fp8_weights, layers * 4 * (wqkv + wo));
+
+  // The unembedding class alone: the logits' forward [256, 64] x [64, 16] is its largest product
+  // and goes straight into the logits (256 rows, 16 columns: no fp32 scratch); lm_head [64, 16]
+  // is held in both forms.
+  o.compute.fp8_gemms.experts = false;
+  o.compute.fp8_gemms.unembedding = true;
+  EXPECT_EQ(plan_memory(o, layout_of(o, 1), true).fp8_scratch, 256 * 64 + 256 * 4 + 16 * 64 + 512);
+  EXPECT_EQ(plan_memory(o, layout_of(o, 1), true).fp8_weights, 2 * (64 * 16 + 512));
+  // A vocabulary of 20 (not a multiple of 8) writes its logits through the fp32 scratch; the
+  // weight's 20 rows are padded to 24.
+  o.model.vocab_size = 20;
+  EXPECT_EQ(plan_memory(o, layout_of(o, 1), true).fp8_scratch,
+            256 * 64 + 256 * 4 + 24 * 64 + 512 + 256 * 20 * 4);
+  o.model.vocab_size = 16;
+  o.compute.fp8_gemms.unembedding = false;
+  o.compute.fp8_gemms.experts = true;
 
   // A CPU plan shows it but holds none of it.
   o.compute.fp8_gemms.dense = true;

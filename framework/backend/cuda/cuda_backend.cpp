@@ -1248,6 +1248,27 @@ class CudaBackend final : public Backend {
                                static_cast<float>(grad_scale), loss.data<float>(), *alloc_,
                                cur_stream());
   }
+  void do_cross_entropy_fp8(Tensor& logits, const Tensor& targets, double grad_scale, Tensor& loss,
+                            const Fp8Gemm& spec) override {
+    const char* op = "cross_entropy_fp8";
+    check_float(op, "logits", logits);
+    check_i32(op, "targets", targets);
+    check_dtype(op, "loss", loss, DType::kF32);
+    const int64_t n = logits.dim(0), v = logits.dim(1);
+    HP_CHECK(n <= std::numeric_limits<int32_t>::max(), op, ": too many rows");
+    if (glu_fp8_spec(spec) && logits.dtype() == DType::kBF16 && v % 128 == 0) {
+      cuda::Fp8Operand q = cuda::fp8_empty_operand(
+          *alloc_, cuda::fp8_layout(n, v, spec.recipe, fp8::Role::kData, 4));
+      if (cuda::launch_cross_entropy_fp8(logits.raw(), logits.dtype(), targets.data<int32_t>(), n,
+                                         v, static_cast<float>(grad_scale), loss.data<float>(),
+                                         q.layout, q.codes.raw(), q.scales.raw(), *alloc_,
+                                         cur_stream())) {
+        fp8_held_.set_next_data(logits, std::move(q), spec.recipe);
+        return;
+      }
+    }
+    do_cross_entropy(logits, targets, grad_scale, loss);
+  }
 
   // ---- optimizer
   // ----------------------------------------------------------------------------------

@@ -3,6 +3,7 @@
 #include <cub/device/device_radix_sort.cuh>
 #include <type_traits>
 
+#include "framework/backend/cuda/cross_entropy.cuh"
 #include "framework/backend/cuda/cuda_common.cuh"
 #include "framework/backend/cuda/cuda_kernels.h"
 
@@ -135,16 +136,6 @@ __global__ void embedding_bwd_merge_kernel(const int32_t* sorted_ids, int64_t n,
   dtable[id * d + c] += acc;
 }
 
-// Adds x to a running (max m, sum s of exp(. - m)).
-__device__ __forceinline__ void online_softmax_add(float x, float& m, float& s) {
-  if (x > m) {
-    s = s * __expf(m - x) + 1.f;
-    m = x;
-  } else {
-    s += __expf(x - m);
-  }
-}
-
 // One block per row: an online max/sum pass, then the gradient pass.
 template <typename T>
 __global__ void cross_entropy_fwd_kernel(T* logits, const int32_t* targets, int64_t v,
@@ -193,18 +184,7 @@ __global__ void cross_entropy_bf16x8_kernel(bf16_t* logits, const int32_t* targe
     return;
   }
   const float target_logit = to_f32(lr[target]);
-  float m = -INFINITY, s = 0.f;
-  for (int64_t i = threadIdx.x; i < v8; i += blockDim.x) {
-    const uint4 q = lr8[i];
-    const bf16_t* e = reinterpret_cast<const bf16_t*>(&q);
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      online_softmax_add(to_f32(e[j]), m, s);
-    }
-  }
-  const float M = block_max(m, scratch);
-  const float S = block_sum(m == -INFINITY ? 0.f : s * __expf(m - M), scratch);
-  const float lse = M + __logf(S);
+  const float lse = row_lse_bf16x8(lr8, v8, scratch);
   for (int64_t i = threadIdx.x; i < v8; i += blockDim.x) {
     uint4 q = lr8[i];
     bf16_t* e = reinterpret_cast<bf16_t*>(&q);

@@ -75,6 +75,14 @@ bool launch_glu_bwd_fp8(const void* h, const void* da, void* dh, DType t, int64_
                         int kind, float alpha, float limit, const Fp8Layout& l, void* codes,
                         void* scales, cudaStream_t stream);
 
+// Backend::cross_entropy_fp8: launch_cross_entropy's loss and gradient (the same bits) with the
+// gradient also quantized into `l` as a block128 data operand (X = logits: n x v; rows padded
+// to 4), codes and scales in full. False, with nothing done, unless the dtype is bf16, v a
+// multiple of 128, the pointers 16-byte aligned and `l` that layout.
+bool launch_cross_entropy_fp8(void* logits, DType t, const int32_t* targets, int64_t n, int64_t v,
+                              float grad_scale, float* loss, const Fp8Layout& l, void* codes,
+                              void* scales, Allocator& alloc, cudaStream_t stream);
+
 // ---- fp8_gemm.cpp -------------------------------------------------------------------------------
 // A quantized operand on the device: codes and scales in `layout`.
 struct Fp8Operand {

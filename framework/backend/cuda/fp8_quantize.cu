@@ -27,8 +27,10 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "framework/backend/cuda/cross_entropy.cuh"
 #include "framework/backend/cuda/cuda_check.h"
 #include "framework/backend/cuda/cuda_common.cuh"
+#include "framework/backend/cuda/cuda_kernels.h"
 #include "framework/backend/cuda/fp8_gemm.h"
 #include "framework/backend/cuda/glu_math.cuh"
 
@@ -550,6 +552,58 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// The bf16 cross-entropy of embedding_loss.cu (cross_entropy_bf16x8_kernel, whose loss and
+// gradient bits it gives: the same 1,024 threads a row, the same order) that also quantizes the
+// gradient it writes as a block128 data operand X [rows_pad, v] (v a multiple of 128; rows
+// padded to 4): the 16 lanes of a half-warp hold one 1x128 block, whose amax they reduce by
+// shuffles from the bf16 values written, as the GLU kernels do. One thread block a row; the
+// blocks past the last row write the padding rows' zero codes and unit scales.
+constexpr int kLossThreads = 1024;
+
+__global__ void __launch_bounds__(kLossThreads)
+    cross_entropy_fp8_kernel(bf16_t* __restrict__ logits, const int32_t* __restrict__ targets,
+                             int64_t rows, int64_t v, float grad_scale,
+                             float* __restrict__ row_loss, Fp8Layout l,
+                             unsigned char* __restrict__ codes, float* __restrict__ scales) {
+  __shared__ float scratch[33];
+  const int64_t row = blockIdx.x, v8 = v / 8;
+  const int lane = threadIdx.x % 32;
+  if (row >= rows) {
+    for (int64_t i = threadIdx.x; i < v8; i += blockDim.x) {
+      *reinterpret_cast<uint2*>(codes + row * l.ldk + i * 8) = make_uint2(0, 0);
+      if (i % 16 == 0) scales[l.scale_index(row, i / 16)] = 1.f;
+    }
+    return;
+  }
+  uint4* lr8 = reinterpret_cast<uint4*>(logits + row * v);
+  const int32_t target = targets[row];
+  const bool valid = target >= 0 && target < v;  // uniform over the block
+  float lse = 0.f, target_logit = 0.f;
+  if (valid) {
+    target_logit = to_f32(logits[row * v + target]);
+    lse = row_lse_bf16x8(lr8, v8, scratch);
+  }
+  // A warp leaves the loop as a whole (the shuffles need every lane); v8 is a multiple of 16, so
+  // a half-warp is wholly in or out.
+  for (int64_t i = threadIdx.x; i - lane < v8; i += blockDim.x) {
+    Bf16Vec out[1];
+    out[0].raw = make_uint4(0, 0, 0, 0);
+    if (i < v8 && valid) {
+      const Bf16Vec q{lr8[i]};
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const float p = __expf(q.get(j) - lse);
+        out[0].set(j, grad_scale * (p - (i * 8 + j == target ? 1.f : 0.f)));
+      }
+    }
+    if (i < v8) lr8[i] = out[0].raw;
+    const unsigned m = half_warp_max(amax8_bits<bf16_t>(out));
+    if (i >= v8) continue;
+    put_block_codes(out, m, lane, l, row, i * 8, codes, scales);
+  }
+  if (threadIdx.x == 0) row_loss[row] = valid ? lse - target_logit : 0.f;
+}
+
 // c[i, j] = d[i * ldd + j] + beta * c[i, j] + bias[j] + r[i, j] in double, rounded once to C.
 // Rows along the grid's y, columns along x: no index division.
 template <typename C, typename B>
@@ -683,6 +737,23 @@ bool launch_glu_bwd_fp8(const void* h, const void* da, void* dh, DType t, int64_
       fv, GluArgs{kind, alpha, limit}, l, static_cast<unsigned char*>(codes),
       static_cast<float*>(scales));
   CUDA_CHECK_LAUNCH();
+  return true;
+}
+
+bool launch_cross_entropy_fp8(void* logits, DType t, const int32_t* targets, int64_t n, int64_t v,
+                              float grad_scale, float* loss, const Fp8Layout& l, void* codes,
+                              void* scales, Allocator& alloc, cudaStream_t stream) {
+  if (t != DType::kBF16 || v % kTile != 0 || l.recipe != fp8::Recipe::kBlock128 || l.weight ||
+      l.rows != n || l.k != v || l.ldk != v || !vec16_rows(v, 2, {logits, codes}))
+    return false;
+  if (l.rows_pad == 0) return true;
+  HP_CHECK(l.rows_pad <= 0x7FFFFFFF, "cross_entropy_fp8: ", l.rows_pad, " rows exceed the grid");
+  Tensor row_loss = Tensor::empty(alloc, {n}, DType::kF32);
+  cross_entropy_fp8_kernel<<<static_cast<unsigned>(l.rows_pad), kLossThreads, 0, stream>>>(
+      static_cast<bf16_t*>(logits), targets, n, v, grad_scale, row_loss.data<float>(), l,
+      static_cast<unsigned char*>(codes), static_cast<float*>(scales));
+  CUDA_CHECK_LAUNCH();
+  if (n > 0) launch_reduce_sum_add(row_loss.data<float>(), n, 1.f, loss, alloc, stream);
   return true;
 }
 
