@@ -173,10 +173,14 @@ MemoryPlan plan_memory(const TrainOptions& o, const PlanLayout& layout, bool cud
     std::vector<int64_t> best_parts;
     // The product [m, k] x [k, cols] with a data operand of m rows and a weight of cols rows;
     // `scratch`: whether its fp32 [m, cols] scratch is counted.
-    auto product = [&](int64_t m_rows, int64_t k, int64_t cols, bool scratch = true) {
+    // `staged`: whether the data operand's scales are staged in a second buffer of their size
+    // first (the cross-entropy's, "FP8 on the GPU").
+    auto product = [&](int64_t m_rows, int64_t k, int64_t cols, bool scratch = true,
+                       bool staged = false) {
       const Fp8Operand x = fp8_operand(m_rows, k, false), w = fp8_operand(cols, k, true);
-      const std::vector<int64_t> parts = {x.codes, x.scales, w.codes, w.scales,
-                                          scratch ? m_rows * cols * 4 : 0};
+      std::vector<int64_t> parts = {x.codes, x.scales, w.codes, w.scales};
+      if (staged) parts.push_back(x.scales);
+      if (scratch) parts.push_back(m_rows * cols * 4);
       int64_t sum = 0;
       for (int64_t b : parts) sum += b;
       if (sum > best) {
@@ -210,7 +214,7 @@ MemoryPlan plan_memory(const TrainOptions& o, const PlanLayout& layout, bool cud
       const int64_t last = n - (n - 1) / chunk * chunk;
       const bool rows_whole = chunk % 4 == 0 && last % 4 == 0;
       product(chunk, d, c.vocab_size, !(rows_whole && c.vocab_size % 8 == 0));
-      product(chunk, c.vocab_size, d, !(rows_whole && d % 8 == 0));
+      product(chunk, c.vocab_size, d, !(rows_whole && d % 8 == 0), true);
     }
     for (int64_t b : best_parts) p.fp8_scratch += count(b);
     // Held weights: a weight W [in, out] as X = W (in rows of K = out) and X = W^T.

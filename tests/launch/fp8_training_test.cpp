@@ -83,10 +83,12 @@ double mean_last(const std::vector<double>& v, size_t n) {
 // size moves a 60-step run's loss by a fraction of a percent (measured: 0.01% dense, 0.3% MoE,
 // from 2.80 at step 1 to about 1.88; the entropy floor is 1.23). 2% still catches a wrong
 // gradient product, which leaves the loss tens of percent behind.
-void expect_fp8_trains_like_bf16(bool moe, const std::string& name) {
+// With `unembedding` the FP8 run also quantizes the logits' products (fp8_gemms=...,unembedding).
+void expect_fp8_trains_like_bf16(bool moe, const std::string& name, bool unembedding = false) {
   TrainOptions o = small_run(moe);
   const std::vector<double> bf16 = train(o, name + "_bf16");
   o.compute.precision = GemmPrecision::kFP8;
+  o.compute.fp8_gemms.unembedding = unembedding;
   const std::vector<double> fp8 = train(o, name + "_fp8");
   ASSERT_EQ(bf16.size(), 60u);
   ASSERT_EQ(fp8.size(), 60u);
@@ -106,6 +108,11 @@ TEST(Fp8Training, DenseTrainsLikeBf16) {
 TEST(Fp8Training, MoeTrainsLikeBf16) {
   OneThread one;
   expect_fp8_trains_like_bf16(true, "moe");
+}
+
+TEST(Fp8Training, WithTheUnembeddingTrainsLikeBf16) {
+  OneThread one;
+  expect_fp8_trains_like_bf16(true, "moe_unembedding", true);
 }
 
 // A run saved under one precision resumes under the other: the checkpoint (fp32 masters and

@@ -484,12 +484,19 @@ __global__ void __launch_bounds__(kThreads)
 // past the end write nothing.
 using Bf16Vec = Vec16<bf16_t>;
 
+// A lane's 8 codes of a 1x128 block whose |x| bits' maximum is m, at `codes`; the block's scale
+// at `scale` (written by the half-warp's first lane).
+__device__ __forceinline__ void put_block_codes_at(const Bf16Vec (&v)[1], unsigned m, int lane,
+                                                   unsigned char* codes, float* scale) {
+  const Scale sc = make_scale(block_scale_bits(m));
+  if (lane % 16 == 0) *scale = sc.s;
+  *reinterpret_cast<uint2*>(codes) = quantize8<bf16_t>(v, sc);
+}
+
 __device__ __forceinline__ void put_block_codes(const Bf16Vec (&v)[1], unsigned m, int lane,
                                                 const Fp8Layout& l, int64_t r, int64_t col,
                                                 unsigned char* codes, float* scales) {
-  const Scale sc = make_scale(block_scale_bits(m));
-  if (lane % 16 == 0) scales[l.scale_index(r, col / kTile)] = sc.s;
-  *reinterpret_cast<uint2*>(codes + r * l.ldk + col) = quantize8<bf16_t>(v, sc);
+  put_block_codes_at(v, m, lane, codes + r * l.ldk + col, scales + l.scale_index(r, col / kTile));
 }
 
 __device__ __forceinline__ unsigned half_warp_max(unsigned m) {
@@ -557,21 +564,24 @@ __global__ void __launch_bounds__(kThreads)
 // gradient it writes as a block128 data operand X [rows_pad, v] (v a multiple of 128; rows
 // padded to 4): the 16 lanes of a half-warp hold one 1x128 block, whose amax they reduce by
 // shuffles from the bf16 values written, as the GLU kernels do. One thread block a row; the
-// blocks past the last row write the padding rows' zero codes and unit scales.
+// blocks past the last row write the padding rows' zero codes and unit scales. A row's scales
+// go to `row_scales` [rows_pad, k_blocks] row-major, where a row's blocks are neighbours, and
+// transpose_scales_kernel moves them to the layout's [k_blocks, rows_pad]: written there
+// directly, a row's scales lie rows_pad floats apart, one memory sector each.
 constexpr int kLossThreads = 1024;
 
 __global__ void __launch_bounds__(kLossThreads)
     cross_entropy_fp8_kernel(bf16_t* __restrict__ logits, const int32_t* __restrict__ targets,
                              int64_t rows, int64_t v, float grad_scale,
                              float* __restrict__ row_loss, Fp8Layout l,
-                             unsigned char* __restrict__ codes, float* __restrict__ scales) {
+                             unsigned char* __restrict__ codes, float* __restrict__ row_scales) {
   __shared__ float scratch[33];
-  const int64_t row = blockIdx.x, v8 = v / 8;
+  const int64_t row = blockIdx.x, v8 = v / 8, kb = v / kTile;
   const int lane = threadIdx.x % 32;
   if (row >= rows) {
     for (int64_t i = threadIdx.x; i < v8; i += blockDim.x) {
       *reinterpret_cast<uint2*>(codes + row * l.ldk + i * 8) = make_uint2(0, 0);
-      if (i % 16 == 0) scales[l.scale_index(row, i / 16)] = 1.f;
+      if (i % 16 == 0) row_scales[row * kb + i / 16] = 1.f;
     }
     return;
   }
@@ -599,9 +609,30 @@ __global__ void __launch_bounds__(kLossThreads)
     if (i < v8) lr8[i] = out[0].raw;
     const unsigned m = half_warp_max(amax8_bits<bf16_t>(out));
     if (i >= v8) continue;
-    put_block_codes(out, m, lane, l, row, i * 8, codes, scales);
+    put_block_codes_at(out, m, lane, codes + row * l.ldk + i * 8, row_scales + row * kb + i / 16);
   }
   if (threadIdx.x == 0) row_loss[row] = valid ? lse - target_logit : 0.f;
+}
+
+// out[b * rows + r] = in[r * cols + b] (r < rows, b < cols) through 32 x 32 tiles of shared
+// memory, so that both sides are read and written in runs; blockDim (32, 8), tiles of rows along
+// the grid's y in a stride loop.
+__global__ void transpose_scales_kernel(const float* __restrict__ in, int64_t rows, int64_t cols,
+                                        float* __restrict__ out) {
+  __shared__ float tile[32][33];
+  const int64_t b0 = static_cast<int64_t>(blockIdx.x) * 32;
+  for (int64_t r0 = static_cast<int64_t>(blockIdx.y) * 32; r0 < rows; r0 += 32ll * gridDim.y) {
+    for (int j = threadIdx.y; j < 32; j += blockDim.y) {
+      const int64_t r = r0 + j, b = b0 + threadIdx.x;
+      if (r < rows && b < cols) tile[j][threadIdx.x] = in[r * cols + b];
+    }
+    __syncthreads();
+    for (int j = threadIdx.y; j < 32; j += blockDim.y) {
+      const int64_t b = b0 + j, r = r0 + threadIdx.x;
+      if (r < rows && b < cols) out[b * rows + r] = tile[threadIdx.x][j];
+    }
+    __syncthreads();
+  }
 }
 
 // c[i, j] = d[i * ldd + j] + beta * c[i, j] + bias[j] + r[i, j] in double, rounded once to C.
@@ -749,9 +780,17 @@ bool launch_cross_entropy_fp8(void* logits, DType t, const int32_t* targets, int
   if (l.rows_pad == 0) return true;
   HP_CHECK(l.rows_pad <= 0x7FFFFFFF, "cross_entropy_fp8: ", l.rows_pad, " rows exceed the grid");
   Tensor row_loss = Tensor::empty(alloc, {n}, DType::kF32);
+  const int64_t kb = v / kTile;
+  HP_CHECK(l.scale_count() == l.rows_pad * kb, "cross_entropy_fp8: scale layout");
+  Tensor row_scales = Tensor::empty(alloc, {l.rows_pad, kb}, DType::kF32);
   cross_entropy_fp8_kernel<<<static_cast<unsigned>(l.rows_pad), kLossThreads, 0, stream>>>(
       static_cast<bf16_t*>(logits), targets, n, v, grad_scale, row_loss.data<float>(), l,
-      static_cast<unsigned char*>(codes), static_cast<float*>(scales));
+      static_cast<unsigned char*>(codes), row_scales.data<float>());
+  CUDA_CHECK_LAUNCH();
+  const dim3 grid(static_cast<unsigned>((kb + 31) / 32),
+                  static_cast<unsigned>(std::min<int64_t>((l.rows_pad + 31) / 32, 65535)));
+  transpose_scales_kernel<<<grid, dim3(32, 8), 0, stream>>>(row_scales.data<float>(), l.rows_pad,
+                                                            kb, static_cast<float*>(scales));
   CUDA_CHECK_LAUNCH();
   if (n > 0) launch_reduce_sum_add(row_loss.data<float>(), n, 1.f, loss, alloc, stream);
   return true;
