@@ -190,24 +190,34 @@ TEST(CudaModel, ForwardBackwardMatchesCpuReference) {
 // emulation: the operands quantize from bf16 on the GPU and from f32 on the CPU, so a code can
 // round to its neighbour (1/16 apart) where the two differ; the bounds allow for that, and the
 // FP8 loss must differ from the bf16 one (the FP8 products ran).
-TEST(CudaModel, Fp8ForwardBackwardMatchesCpuFp8Reference) {
-  HP_REQUIRE_GPU();
-  {
-    auto gpu = make_cuda_backend(0);
-    if (!gpu->has_fp8_gemms()) GTEST_SKIP() << "this GPU has no block-scaled FP8 GEMMs";
-  }
-  ModelOptions opts;
-  opts.max_positions = 128;
-  opts.ce_chunk_tokens = 300;
-  const double bf16 = forward_backward_matches_cpu(opts, Agreement{});
-  opts.precision = GemmPrecision::kFP8;
-  opts.fp8_recipe = make_cuda_backend(0)->fp8_recipe();  // the CPU emulates the device's
+Agreement fp8_agreement() {
   Agreement tol;
   tol.loss = 2e-2;
   tol.grad = 0.25;
   tol.cancelling_grad = 0.5;
   tol.all = 0.1;
-  const double fp8 = forward_backward_matches_cpu(opts, tol);
+  return tol;
+}
+
+// The device's FP8 recipe (the CPU emulates it), or false where it has no block-scaled FP8 GEMMs.
+bool device_fp8_recipe(fp8::Recipe* recipe) {
+  auto gpu = make_cuda_backend(0);
+  if (!gpu->has_fp8_gemms()) return false;
+  *recipe = gpu->fp8_recipe();
+  return true;
+}
+
+TEST(CudaModel, Fp8ForwardBackwardMatchesCpuFp8Reference) {
+  HP_REQUIRE_GPU();
+  fp8::Recipe recipe;
+  if (!device_fp8_recipe(&recipe)) GTEST_SKIP() << "this GPU has no block-scaled FP8 GEMMs";
+  ModelOptions opts;
+  opts.max_positions = 128;
+  opts.ce_chunk_tokens = 300;
+  const double bf16 = forward_backward_matches_cpu(opts, Agreement{});
+  opts.precision = GemmPrecision::kFP8;
+  opts.fp8_recipe = recipe;
+  const double fp8 = forward_backward_matches_cpu(opts, fp8_agreement());
   EXPECT_NE(fp8, bf16) << "precision=fp8 gave the bf16 loss bit for bit";
   EXPECT_NEAR(fp8, bf16, 2e-2 * bf16);
 }
@@ -218,11 +228,7 @@ TEST(CudaModel, Fp8ForwardBackwardMatchesCpuFp8Reference) {
 TEST(CudaModel, Fp8DenseForwardBackwardMatchesCpuFp8Reference) {
   HP_REQUIRE_GPU();
   fp8::Recipe recipe;
-  {
-    auto gpu = make_cuda_backend(0);
-    if (!gpu->has_fp8_gemms()) GTEST_SKIP() << "this GPU has no block-scaled FP8 GEMMs";
-    recipe = gpu->fp8_recipe();
-  }
+  if (!device_fp8_recipe(&recipe)) GTEST_SKIP() << "this GPU has no block-scaled FP8 GEMMs";
   ModelConfig cfg = gpu_moe_config();
   cfg.n_experts = 0;
   cfg.top_k = 0;
@@ -236,13 +242,8 @@ TEST(CudaModel, Fp8DenseForwardBackwardMatchesCpuFp8Reference) {
   const double bf16 = forward_backward_matches_cpu(opts, Agreement{}, cfg);
   opts.precision = GemmPrecision::kFP8;
   opts.fp8_recipe = recipe;
-  Agreement tol;
-  tol.loss = 2e-2;
-  tol.grad = 0.25;
-  tol.cancelling_grad = 0.5;
-  tol.all = 0.1;
   int64_t handed = -1;
-  const double fp8 = forward_backward_matches_cpu(opts, tol, cfg, &handed);
+  const double fp8 = forward_backward_matches_cpu(opts, fp8_agreement(), cfg, &handed);
   EXPECT_NE(fp8, bf16) << "precision=fp8 gave the bf16 loss bit for bit";
   EXPECT_NEAR(fp8, bf16, 2e-2 * bf16);
   EXPECT_EQ(handed, recipe == fp8::Recipe::kBlock128 ? 2 * cfg.n_layers : 0);
@@ -254,11 +255,7 @@ TEST(CudaModel, Fp8DenseForwardBackwardMatchesCpuFp8Reference) {
 TEST(CudaModel, Fp8UnembeddingMatchesCpuFp8Reference) {
   HP_REQUIRE_GPU();
   fp8::Recipe recipe;
-  {
-    auto gpu = make_cuda_backend(0);
-    if (!gpu->has_fp8_gemms()) GTEST_SKIP() << "this GPU has no block-scaled FP8 GEMMs";
-    recipe = gpu->fp8_recipe();
-  }
+  if (!device_fp8_recipe(&recipe)) GTEST_SKIP() << "this GPU has no block-scaled FP8 GEMMs";
   for (const bool tied : {false, true}) {
     ModelConfig cfg = gpu_moe_config();
     cfg.tie_embeddings = tied;
@@ -269,15 +266,10 @@ TEST(CudaModel, Fp8UnembeddingMatchesCpuFp8Reference) {
     const double bf16 = forward_backward_matches_cpu(opts, Agreement{}, cfg);
     opts.precision = GemmPrecision::kFP8;
     opts.fp8_recipe = recipe;
-    Agreement tol;
-    tol.loss = 2e-2;
-    tol.grad = 0.25;
-    tol.cancelling_grad = 0.5;
-    tol.all = 0.1;
     for (const bool others : {false, true}) {
       opts.fp8_gemms.dense = opts.fp8_gemms.experts = others;
       opts.fp8_gemms.unembedding = true;
-      const double fp8 = forward_backward_matches_cpu(opts, tol, cfg);
+      const double fp8 = forward_backward_matches_cpu(opts, fp8_agreement(), cfg);
       EXPECT_NE(fp8, bf16) << "tied=" << tied << " others=" << others;
       EXPECT_NEAR(fp8, bf16, 2e-2 * bf16) << "tied=" << tied << " others=" << others;
     }
