@@ -49,6 +49,8 @@ const Names<GemmPrecision> kPrecisionNames = {{"bf16", GemmPrecision::kBF16},
 
 // fp8_gemms: a comma list of the classes dense, experts and unembedding, at least one.
 Fp8GemmClasses parse_fp8_gemms(const std::string& text) {
+  const char* rule =
+      "config key 'fp8_gemms': must be a comma list of dense, experts and unembedding";
   Fp8GemmClasses c;
   c.dense = c.experts = c.unembedding = false;
   std::stringstream list(text);
@@ -62,18 +64,11 @@ Fp8GemmClasses parse_fp8_gemms(const std::string& text) {
     } else if (item == "unembedding") {
       c.unembedding = true;
     } else {
-      HP_USER_ERROR(ErrorKind::kConfig,
-                    "config key 'fp8_gemms': must be a comma list of dense, "
-                    "experts and unembedding, got '",
-                    text, "' ('", item, "' is none of them)");
+      HP_USER_ERROR(ErrorKind::kConfig, rule, ", got '", text, "' ('", item, "' is none of them)");
     }
     any = true;
   }
-  if (!any)
-    HP_USER_ERROR(ErrorKind::kConfig,
-                  "config key 'fp8_gemms': must be a comma list of dense, "
-                  "experts and unembedding, got '",
-                  text, "'");
+  if (!any) HP_USER_ERROR(ErrorKind::kConfig, rule, ", got '", text, "'");
   return c;
 }
 

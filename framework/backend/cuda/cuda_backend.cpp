@@ -1030,10 +1030,11 @@ class CudaBackend final : public Backend {
                          static_cast<float>(p.alpha), static_cast<float>(p.limit), cur_stream());
   }
 
-  // The GLU with its output quantized for the next FP8 product (fp8_gemm.h): where the fused
-  // kernels take the shape (bf16, f a multiple of 128) and the spec is the device's block128
-  // with a data operand a; otherwise the plain GLU, and the product quantizes a itself.
-  bool glu_fp8_spec(const Fp8Gemm& spec) const {
+  // The GLU or the loss with its output quantized for the next FP8 product (fp8_gemm.h): where
+  // the fused kernels take the shape (bf16, a width that is a multiple of 128) and the spec is
+  // the device's block128 with a data operand a; otherwise the plain op, and the product
+  // quantizes a itself.
+  bool fused_fp8_spec(const Fp8Gemm& spec) const {
     fp8::Recipe native{};
     return cuda::fp8_device_recipe(cc_major_, &native) && spec.recipe == native &&
            spec.recipe == fp8::Recipe::kBlock128 && spec.a == fp8::Role::kData;
@@ -1043,7 +1044,7 @@ class CudaBackend final : public Backend {
     check_float("glu_fwd_fp8", "h", h);
     check_dtype("glu_fwd_fp8", "a", a, h.dtype());
     const int64_t m = h.dim(0), f = h.dim(1) / 2;
-    if (glu_fp8_spec(spec) && h.dtype() == DType::kBF16 && a.dtype() == DType::kBF16 &&
+    if (fused_fp8_spec(spec) && h.dtype() == DType::kBF16 && a.dtype() == DType::kBF16 &&
         f % 128 == 0) {
       cuda::Fp8Operand q = cuda::fp8_empty_operand(
           *alloc_, cuda::fp8_layout(m, f, spec.recipe, fp8::Role::kData, 4));
@@ -1063,7 +1064,7 @@ class CudaBackend final : public Backend {
     check_dtype("glu_bwd_fp8", "da", da, h.dtype());
     check_dtype("glu_bwd_fp8", "dh", dh, h.dtype());
     const int64_t m = h.dim(0), f = h.dim(1) / 2;
-    if (glu_fp8_spec(spec) && h.dtype() == DType::kBF16 && da.dtype() == DType::kBF16 &&
+    if (fused_fp8_spec(spec) && h.dtype() == DType::kBF16 && da.dtype() == DType::kBF16 &&
         dh.dtype() == DType::kBF16 && f % 128 == 0) {
       cuda::Fp8Operand q = cuda::fp8_empty_operand(
           *alloc_, cuda::fp8_layout(m, 2 * f, spec.recipe, fp8::Role::kData, 4));
@@ -1256,7 +1257,7 @@ class CudaBackend final : public Backend {
     check_dtype(op, "loss", loss, DType::kF32);
     const int64_t n = logits.dim(0), v = logits.dim(1);
     HP_CHECK(n <= std::numeric_limits<int32_t>::max(), op, ": too many rows");
-    if (glu_fp8_spec(spec) && logits.dtype() == DType::kBF16 && v % 128 == 0) {
+    if (fused_fp8_spec(spec) && logits.dtype() == DType::kBF16 && v % 128 == 0) {
       cuda::Fp8Operand q = cuda::fp8_empty_operand(
           *alloc_, cuda::fp8_layout(n, v, spec.recipe, fp8::Role::kData, 4));
       if (cuda::launch_cross_entropy_fp8(logits.raw(), logits.dtype(), targets.data<int32_t>(), n,

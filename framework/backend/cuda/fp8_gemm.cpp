@@ -108,8 +108,7 @@ bool fp8_device_recipe(int major, fp8::Recipe* recipe) {
   return false;
 }
 
-// ---- Fp8HeldOperands
-// -----------------------------------------------------------------------------
+// ---- Fp8HeldOperands ----------------------------------------------------------------------------
 
 bool Fp8HeldOperands::Key::operator<(const Key& o) const {
   return std::tie(p, d0, d1, dtype, recipe) < std::tie(o.p, o.d0, o.d1, o.dtype, o.recipe);

@@ -168,9 +168,9 @@ class Fp8Lt {
 
 // Quantized operands kept for later products: the weights of Backend::hold_fp8_weights, both
 // forms of each (X = W, X = W^T) as a product's b operand takes them (rows padded to 8, K to 16
-// bytes; role kWeight under block128, kData under mxfp8), and the one data operand a GLU hands
-// on to the next product (Backend::glu_fwd_fp8); keyed by the tensor's storage, shape, dtype and
-// recipe.
+// bytes; role kWeight under block128, kData under mxfp8), and the one data operand a GLU or the
+// loss hands on to the next product (Backend::glu_fwd_fp8, cross_entropy_fp8); keyed by the
+// tensor's storage, shape, dtype and recipe.
 class Fp8HeldOperands {
  public:
   // Quantizes `weights` (2-D, f32 or bf16, on the device) under `recipe` on `stream`, scratch
@@ -181,8 +181,8 @@ class Fp8HeldOperands {
     held_.clear();
     next_data_.reset();
   }
-  // A data operand handed on to the next product (Backend::glu_fwd_fp8, glu_bwd_fp8): x's codes
-  // as gemm_fp8 quantizes op(a) = x.
+  // A data operand handed on to the next product (Backend::glu_fwd_fp8, glu_bwd_fp8,
+  // cross_entropy_fp8): x's codes as gemm_fp8 quantizes op(a) = x.
   void set_next_data(const Tensor& x, Fp8Operand q, fp8::Recipe recipe);
   // The handed-on operand where it is this product's op(a) (a not transposed; same storage,
   // shape, dtype, recipe and layout), else null; nothing is handed on afterwards either way.
