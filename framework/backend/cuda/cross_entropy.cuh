@@ -9,6 +9,10 @@
 namespace hp {
 namespace cuda {
 
+// Threads a row of the loss kernels: the plain and the quantizing kernel must agree for their
+// sums to run in the same order (the same bits).
+constexpr int kLossThreads = 1024;
+
 // Adds x to a running (max m, sum s of exp(. - m)).
 __device__ __forceinline__ void online_softmax_add(float x, float& m, float& s) {
   if (x > m) {

@@ -13,7 +13,6 @@ namespace cuda {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr int kLossThreads = 1024;
 
 template <typename S, typename T>
 __global__ void embedding_fwd_kernel(const S* table, int64_t v, const int32_t* ids, int64_t n,

@@ -568,7 +568,6 @@ __global__ void __launch_bounds__(kThreads)
 // go to `row_scales` [rows_pad, k_blocks] row-major, where a row's blocks are neighbours, and
 // transpose_scales_kernel moves them to the layout's [k_blocks, rows_pad]: written there
 // directly, a row's scales lie rows_pad floats apart, one memory sector each.
-constexpr int kLossThreads = 1024;
 
 __global__ void __launch_bounds__(kLossThreads)
     cross_entropy_fp8_kernel(bf16_t* __restrict__ logits, const int32_t* __restrict__ targets,
