@@ -54,8 +54,8 @@ struct StepProfile {
   // Each sums to idle_ms; zero on the host backend.
   std::array<double, kNumStepPhases> idle_by_phase{};
   std::array<double, kNumOpFamilies> idle_by_family{};
-  // Device time by kernel name (memsets and copies by kind), the largest first: the time each
-  // ran (not split with concurrent work), and how many ran. Empty on the host backend.
+  // Device time by kernel name (memsets by size class, copies as one), the largest first: the time
+  // each ran (not split with concurrent work), and how many ran. Empty on the host backend.
   struct KernelTime {
     std::string name;
     double ms = 0;

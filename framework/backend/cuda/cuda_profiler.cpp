@@ -56,7 +56,7 @@ struct Collector {
   }
   // "void hp::cuda::(anonymous namespace)::add_kernel<float>(float*, int)" -> "add_kernel<float>".
   static std::string short_kernel_name(const std::string& mangled) {
-    if (mangled.empty() || mangled[0] == '(') return mangled;  // "(memset)", "(memcpy)"
+    if (mangled.empty() || mangled[0] == '(') return mangled;  // "(memset, ...)", "(memcpy)"
     int status = 0;
     char* d = abi::__cxa_demangle(mangled.c_str(), nullptr, nullptr, &status);
     std::string s = status == 0 && d ? d : mangled;
@@ -122,7 +122,11 @@ void CUPTIAPI buffer_completed(CUcontext, uint32_t, uint8_t* buffer, size_t, siz
       }
       case CUPTI_ACTIVITY_KIND_MEMSET: {
         const auto* m = reinterpret_cast<const CUpti_ActivityMemset4*>(rec);
-        c.work.push_back({m->start, m->end, m->correlationId, -1, c.intern("(memset)")});
+        // By size: the small ones (counters, flags) cost their launch, the large ones bandwidth.
+        const char* name = m->bytes < (64u << 10)   ? "(memset, under 64 KiB)"
+                           : m->bytes < (16u << 20) ? "(memset, 64 KiB to 16 MiB)"
+                                                    : "(memset, 16 MiB or more)";
+        c.work.push_back({m->start, m->end, m->correlationId, -1, c.intern(name)});
         break;
       }
       case CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION: {
