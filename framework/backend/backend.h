@@ -377,13 +377,15 @@ class Backend {
                   Tensor& assign_to_sorted);
   // out[j] = x[sorted_to_assign[j] / k]   (x[N,D], sorted_to_assign[M], out[M,D], k >= 1).
   void permute_rows(const Tensor& x, const Tensor& sorted_to_assign, int k, Tensor& out);
-  // dx[N,D] += sum over j with sorted_to_assign[j]/k == t of dout[j]   (dout[M,D], k >= 1).
+  // dx[N,D] = sum over j with sorted_to_assign[j]/k == t of dout[j]   (dout[M,D], k >= 1); a
+  // row no j names is zero. Written, not added to: dx need not be initialized.
   void permute_rows_bwd(const Tensor& dout, const Tensor& sorted_to_assign, int k, Tensor& dx);
   // out[t] = sum_s w[t,s] * y[assign_to_sorted[t*k+s]]   (y[M,D], w[N,k], assign_to_sorted[N*k],
   // out[N,D]).
   void unpermute_combine(const Tensor& y, const Tensor& assign_to_sorted, const Tensor& w,
                          Tensor& out);
-  // dout[N,D]: dy[M,D] written; dw[N,k] written.
+  // dout[N,D]: dy[M,D] written (rows no assignment reads are zero); dw[N,k] written.
+  // assign_to_sorted names each row of y once at most (sort_by_id's is a permutation).
   void unpermute_combine_bwd(const Tensor& dout, const Tensor& y, const Tensor& assign_to_sorted,
                              const Tensor& w, Tensor& dy, Tensor& dw);
 

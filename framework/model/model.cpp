@@ -729,7 +729,6 @@ void Model::moe_backward(int l, LayerActs& a, const Tensor& dy, Tensor& dhn) {
   }
   family(be_, OpFamily::kRouting);
   Tensor dxs = exchange_->combine(be_, a.plan, dxe);
-  be_.fill(dhn, 0.0);
   be_.permute_rows_bwd(dxs, a.s2a, static_cast<int>(k), dhn);
   Tensor dlogits = new_act({n, e});
   be_.router_topk_bwd(a.idx, a.w, dw, dlogits);

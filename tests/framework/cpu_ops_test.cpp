@@ -978,7 +978,8 @@ TEST(CpuOpsRouting, PermuteRowsAndGradient) {
   for (int64_t j = 0; j < m; ++j) {
     for (int64_t c = 0; c < rt.d; ++c) EXPECT_EQ(ov[j * rt.d + c], xv[s[j] / rt.k * rt.d + c]);
   }
-  Tensor dx = be->zeros({rt.n, rt.d}, DType::kF64);
+  // Written, not added to: what dx held before is gone.
+  Tensor dx = randn(*be, {rt.n, rt.d}, "perm.garbage");
   be->permute_rows_bwd(r, rt.s2a, static_cast<int>(rt.k), dx);
   EXPECT_TRUE(passes(check(x, dx, loss), "dx"));
 }

@@ -981,9 +981,21 @@ TEST_F(CudaConsistency, HistogramScanSortPermute) {
     Tensor cdy = cpu_->empty({m, d}, DType::kF32), gdy = gpu_->empty({m, d}, DType::kBF16);
     Tensor cdw = cpu_->empty({n, k}, DType::kF32), gdw = gpu_->empty({n, k}, DType::kBF16);
     cpu_->unpermute_combine_bwd(on_cpu(dcomb), on_cpu(y), ca2s, on_cpu(w), cdy, cdw);
+    gpu_->fill(gdy, std::nan(""));  // as many rows as assignments: each row written, none filled
     gpu_->unpermute_combine_bwd(on_gpu(dcomb), on_gpu(y), ga2s, on_gpu(w), gdy, gdw);
     expect_close("unpermute_combine_bwd dy", gdy, cdy);
     expect_close("unpermute_combine_bwd dw", gdw, cdw);
+    // y with 3 rows more than assignments: those rows' gradient is zero.
+    Tensor y3 = rand({m + 3, d}, 147);
+    Tensor cdy3 = cpu_->empty({m + 3, d}, DType::kF32),
+           gdy3 = gpu_->empty({m + 3, d}, DType::kBF16);
+    cpu_->unpermute_combine_bwd(on_cpu(dcomb), on_cpu(y3), ca2s, on_cpu(w), cdy3, cdw);
+    gpu_->fill(gdy3, std::nan(""));
+    gpu_->unpermute_combine_bwd(on_gpu(dcomb), on_gpu(y3), ga2s, on_gpu(w), gdy3, gdw);
+    expect_close("unpermute_combine_bwd dy, spare rows", gdy3, cdy3);
+    const std::vector<double> spare = gpu_values(gdy3.slice(m, m + 3));
+    EXPECT_TRUE(std::all_of(spare.begin(), spare.end(), [](double v) { return v == 0.0; }))
+        << "rows no assignment reads must be zero";
   }
 }
 

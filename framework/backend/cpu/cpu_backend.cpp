@@ -982,6 +982,7 @@ class CpuBackend final : public Backend {
     T* dxp = dx.data<T>();
 #pragma omp parallel for schedule(static) if (n * d > kParallelMin)
     for (int64_t t = 0; t < n; ++t) {
+      std::fill(dxp + t * d, dxp + (t + 1) * d, T(0));
       for (int64_t s = 0; s < k; ++s) {
         const int64_t j = inv[t * k + s];
         if (j >= 0) cpu::axpy(T(1), dp + j * d, dxp + t * d, d);

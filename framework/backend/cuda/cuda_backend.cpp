@@ -1208,7 +1208,9 @@ class CudaBackend final : public Backend {
     check_dtype(op, "dout", dout, y.dtype());
     check_dtype(op, "dy", dy, y.dtype());
     check_dtype(op, "dw", dw, w.dtype());
-    fill(dy, 0.0);  // rows of y no assignment reads get a zero gradient
+    // Rows of y no assignment reads get a zero gradient. With as many rows as assignments, each
+    // row is read once (assign_to_sorted names a row once at most), so the kernel writes all.
+    if (m != n * k) fill(dy, 0.0);
     cuda::launch_unpermute_combine_bwd(dout.raw(), y.raw(), y.dtype(), d,
                                        assign_to_sorted.data<int32_t>(), m, w.raw(), w.dtype(), n,
                                        static_cast<int>(k), dy.raw(), dw.raw(), cur_stream());

@@ -160,7 +160,7 @@ __global__ void permute_rows_fwd_kernel(const T* x, int64_t d, const int32_t* s2
   }
 }
 
-// dx[t] += sum_s dout[inv[t k + s]] (slot order: deterministic).
+// dx[t] = sum_s dout[inv[t k + s]] (slot order: deterministic; written, not added to).
 template <typename T>
 __global__ void permute_rows_bwd_kernel(const T* dout, int64_t d, const int32_t* inv, int64_t n,
                                         int k, T* dx) {
@@ -168,7 +168,7 @@ __global__ void permute_rows_bwd_kernel(const T* dout, int64_t d, const int32_t*
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total;
        i += (int64_t)gridDim.x * blockDim.x) {
     const int64_t t = i / d, c = i - t * d;
-    float acc = to_f32(dx[i]);
+    float acc = 0.f;
     for (int s = 0; s < k; ++s) {
       const int32_t j = inv[t * k + s];
       if (j >= 0) acc += to_f32(dout[static_cast<int64_t>(j) * d + c]);
@@ -238,17 +238,17 @@ __global__ void permute_rows_bwd_vec_kernel(const uint4* dout, int64_t dv, const
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total;
        i += (int64_t)gridDim.x * blockDim.x) {
     const int64_t t = i / dv, c = i - t * dv;
-    Vec16<T> acc{dx[i]};
     float a[kN];
-    for (int q = 0; q < kN; ++q) a[q] = acc.get(q);
+    for (int q = 0; q < kN; ++q) a[q] = 0.f;
     for (int s = 0; s < k; ++s) {
       const int32_t j = inv[t * k + s];
       if (j < 0) continue;
       const Vec16<T> v{dout[static_cast<int64_t>(j) * dv + c]};
       for (int q = 0; q < kN; ++q) a[q] += v.get(q);
     }
-    for (int q = 0; q < kN; ++q) acc.set(q, a[q]);
-    dx[i] = acc.raw;
+    Vec16<T> out;
+    for (int q = 0; q < kN; ++q) out.set(q, a[q]);
+    dx[i] = out.raw;
   }
 }
 
