@@ -164,9 +164,10 @@ MemoryPlan plan_memory(const TrainOptions& o, const PlanLayout& layout, bool cud
     // product of an FP8 class quantizes both operands into scratch (the data operand, the
     // weight) and may write its product to an fp32 [m, n] scratch first; all of it is freed after
     // the product, so the peak is the largest product's. Weight gradients run in bf16 and take
-    // none. An expert product (one chunk: an expert's rows from one source rank, at most that
-    // rank's tokens) is counted with the rank's routed rows, tokens x top_k, an upper bound
-    // however the group's products are run.
+    // none. The experts' group quantizes the data operands of all its products first, so they
+    // live through the group: counted as one operand of the rank's routed rows (tokens x top_k,
+    // each expert's rows padded to 4), with one expert's weight and an fp32 scratch as large as
+    // all the rows' products, an upper bound however the group's products are run.
     const int64_t d = c.d_model, hd = c.head_dim, qkv = (c.n_heads + 2 * c.n_kv_heads) * hd;
     const int64_t attn = c.n_heads * hd;
     int64_t best = 0;
@@ -202,7 +203,7 @@ MemoryPlan plan_memory(const TrainOptions& o, const PlanLayout& layout, bool cud
       }
     }
     if (o.compute.fp8_gemms.experts && c.is_moe()) {
-      const int64_t rows = n * c.top_k, f = c.expert_ffn_dim;
+      const int64_t rows = n * c.top_k + 3 * c.n_experts, f = c.expert_ffn_dim;
       layer_matrix(rows, d, 2 * f);
       layer_matrix(rows, f, d);
     }

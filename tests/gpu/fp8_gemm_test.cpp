@@ -434,6 +434,57 @@ TEST_F(CudaFp8, GroupsMatchCpuEmulation) {
   }
 }
 
+// A group quantizes its a operands together (a few launches for all its products) into the
+// same codes and scales each product would make alone: its outputs equal the products' one at a
+// time bit for bit. 40 products (two launches of the batch kernel), empty ones among them, rows
+// multiples of 4 (so neither side goes through the fp32 scratch); forward with biases and input
+// gradient. A forward group of K = 100 (not a multiple of 8) is not batched and gives the same
+// bits too.
+TEST_F(CudaFp8, GroupQuantizesItsDataTogetherBitwise) {
+  Recipe recipe;
+  if (!device_recipe(&recipe)) GTEST_SKIP() << "no block-scaled FP8 GEMMs on this device";
+  if (recipe != Recipe::kBlock128) GTEST_SKIP() << "the batched quantization is block128's";
+  Backend::Fp8Gemm fwd;
+  fwd.recipe = recipe;
+  for (const int64_t d : {int64_t{256}, int64_t{100}}) {
+    SCOPED_TRACE("K=" + std::to_string(d));
+    const int64_t f = 192;
+    std::vector<int64_t> rows;
+    Philox pick(d, "fp8-group-rows");
+    for (int i = 0; i < 40; ++i)
+      rows.push_back(i % 7 == 3 ? 0 : 4 * (1 + static_cast<int64_t>(pick.below(i, 40))));
+    int64_t total = 0;
+    for (int64_t r : rows) total += r;
+    const Tensor x = on_gpu(random_host(total, d, 91 + d), DType::kBF16);
+    const Tensor dy = on_gpu(random_host(total, f, 92 + d), DType::kBF16);
+    std::vector<Tensor> w, bias;
+    for (size_t i = 0; i < rows.size(); ++i) {
+      w.push_back(on_gpu(random_host(d, f, 200 + i), DType::kBF16));
+      bias.push_back(on_gpu(random_host(1, f, 300 + i).reshape({f}), DType::kBF16));
+    }
+    Tensor y = gpu_->empty({total, f}, DType::kBF16), dx = gpu_->empty({total, d}, DType::kBF16);
+    Tensor y1 = gpu_->empty({total, f}, DType::kBF16), dx1 = gpu_->empty({total, d}, DType::kBF16);
+    std::vector<Backend::GemmProblem> pf, pd;
+    int64_t r0 = 0;
+    for (size_t i = 0; i < rows.size(); ++i) {
+      const int64_t r1 = r0 + rows[i];
+      pf.push_back({x.slice(r0, r1), w[i], y.slice(r0, r1), bias[i]});
+      pd.push_back({dy.slice(r0, r1), w[i], dx.slice(r0, r1), {}});
+      Tensor yi = y1.slice(r0, r1), dxi = dx1.slice(r0, r1);
+      gpu_->gemm_fp8(x.slice(r0, r1), false, w[i], false, yi, 0.0, bias[i], Tensor(), fwd);
+      gpu_->gemm_fp8(dy.slice(r0, r1), false, w[i], true, dxi, 0.0, Tensor(), Tensor(), fwd);
+      r0 = r1;
+    }
+    const int64_t batched = cuda_fp8_batched_groups(*gpu_);
+    gpu_->gemm_fp8_group(pf, false, false, 0.0, fwd);
+    gpu_->gemm_fp8_group(pd, false, true, 0.0, fwd);
+    // The input-gradient group's K is 192 either way.
+    EXPECT_EQ(cuda_fp8_batched_groups(*gpu_) - batched, d % 8 == 0 ? 2 : 1);
+    EXPECT_TRUE(values(y) == values(y1)) << "forward group against single products";
+    EXPECT_TRUE(values(dx) == values(dx1)) << "input-gradient group against single products";
+  }
+}
+
 // A recipe other than the device's is refused before any work, naming both.
 // Held weights (Backend::hold_fp8_weights): the forward x W and input gradient dY W^T of a held
 // weight give the same bits as products that quantize W themselves; each takes the held form

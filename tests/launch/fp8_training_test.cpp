@@ -238,11 +238,12 @@ TEST(Fp8Options, MemoryPlanCountsTheLargestProductsScratch) {
   o.compute.precision = GemmPrecision::kFP8;
   const MemoryPlan fp8 = plan_memory(o, layout_of(o, 1), true);
   // 256 tokens, d_model 64, qkv 128 wide, attention 64, experts' gate_up 128 and down 64 wide;
-  // the experts' rows are counted as 256 x top_k 2 = 512. The largest product is an expert's
-  // gate_up forward [512, 64] x [64, 128]: data codes 512 x 64 and scales 512 rows x 1 block x 4
-  // bytes (mxfp8's 4 tiles x 4 x 128 bytes alike), weight codes 128 x 64 and scales mxfp8's 1
-  // tile x 4 x 128 bytes (block128's 4 fp32), output 512 x 128 fp32.
-  const int64_t experts = 512 * 64 + 512 * 4 + 128 * 64 + 512 + 512 * 128 * 4;
+  // the experts' rows are counted as 256 x top_k 2 + 3 x 4 experts (each expert's rows padded
+  // to 4) = 524. The largest product is an expert's gate_up forward [524, 64] x [64, 128]: data
+  // codes of 528 rows (padded to 8) x 64 and scales mxfp8's 5 tiles x 4 x 128 bytes (more than
+  // block128's 528 x 1 block x 4), weight codes 128 x 64 and scales mxfp8's 1 tile x 4 x 128
+  // bytes (block128's 4 fp32), output 524 x 128 fp32.
+  const int64_t experts = 528 * 64 + 5 * 4 * 128 + 128 * 64 + 512 + 524 * 128 * 4;
   EXPECT_EQ(fp8.fp8_scratch, experts);
   // The held weights, both forms of each (X = W, X = W^T): codes of rows x K, scales the larger
   // of block128's and mxfp8's (1 tile x 4 x 128 bytes here). wqkv [64, 128]: 2 x (64 x 128 +

@@ -666,6 +666,11 @@ class CudaBackend final : public Backend {
                          double beta, const Fp8Gemm& spec) override {
     for (const GemmProblem& p : ps) check_fp8("gemm_fp8_group", p.a, p.b, p.c, p.bias, Tensor());
     const cuda::Fp8Context x = fp8_context();
+    // The a operands all quantized first, in a few launches (the problems may run in any order,
+    // so no a is another's output); where the group does not allow it, each product its own.
+    const std::vector<std::unique_ptr<cuda::Fp8Operand>> quantized_a =
+        cuda::fp8_quantize_group_data(x, ps, trans_a, trans_b, spec);
+    if (!quantized_a.empty()) ++fp8_groups_batched_;
     auto overlaps = [](const Tensor& t, const Tensor& u) {
       if (!t.defined() || !u.defined()) return false;
       const char *t0 = static_cast<const char*>(t.raw()), *u0 = static_cast<const char*>(u.raw());
@@ -683,7 +688,8 @@ class CudaBackend final : public Backend {
           spill = nx.c.dim(0);
       }
       Tensor c = p.c;
-      cuda::fp8_gemm(x, p.a, trans_a, p.b, trans_b, c, beta, p.bias, Tensor(), spec, spill);
+      cuda::fp8_gemm(x, p.a, trans_a, p.b, trans_b, c, beta, p.bias, Tensor(), spec, spill,
+                     quantized_a.empty() ? nullptr : quantized_a[i].get());
     }
   }
 
@@ -702,6 +708,8 @@ class CudaBackend final : public Backend {
   int64_t fp8_held_uses() const { return fp8_held_.uses(); }
   int64_t fp8_handed_uses() const { return fp8_held_.data_uses(); }
   int64_t fp8_scratch_products() const { return fp8_lt_ ? fp8_lt_->scratch_products() : 0; }
+  // gemm_fp8_group calls whose a operands were quantized together.
+  int64_t fp8_groups_batched() const { return fp8_groups_batched_; }
   int64_t fp8_held_count() const { return fp8_held_.size(); }
 
   // gemm_fp8's quantization of one operand alone (cuda_backend.h); read back where `fetch`.
@@ -1639,6 +1647,7 @@ class CudaBackend final : public Backend {
   CudaBackendOptions options_;
   CudaCachingAllocator* alloc_;
   cuda::LtGemm lt_;                              // bf16 GEMMs (lt_gemm.h)
+  int64_t fp8_groups_batched_ = 0;
   std::unique_ptr<cuda::Fp8Lt> fp8_lt_;          // FP8 GEMMs (fp8_gemm.h), made at first use
   cuda::Fp8HeldOperands fp8_held_;               // Backend::hold_fp8_weights
   bool in_group_ = false;                        // inside gemm_group: products not tuned
@@ -1716,5 +1725,6 @@ int64_t cuda_fp8_held_uses(Backend& b) { return as_cuda(b).fp8_held_uses(); }
 int64_t cuda_fp8_handed_uses(Backend& b) { return as_cuda(b).fp8_handed_uses(); }
 
 int64_t cuda_fp8_scratch_products(Backend& b) { return as_cuda(b).fp8_scratch_products(); }
+int64_t cuda_fp8_batched_groups(Backend& b) { return as_cuda(b).fp8_groups_batched(); }
 
 }  // namespace hp

@@ -69,6 +69,9 @@ int64_t cuda_fp8_handed_uses(Backend& b);
 // FP8 products so far whose output went through the fp32 scratch and the combine kernel
 // (fp8_gemm.h). Throws if `b` is not a CUDA backend.
 int64_t cuda_fp8_scratch_products(Backend& b);
+// gemm_fp8_group calls so far whose a operands were quantized together (fp8_quantize_group_data).
+// Throws if `b` is not a CUDA backend.
+int64_t cuda_fp8_batched_groups(Backend& b);
 // The device ordinal of a CUDA backend. Throws if `b` is not a CUDA backend.
 int cuda_backend_device(Backend& b);
 

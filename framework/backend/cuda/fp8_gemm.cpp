@@ -284,9 +284,56 @@ bool Fp8Lt::run(const Problem& p, void* workspace, size_t workspace_bytes, cudaS
 // ---- gemm_fp8
 // -------------------------------------------------------------------------------------
 
+namespace {
+
+// The product's shape as Fp8Lt::wide knows it: op(b)'s n and k, the recipe and the roles.
+uint64_t product_shape(int64_t n, int64_t k, const Backend::Fp8Gemm& spec, fp8::Role role_a,
+                       fp8::Role role_b) {
+  return hash64_bytes(
+      std::array<int64_t, 5>{n, k, static_cast<int64_t>(spec.recipe), static_cast<int64_t>(role_a),
+                             static_cast<int64_t>(role_b)}
+          .data(),
+      5 * sizeof(int64_t));
+}
+
+}  // namespace
+
+std::vector<std::unique_ptr<Fp8Operand>> fp8_quantize_group_data(
+    const Fp8Context& ctx, const std::vector<Backend::GemmProblem>& ps, bool trans_a, bool trans_b,
+    const Backend::Fp8Gemm& spec) {
+  std::vector<std::unique_ptr<Fp8Operand>> none;
+  fp8::Recipe native{};
+  if (ps.size() < 2 || trans_a || spec.recipe != fp8::Recipe::kBlock128 ||
+      spec.a != fp8::Role::kData || !fp8_device_recipe(ctx.cc_major, &native) ||
+      native != spec.recipe)
+    return none;
+  const DType t = ps[0].a.dtype();
+  const int64_t k = ps[0].a.dim(1);
+  std::vector<std::unique_ptr<Fp8Operand>> out(ps.size());
+  std::vector<Fp8DataOperand> ops;
+  for (size_t i = 0; i < ps.size(); ++i) {
+    const Backend::GemmProblem& p = ps[i];
+    const int64_t m = p.a.dim(0), n = trans_b ? p.b.dim(0) : p.b.dim(1);
+    if (p.a.dtype() != t || p.a.dim(1) != k) return none;
+    if (m == 0 || n == 0 || k == 0) continue;  // fp8_gemm quantizes nothing for these
+    if (ctx.lt->wide(product_shape(n, k, spec, spec.a, spec.b))) return none;
+    out[i] = std::make_unique<Fp8Operand>(
+        fp8_empty_operand(*ctx.alloc, fp8_layout(m, k, spec.recipe, spec.a, 4, 16)));
+    Fp8DataOperand o;
+    o.x = p.a.raw();
+    o.ld = k;
+    o.l = out[i]->layout;
+    o.codes = out[i]->codes.raw();
+    o.scales = out[i]->scales.raw();
+    ops.push_back(o);
+  }
+  if (ops.empty() || !launch_fp8_quantize_data_batch(ops, t, ctx.stream)) return none;
+  return out;
+}
+
 void fp8_gemm(const Fp8Context& ctx, const Tensor& a, bool trans_a, const Tensor& b, bool trans_b,
               Tensor& c, double beta, const Tensor& bias, const Tensor& r,
-              const Backend::Fp8Gemm& spec, int64_t spill_rows) {
+              const Backend::Fp8Gemm& spec, int64_t spill_rows, const Fp8Operand* quantized_a) {
   const char* op = "gemm_fp8";
   const int64_t m = trans_a ? a.dim(1) : a.dim(0);
   const int64_t k = trans_a ? a.dim(0) : a.dim(1);
@@ -326,17 +373,16 @@ void fp8_gemm(const Fp8Context& ctx, const Tensor& a, bool trans_a, const Tensor
   }
   // Row-major c [m, n] is cuBLASLt's column-major D [n, m] = op(b)^T op(a)^T: its A is op(b)^T
   // (n rows of K), its B is op(a) (m rows of K), both stored K-contiguous ("TN").
-  const uint64_t shape = hash64_bytes(
-      std::array<int64_t, 5>{n, k, static_cast<int64_t>(spec.recipe), static_cast<int64_t>(role_a),
-                             static_cast<int64_t>(role_b)}
-          .data(),
-      5 * sizeof(int64_t));
+  const uint64_t shape = product_shape(n, k, spec, role_a, role_b);
+  // The narrow form of a, ready: quantized with the group's others, or handed on by a GLU or the
+  // loss.
+  const Fp8Operand* ready = quantized_a ? quantized_a : handed.get();
   auto quantize = [&](bool wide, Fp8Operand& qa, Fp8Operand& qb) {
     // Narrow: rows to 4 (a) and 8 (b), K to 16 bytes. Wide: rows to 128, K to the block length.
     const int64_t kq = wide ? fp8::block_k(spec.recipe) : 16;
-    qa = !wide && handed ? *handed
-                         : fp8_quantize_operand(*ctx.alloc, a, trans_a, spec.recipe, role_a,
-                                                wide ? 128 : 4, kq, ctx.stream);
+    qa = !wide && ready ? *ready
+                        : fp8_quantize_operand(*ctx.alloc, a, trans_a, spec.recipe, role_a,
+                                               wide ? 128 : 4, kq, ctx.stream);
     // A held weight (Backend::hold_fp8_weights) is the narrow form's b operand as it is.
     const Fp8Operand* held =
         !wide && ctx.held ? ctx.held->find(b, !trans_b, spec.recipe, role_b) : nullptr;

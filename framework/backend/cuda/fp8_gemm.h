@@ -64,6 +64,22 @@ struct Fp8WeightPair {
 void launch_fp8_quantize_weight_pairs(const std::vector<Fp8WeightPair>& pairs, DType x_t,
                                       cudaStream_t stream);
 
+// Data operands to quantize in one launch (a group's products, Backend::gemm_fp8_group): X [l.rows,
+// l.k] K-contiguous at x with row stride ld, into l's codes and scales (written in full, padding
+// included, as launch_fp8_quantize writes them: the same bits).
+struct Fp8DataOperand {
+  const void* x = nullptr;
+  int64_t ld = 0;
+  Fp8Layout l;
+  void* codes = nullptr;
+  void* scales = nullptr;
+};
+// Every operand quantized, all of x_t, in launches of up to 32 operands; false (nothing issued)
+// unless all are block128 data layouts of one k and ldk, with k and ld multiples of 8, x 16-byte
+// and codes 8-byte aligned.
+bool launch_fp8_quantize_data_batch(const std::vector<Fp8DataOperand>& ops, DType x_t,
+                                    cudaStream_t stream);
+
 // Backend::glu_fwd_fp8 / glu_bwd_fp8: launch_glu_fwd / launch_glu_bwd's GLU written to a (dh)
 // and quantized into `l` as a block128 data operand (X = a: rows x f; X = dh: rows x 2f;
 // rows padded to 4), codes and scales in full. False, with nothing done, unless the dtype is
@@ -234,8 +250,20 @@ struct Fp8Context {
 // in full (gemm_fp8_group's next problem): with beta 0 and no residual, a product whose rows
 // are not a multiple of 4 may then write its padded rows straight into c, past its end,
 // instead of going through the fp32 scratch.
+// `quantized_a`: op(a) already quantized in the narrow form (rows padded to 4, K to 16), as
+// fp8_quantize_group_data gives it, or null.
 void fp8_gemm(const Fp8Context& ctx, const Tensor& a, bool trans_a, const Tensor& b, bool trans_b,
               Tensor& c, double beta, const Tensor& bias, const Tensor& r,
-              const Backend::Fp8Gemm& spec, int64_t spill_rows = 0);
+              const Backend::Fp8Gemm& spec, int64_t spill_rows = 0,
+              const Fp8Operand* quantized_a = nullptr);
+
+// The a operands of a group's products (Backend::gemm_fp8_group) quantized together, in the
+// narrow form fp8_gemm takes, by a few launches instead of one a product: entry i is problem
+// i's (null where its product is empty). Empty (nothing issued) where the group does not allow
+// it: fewer than two products, a transposed, another recipe than block128 or role than kData,
+// a's of different dtypes or K, or a product cuBLASLt takes only in the wide form.
+std::vector<std::unique_ptr<Fp8Operand>> fp8_quantize_group_data(
+    const Fp8Context& ctx, const std::vector<Backend::GemmProblem>& ps, bool trans_a, bool trans_b,
+    const Backend::Fp8Gemm& spec);
 
 }  // namespace hp::cuda

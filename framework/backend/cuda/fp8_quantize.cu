@@ -26,6 +26,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <type_traits>
+#include <vector>
 
 #include "framework/backend/cuda/cross_entropy.cuh"
 #include "framework/backend/cuda/cuda_check.h"
@@ -262,15 +263,16 @@ __device__ __forceinline__ uint2 quantize8(const Vec16<T> (&q)[8 / Vec16<T>::kN]
   return make_uint2(word[0], word[1]);
 }
 
+// One thread block's part of a data operand: the 256 columns of `col_group` and the kDataRows rows
+// of `row_group`.
 template <typename T>
-__global__ void __launch_bounds__(kThreads)
-    quantize_data_kernel(const T* __restrict__ x, int64_t ld, Fp8Layout l,
-                         unsigned char* __restrict__ codes, float* __restrict__ scales,
-                         bool columns_along_x) {
+__device__ __forceinline__ void quantize_data_block(const T* __restrict__ x, int64_t ld,
+                                                    const Fp8Layout& l,
+                                                    unsigned char* __restrict__ codes,
+                                                    float* __restrict__ scales, unsigned col_group,
+                                                    unsigned row_group) {
   constexpr int kPer = Vec16<T>::kN;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  const unsigned col_group = columns_along_x ? blockIdx.x : blockIdx.y;
-  const unsigned row_group = columns_along_x ? blockIdx.y : blockIdx.x;
   const int64_t c = static_cast<int64_t>(col_group) * 256 + lane * 8;
   const int64_t r0 = static_cast<int64_t>(row_group) * kDataRows + warp;
   // k % 8 == 0: a lane's 8 columns are all in or all out.
@@ -299,6 +301,41 @@ __global__ void __launch_bounds__(kThreads)
     const uint2 word = col_in ? quantize8<T>(q[u], sc) : make_uint2(0, 0);
     *reinterpret_cast<uint2*>(codes + r * l.ldk + c) = word;
   }
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+    quantize_data_kernel(const T* __restrict__ x, int64_t ld, Fp8Layout l,
+                         unsigned char* __restrict__ codes, float* __restrict__ scales,
+                         bool columns_along_x) {
+  quantize_data_block<T>(x, ld, l, codes, scales, columns_along_x ? blockIdx.x : blockIdx.y,
+                         columns_along_x ? blockIdx.y : blockIdx.x);
+}
+
+// Up to kDataJobs data operands of one K in one launch (a group's products): blockIdx.x the
+// column group, blockIdx.y the row group counted over the jobs in order.
+constexpr int kDataJobs = 32;
+struct DataJob {
+  const void* x;
+  int64_t ld, first_group;
+  Fp8Layout l;
+  unsigned char* codes;
+  float* scales;
+};
+struct DataBatch {
+  int n;
+  DataJob job[kDataJobs];
+};
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+    quantize_data_batch_kernel(const __grid_constant__ DataBatch batch) {
+  const int64_t g = blockIdx.y;
+  int jn = 0;
+  while (jn + 1 < batch.n && g >= batch.job[jn + 1].first_group) ++jn;
+  const DataJob& j = batch.job[jn];
+  quantize_data_block<T>(static_cast<const T*>(j.x), j.ld, j.l, j.codes, j.scales, blockIdx.x,
+                         static_cast<unsigned>(g - j.first_group));
 }
 
 // A 128x128 tile's scale from each thread's amax (bits of |x|): the warps' maxima through
@@ -697,6 +734,53 @@ void launch_fp8_quantize(const void* x, DType x_t, int64_t row_stride, int64_t c
     }
   });
   CUDA_CHECK_LAUNCH();
+}
+
+bool launch_fp8_quantize_data_batch(const std::vector<Fp8DataOperand>& ops, DType x_t,
+                                    cudaStream_t stream) {
+  if (ops.empty()) return true;
+  const Fp8Layout& l0 = ops[0].l;
+  for (const Fp8DataOperand& o : ops) {
+    const Fp8Layout& l = o.l;
+    if (l.recipe != fp8::Recipe::kBlock128 || l.weight || l.k != l0.k || l.ldk != l0.ldk ||
+        o.ld % 8 != 0 || l.k % 8 != 0 || reinterpret_cast<uintptr_t>(o.x) % 16 != 0 ||
+        reinterpret_cast<uintptr_t>(o.codes) % 8 != 0)
+      return false;
+  }
+  const int64_t col_groups = (l0.ldk + 255) / 256;
+  if (col_groups > 65535) return false;
+  // The batches first, so that nothing is issued unless every one fits the grid.
+  std::vector<DataBatch> batches;
+  std::vector<int64_t> batch_groups;
+  for (size_t at = 0; at < ops.size(); at += kDataJobs) {
+    DataBatch batch{};
+    int64_t groups = 0;
+    for (size_t i = at; i < std::min(ops.size(), at + kDataJobs); ++i) {
+      const Fp8DataOperand& o = ops[i];
+      if (o.l.rows_pad == 0 || o.l.ldk == 0) continue;
+      DataJob& j = batch.job[batch.n++];
+      j.x = o.x;
+      j.ld = o.ld;
+      j.first_group = groups;
+      j.l = o.l;
+      j.codes = static_cast<unsigned char*>(o.codes);
+      j.scales = static_cast<float*>(o.scales);
+      groups += (o.l.rows_pad + kDataRows - 1) / kDataRows;
+    }
+    if (groups > 65535) return false;
+    if (groups == 0) continue;
+    batches.push_back(batch);
+    batch_groups.push_back(groups);
+  }
+  for (size_t b = 0; b < batches.size(); ++b) {
+    const dim3 grid(static_cast<unsigned>(col_groups), static_cast<unsigned>(batch_groups[b]));
+    dispatch_float(x_t, [&](auto tag) {
+      using T = decltype(tag);
+      quantize_data_batch_kernel<T><<<grid, kThreads, 0, stream>>>(batches[b]);
+    });
+    CUDA_CHECK_LAUNCH();
+  }
+  return true;
 }
 
 void launch_fp8_quantize_weight_pairs(const std::vector<Fp8WeightPair>& pairs, DType x_t,
