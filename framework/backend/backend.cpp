@@ -766,13 +766,16 @@ void Backend::update_gate(const Tensor& checked, const Tensor& sumsq, double max
   do_update_gate(checked, sumsq, max_norm, gate);
 }
 
-void Backend::sum_squares_many(const std::vector<Tensor>& xs, Tensor& acc) {
+void Backend::sum_squares_many(const std::vector<Tensor>& xs, Tensor& acc,
+                               const std::vector<char>& unwritten) {
   const char* op = "sum_squares_many";
   for (size_t i = 0; i < xs.size(); ++i) {
     HP_CHECK(xs[i].defined(), op, ": tensor 'xs[", i, "]' is undefined");
   }
+  HP_CHECK(unwritten.empty() || unwritten.size() == xs.size(), op, ": 'unwritten' has ",
+           unwritten.size(), " flags for ", xs.size(), " tensors (give one per tensor, or none)");
   need_shape(op, "acc", acc, {1});
-  do_sum_squares_many(xs, acc);
+  do_sum_squares_many(xs, acc, unwritten);
 }
 
 void Backend::adamw_many(const std::vector<AdamWEntry>& entries, const AdamWParams& p) {
@@ -837,8 +840,12 @@ void Backend::do_bias_grad_segments(const Tensor& dy, const std::vector<RowSegme
   }
 }
 
-void Backend::do_sum_squares_many(const std::vector<Tensor>& xs, Tensor& acc) {
-  for (const Tensor& x : xs) sum_squares(x, acc);
+void Backend::do_sum_squares_many(const std::vector<Tensor>& xs, Tensor& acc,
+                                  const std::vector<char>& unwritten) {
+  // A flagged x's sum would be +0, and s + (+0) is s for every s but -0 (which a sum of squares
+  // never is).
+  for (size_t i = 0; i < xs.size(); ++i)
+    if (unwritten.empty() || !unwritten[i]) sum_squares(xs[i], acc);
 }
 
 void Backend::do_adamw_many(const std::vector<AdamWEntry>& entries, const AdamWParams& p) {
@@ -846,7 +853,7 @@ void Backend::do_adamw_many(const std::vector<AdamWEntry>& entries, const AdamWP
   for (const AdamWEntry& e : entries) {
     Tensor master = e.master, m = e.m, v = e.v, working = e.working;
     q.weight_decay = e.weight_decay ? p.weight_decay : 0.0;
-    adamw(master, e.grad, m, v, q, working);
+    adamw(master, e.grad_zero ? zeros(e.grad.shape(), e.grad.dtype()) : e.grad, m, v, q, working);
   }
 }
 

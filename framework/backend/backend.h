@@ -416,8 +416,11 @@ class Backend {
              Tensor& working);
   // acc[1] += the sum over every x of xs (each defined) of sum(x^2). Deterministic; a backend may
   // add in an order of its own (not necessarily the bits of sum_squares over each x in turn).
-  // Default: sum_squares over each x in turn.
-  void sum_squares_many(const std::vector<Tensor>& xs, Tensor& acc);
+  // `unwritten`, when not empty, has one flag per x: a flagged x counts as zeros (its memory is
+  // not read), with the bits its zeros would give. Default: sum_squares over each unflagged x in
+  // turn.
+  void sum_squares_many(const std::vector<Tensor>& xs, Tensor& acc,
+                        const std::vector<char>& unwritten = {});
   // The gate of a gated update (AdamWParams::gate), computed on the device: gate[0] =
   // clip_coefficient(sqrt(sum of sumsq's elements, added in order in f64), max_norm)
   // (framework/core/clip.h: the host's arithmetic, the same bits), gate[1] = 1 when every element
@@ -425,10 +428,12 @@ class Backend {
   // gate: f64 [2].
   void update_gate(const Tensor& checked, const Tensor& sumsq, double max_norm, Tensor& gate);
   // One tensor of adamw_many: adamw's master, grad, m, v and working (undefined: none), and
-  // whether the update's weight decay applies to it.
+  // whether the update's weight decay applies to it. grad_zero: the gradient is zero and grad's
+  // memory is not read (the bits of adamw with a zero-filled grad).
   struct AdamWEntry {
     Tensor master, grad, m, v, working;
     bool weight_decay = false;
+    bool grad_zero = false;
   };
   // adamw on every entry with p's hyperparameters (p.weight_decay where the entry's
   // weight_decay is set, else 0), each entry's results bitwise those of adamw on it alone. Each
@@ -537,7 +542,8 @@ class Backend {
                               Tensor& gate) = 0;
   virtual void do_adamw(Tensor& master, const Tensor& grad, Tensor& m, Tensor& v,
                         const AdamWParams& p, Tensor& working) = 0;
-  virtual void do_sum_squares_many(const std::vector<Tensor>& xs, Tensor& acc);
+  virtual void do_sum_squares_many(const std::vector<Tensor>& xs, Tensor& acc,
+                                   const std::vector<char>& unwritten);
   virtual void do_adamw_many(const std::vector<AdamWEntry>& entries, const AdamWParams& p);
 
   // Called on a mark while profiling: before the change with the marks being left, and after it.

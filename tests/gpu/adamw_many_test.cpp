@@ -2,7 +2,8 @@
 // it alone (sizes from 1 to 1M, weight decay on and off, bf16, f32 and no working copy, slices at
 // offsets that rule out 16-byte accesses, more tensors than one launch takes); sum_squares_many
 // matches a double-precision host sum within fp32 rounding and repeats its bits, whatever the
-// alignment of its tensors.
+// alignment of its tensors. Zero gradients and flagged tensors (unread, NaN in memory) give the
+// bits of real zeros.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -71,6 +72,7 @@ TEST(CudaAdamWMany, EqualsAdamWPerTensorBitwise) {
     int64_t work_offset;  // the working copy's
     Working working;
     bool decay;
+    bool grad_zero;  // adamw_many's grad holds NaN, unread; adamw's holds zeros
     std::vector<float> master, grad, m, v;
   };
   // 140 tensors: more than one launch's 64 entries in the group of no or f32 working copies.
@@ -86,6 +88,7 @@ TEST(CudaAdamWMany, EqualsAdamWPerTensorBitwise) {
       c.work_offset = c.offset + 2;
     }
     c.decay = i % 2 == 0;
+    c.grad_zero = i % 3 == 2;
     c.master = random_values(c.n, rng, 1.f, false);
     c.grad = random_values(c.n, rng, 0.3f, false);
     c.m = random_values(c.n, rng, 0.1f, false);
@@ -101,6 +104,7 @@ TEST(CudaAdamWMany, EqualsAdamWPerTensorBitwise) {
       Set t;
       t.master = placed(*be, c.n, c.offset, DType::kF32, &c.master);
       t.grad = placed(*be, c.n, c.offset, DType::kF32, &c.grad);
+      if (c.grad_zero) be->fill(t.grad, &s == &sets[0] ? std::nan("") : 0.0);
       t.m = placed(*be, c.n, c.offset, DType::kF32, &c.m);
       t.v = placed(*be, c.n, c.offset, DType::kF32, &c.v);
       if (c.working == Working::kBF16) {
@@ -126,6 +130,7 @@ TEST(CudaAdamWMany, EqualsAdamWPerTensorBitwise) {
     for (size_t i = 0; i < cases.size(); ++i) {
       Set& t = sets[0][i];
       entries.push_back({t.master, t.grad, t.m, t.v, t.working, cases[i].decay});
+      entries.back().grad_zero = cases[i].grad_zero;
       if (i == 70) entries.push_back({empty.master, empty.grad, empty.m, empty.v, Tensor(), true});
     }
     be->adamw_many(entries, p);
@@ -140,8 +145,9 @@ TEST(CudaAdamWMany, EqualsAdamWPerTensorBitwise) {
   for (size_t i = 0; i < cases.size(); ++i) {
     const Case& c = cases[i];
     SCOPED_TRACE(testing::Message() << "tensor " << i << " n=" << c.n << " offset=" << c.offset
-                                    << " working offset=" << c.work_offset << " working="
-                                    << static_cast<int>(c.working) << " decay=" << c.decay);
+                                    << " working offset=" << c.work_offset
+                                    << " working=" << static_cast<int>(c.working)
+                                    << " decay=" << c.decay << " grad_zero=" << c.grad_zero);
     const Set &a = sets[0][i], &b = sets[1][i];
     EXPECT_TRUE(same_bits(*be, a.master, b.master));
     EXPECT_TRUE(same_bits(*be, a.m, b.m));
@@ -196,6 +202,21 @@ TEST(CudaSumSquaresMany, MatchesAHostSumAndRepeatsBitwise) {
     EXPECT_TRUE(same_bits(*be, sums[0], sums[1]));
     EXPECT_GT(to_double_vector(to_host(*be, sums[0]))[0], 1e4);
   }
+  // Flagged tensors count as zeros, unread (NaN here): the bits of real zeros in their place.
+  std::vector<Tensor> flagged_xs, zeroed_xs;
+  std::vector<char> unwritten;
+  for (size_t i = 0; i < xs.size(); ++i) {
+    const bool flag = i % 4 == 1;
+    unwritten.push_back(flag ? 1 : 0);
+    flagged_xs.push_back(flag ? be->empty(xs[i].shape(), xs[i].dtype()) : xs[i]);
+    zeroed_xs.push_back(flag ? be->zeros(xs[i].shape(), xs[i].dtype()) : xs[i]);
+    if (flag) be->fill(flagged_xs.back(), std::nan(""));
+  }
+  Tensor flagged = be->zeros({1}, DType::kF32), zeroed = be->zeros({1}, DType::kF32);
+  be->sum_squares_many(flagged_xs, flagged, unwritten);
+  be->sum_squares_many(zeroed_xs, zeroed);
+  EXPECT_TRUE(same_bits(*be, flagged, zeroed));
+  EXPECT_GT(to_double_vector(to_host(*be, flagged))[0], 1e5);
 }
 
 // The gated update: update_gate gives the CPU backend's bits (the host's clip coefficient, the

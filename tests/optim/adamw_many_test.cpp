@@ -4,6 +4,7 @@
 // loop, and a bad entry is refused before anything is written, the error naming the entry.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 #include <functional>
 #include <random>
@@ -261,7 +262,77 @@ TEST(SumSquaresMany, EqualsSumSquaresPerTensorBitwise) {
   EXPECT_NE(what.find("sum_squares_many: tensor 'xs[1]' is undefined"), std::string::npos) << what;
 }
 
-// AdamW::step and grad_sum_squares over a registry: the bits of the per-tensor ops.
+// Flagged tensors count as zeros without being read: their memory holds NaN here, and the sum
+// has the bits of the same list with real zeros in their place.
+TEST(SumSquaresMany, UnwrittenTensorsAddTheBitsOfZeros) {
+  auto be = make_cpu_backend(DType::kF32);
+  std::mt19937 rng(13);
+  std::vector<Tensor> xs, zeroed;
+  std::vector<char> unwritten;
+  for (size_t i = 0; i < kShapes.size(); ++i) {
+    const bool flag = i % 3 == 1;
+    xs.push_back(be->upload(random_host(kShapes[i], rng, 1.5f)));
+    zeroed.push_back(flag ? be->zeros(kShapes[i], DType::kF32) : xs.back());
+    if (flag) be->fill(xs.back(), std::nan(""));
+    unwritten.push_back(flag ? 1 : 0);
+  }
+  Tensor acc = be->zeros({1}, DType::kF32), ref = be->zeros({1}, DType::kF32);
+  be->sum_squares_many(xs, acc, unwritten);
+  be->sum_squares_many(zeroed, ref);
+  EXPECT_TRUE(same_bits(acc, ref));
+  EXPECT_GT(acc.data<float>()[0], 10.f);
+  std::string what;
+  try {
+    be->sum_squares_many(xs, acc, std::vector<char>(2, 0));
+  } catch (const Error& e) {
+    what = e.what();
+  }
+  EXPECT_NE(what.find("sum_squares_many: 'unwritten' has 2 flags for 8 tensors"), std::string::npos)
+      << what;
+}
+
+// An entry marked grad_zero is updated as with a zero-filled gradient, its grad (NaN) unread.
+TEST(AdamWMany, GradZeroEntriesUpdateAsWithZeroGradients) {
+  auto be = make_cpu_backend(DType::kF32);
+  std::mt19937 rng(29);
+  std::vector<State> many, ref;
+  std::vector<Backend::AdamWEntry> entries, ref_entries;
+  for (size_t i = 0; i < kShapes.size(); ++i) {
+    many.push_back(
+        make_state(*be, kShapes[i], rng, i % 2 ? DType::kBF16 : DType::kI32, i % 3 != 0));
+    ref.push_back(clone(*be, many.back()));
+  }
+  for (size_t i = 0; i < kShapes.size(); ++i) {
+    State &s = many[i], &r = ref[i];
+    const bool zero = i % 2 == 0;
+    if (zero) {
+      be->fill(s.grad, std::nan(""));
+      be->fill(r.grad, 0.0);
+    }
+    Backend::AdamWEntry e{s.master, s.grad, s.m, s.v, s.working, s.weight_decay};
+    e.grad_zero = zero;
+    entries.push_back(e);
+    ref_entries.push_back({r.master, r.grad, r.m, r.v, r.working, r.weight_decay});
+  }
+  AdamWParams p;
+  p.lr = 1e-2;
+  p.weight_decay = 0.1;
+  p.grad_scale = 0.5;
+  p.step = 3;
+  be->adamw_many(entries, p);
+  be->adamw_many(ref_entries, p);
+  for (size_t i = 0; i < kShapes.size(); ++i) {
+    SCOPED_TRACE("entry " + std::to_string(i));
+    EXPECT_TRUE(same_bits(many[i].master, ref[i].master));
+    EXPECT_TRUE(same_bits(many[i].m, ref[i].m));
+    EXPECT_TRUE(same_bits(many[i].v, ref[i].v));
+    if (many[i].working.defined()) EXPECT_TRUE(same_bits(many[i].working, ref[i].working));
+    EXPECT_TRUE(std::isfinite(many[i].master.data<float>()[0]));
+  }
+}
+
+// AdamW::step and grad_sum_squares over a registry: the bits of the per-tensor ops (expert
+// gradients squared expert by expert).
 TEST(AdamWMany, StepAndGradNormEqualThePerTensorLoop) {
   auto be = make_cpu_backend(DType::kF32);
   ParamRegistry regs[2];
@@ -288,7 +359,13 @@ TEST(AdamWMany, StepAndGradNormEqualThePerTensorLoop) {
   grad_sum_squares(*be, regs[0], acc);
   Tensor loop_acc = be->zeros({2}, DType::kF32);
   Tensor d = loop_acc.slice(0, 1), x = loop_acc.slice(1, 2);
-  for (auto& p : regs[1].all()) be->sum_squares(p->grad, p->group == ParamGroup::kExpert ? x : d);
+  for (auto& p : regs[1].all()) {
+    if (p->group != ParamGroup::kExpert) {
+      be->sum_squares(p->grad, d);
+      continue;
+    }
+    for (int64_t le = 0; le < p->shape[0]; ++le) be->sum_squares(p->grad[le], x);
+  }
   EXPECT_TRUE(same_bits(acc, loop_acc));
   EXPECT_GT(acc.data<float>()[0], 0.f);
   EXPECT_GT(acc.data<float>()[1], 0.f);

@@ -1332,7 +1332,8 @@ class CudaBackend final : public Backend {
                        cur_stream());
   }
 
-  void do_sum_squares_many(const std::vector<Tensor>& xs, Tensor& acc) override {
+  void do_sum_squares_many(const std::vector<Tensor>& xs, Tensor& acc,
+                           const std::vector<char>& unwritten) override {
     const char* op = "sum_squares_many";
     check_dtype(op, "acc", acc, DType::kF32);
     std::vector<cuda::SumSquaresRef> refs;
@@ -1340,7 +1341,8 @@ class CudaBackend final : public Backend {
     for (size_t i = 0; i < xs.size(); ++i) {
       const std::string name = "xs[" + std::to_string(i) + "]";
       check_float(op, name.c_str(), xs[i]);
-      refs.push_back({xs[i].raw(), xs[i].dtype(), xs[i].numel()});
+      const bool zero = !unwritten.empty() && unwritten[i];
+      refs.push_back({zero ? nullptr : xs[i].raw(), xs[i].dtype(), xs[i].numel()});
     }
     cuda::launch_sum_squares_many(refs, acc.data<float>(), *alloc_, cur_stream());
   }
@@ -1371,9 +1373,9 @@ class CudaBackend final : public Backend {
         if (has_work) check_float(op, "working", w);
       }
       void* work = has_work ? w.raw() : nullptr;
-      refs.push_back({e.master.data<float>(), e.grad.data<float>(), e.m.data<float>(),
-                      e.v.data<float>(), work, work ? w.dtype() : DType::kF32, e.master.numel(),
-                      e.weight_decay});
+      refs.push_back({e.master.data<float>(), e.grad_zero ? nullptr : e.grad.data<float>(),
+                      e.m.data<float>(), e.v.data<float>(), work, work ? w.dtype() : DType::kF32,
+                      e.master.numel(), e.weight_decay});
     }
     cuda::launch_adamw_many(refs, adamw_scalars(p), cur_stream());
   }

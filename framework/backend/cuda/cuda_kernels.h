@@ -61,7 +61,7 @@ void launch_sum_squares(const void* x, DType t, int64_t n, float* acc, Allocator
 // elements in a fixed order whatever the alignment), then one block sums them in a fixed order:
 // the same bits for the same list of values, in 1 + one launch per 128 tensors.
 struct SumSquaresRef {
-  const void* x;
+  const void* x;  // null: n zeros, not read (the bits of n zeros)
   DType t;
   int64_t n;
 };
@@ -207,7 +207,7 @@ void launch_adamw(float* master, const float* grad, float* m, float* v, int64_t 
 // 16-byte accesses, their last numel % 4 elements one by one). Entries must not overlap.
 struct AdamWRef {
   float* master;
-  const float* grad;
+  const float* grad;  // null: a zero gradient, not read (the bits of n zeros)
   float* m;
   float* v;
   void* working;  // null: none

@@ -41,21 +41,21 @@ __device__ __forceinline__ void adamw_element(float grad, const AdamWScalars& s,
   p -= s.lr * (mhat / (sqrtf(vhat) + s.eps) + s.weight_decay * p);
 }
 
-// Element i of one tensor (working may be null).
+// Element i of one tensor (working may be null; grad null: a zero gradient, not read).
 template <typename W>
 __device__ __forceinline__ void adamw_at(float* master, const float* grad, float* m, float* v,
                                          int64_t i, const AdamWScalars& s, W* working) {
-  adamw_element(grad[i], s, m[i], v[i], master[i]);
+  adamw_element(grad ? grad[i] : 0.f, s, m[i], v[i], master[i]);
   if (working) working[i] = from_f32<W>(master[i]);
 }
 
 // Elements 4i..4i+3 of one tensor with 16-byte loads (the working copy's 4 elements stored at
-// once); the same adamw_element as adamw_at, so results are bitwise the same.
+// once); the same adamw_element as adamw_at, so results are bitwise the same (grad null: zeros).
 template <typename W>
 __device__ __forceinline__ void adamw_x4_at(float4* master, const float4* grad, float4* m,
                                             float4* v, int64_t i, const AdamWScalars& s,
                                             W* working) {
-  const float4 g4 = grad[i];
+  const float4 g4 = grad ? grad[i] : make_float4(0.f, 0.f, 0.f, 0.f);
   float4 m4 = m[i], v4 = v[i], p4 = master[i];
   const float* gp = reinterpret_cast<const float*>(&g4);
   float* mp = reinterpret_cast<float*>(&m4);

@@ -225,7 +225,9 @@ __global__ void __launch_bounds__(kThreads)
   const int e = entry_of_block(t.first_block, t.count, b);
   const int64_t begin = static_cast<int64_t>(b - t.first_block[e]) * kSqChunk;
   const int64_t end = min(t.n[e], begin + kSqChunk);
-  float acc = t.bf16[e]
+  // A null x (zeros, not read): every thread's sum of squares is +0, as its zeros would give.
+  float acc = t.x[e] == nullptr ? 0.f
+              : t.bf16[e]
                   ? sum_squares_chunk(static_cast<const bf16_t*>(t.x[e]), begin, end, t.aligned[e])
                   : sum_squares_chunk(static_cast<const float*>(t.x[e]), begin, end, t.aligned[e]);
   acc = block_sum(acc, scratch);
