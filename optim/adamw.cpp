@@ -11,9 +11,20 @@ void grad_sum_squares(Backend& be, ParamRegistry& params, Tensor& acc) {
   be.fill(acc, 0.0);
   Tensor dense = acc.slice(0, 1), expert = acc.slice(1, 2);
   std::vector<Tensor> grads[2];  // dense, expert
-  for (auto& p : params.all()) grads[p->group == ParamGroup::kExpert ? 1 : 0].push_back(p->grad);
+  std::vector<char> unwritten;   // per expert gradient: a slice left unwritten (reads as zeros)
+  for (auto& p : params.all()) {
+    if (p->group != ParamGroup::kExpert) {
+      grads[0].push_back(p->grad);
+      continue;
+    }
+    // Expert by expert, flagged or not, so that a flagged slice adds the bits its zeros would.
+    for (int64_t le = 0; le < p->grad.dim(0); ++le) {
+      grads[1].push_back(p->grad[le]);
+      unwritten.push_back(p->expert_grad_unwritten(le) ? 1 : 0);
+    }
+  }
   be.sum_squares_many(grads[0], dense);
-  be.sum_squares_many(grads[1], expert);
+  be.sum_squares_many(grads[1], expert, unwritten);
 }
 
 namespace {
@@ -68,7 +79,22 @@ void AdamW::step_all(Backend& be, ParamRegistry& params, const AdamWParams& p) c
     e.v = prm->v;
     if (prm->work.storage() != prm->master.storage()) e.working = prm->work;
     e.weight_decay = prm->weight_decay;
-    entries.push_back(std::move(e));
+    if (prm->grad_zero_experts.empty()) {
+      entries.push_back(std::move(e));
+      continue;
+    }
+    // Expert by expert: a slice whose gradient was left unwritten is updated with zeros.
+    for (int64_t le = 0; le < prm->grad.dim(0); ++le) {
+      Backend::AdamWEntry x;
+      x.master = e.master[le];
+      x.grad = e.grad[le];
+      x.grad_zero = prm->expert_grad_unwritten(le);
+      x.m = e.m[le];
+      x.v = e.v[le];
+      if (e.working.defined()) x.working = e.working[le];
+      x.weight_decay = e.weight_decay;
+      entries.push_back(std::move(x));
+    }
   }
   // p.weight_decay applies to the entries that decay, 0 to the others: update()'s numbers.
   be.adamw_many(entries, p);

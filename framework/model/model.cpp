@@ -238,7 +238,22 @@ void Model::refresh_working_copies() {
 // Zeroing is deferred to the backward: the GEMMs that produce most of the gradient bytes then
 // write them (beta 0) instead of reading zeros back, and no fill pass runs over them.
 void Model::zero_grads() {
-  for (auto& p : params_.all()) p->grad_zero = true;
+  for (auto& p : params_.all()) {
+    p->grad_zero = true;
+    p->grad_zero_experts.clear();
+  }
+}
+
+void Model::fill_unreached_grads() {
+  FamilyScope scope(be_, OpFamily::kExpertGemm);
+  for (auto& p : params_.all()) {
+    for (size_t le = 0; le < p->grad_zero_experts.size(); ++le) {
+      if (!p->grad_zero_experts[le]) continue;
+      Tensor g = p->grad[static_cast<int64_t>(le)];
+      be_.fill(g, 0.0);
+    }
+    p->grad_zero_experts.clear();
+  }
 }
 
 double Model::grad_beta(Param& p) {
@@ -559,9 +574,13 @@ void Model::loss(double grad_scale, const Tensor& lm_sum) {
   if (!train) be_.release_fp8_weights();
 }
 
-void Model::backward(GradReadyHook* grad_ready) {
+void Model::backward(GradReadyHook* grad_ready, bool leave_unreached) {
   HP_CHECK(pass_ && pass_->pass == Pass::kTrain && pass_->d_hidden.defined(),
            "Model::backward: call forward(Pass::kTrain) and loss() first");
+  HP_CHECK(!(grad_ready && leave_unreached),
+           "Model::backward: leave_unreached needs no grad_ready hook (the hook reads every "
+           "gradient as each layer finishes)");
+  leave_unreached_ = leave_unreached;
   PassState& st = *pass_;
   const int64_t n = st.hidden.dim(0), d = cfg_.d_model;
   const bool ckpt = opts_.checkpoint_activations;
@@ -587,6 +606,7 @@ void Model::backward(GradReadyHook* grad_ready) {
   be_.embedding_bwd(dx, st.meta.inputs, grad_acc(*embed_));
   settle_grads(-2);
   if (grad_ready) grad_ready->layer_ready(-1);
+  leave_unreached_ = false;
   pass_.reset();
 }
 
@@ -676,8 +696,12 @@ void Model::moe_backward(int l, LayerActs& a, const Tensor& dy, Tensor& dhn) {
   // source order, so every expert sums its chunks in the order one product after another would.
   const std::vector<ExchangePlan::Chunk> chunks = a.plan.chunks();
   const bool w_zero = L.w1->grad_zero;
-  HP_CHECK(L.w2->grad_zero == w_zero, "moe_backward: w1 and w2 gradients out of step");
-  std::vector<char> written(static_cast<size_t>(local_experts_), w_zero ? 0 : 1);
+  HP_CHECK(L.w2->grad_zero == w_zero && L.w1->grad_zero_experts == L.w2->grad_zero_experts,
+           "moe_backward: w1 and w2 gradients out of step");
+  // Whether an expert's gradient memory holds its sum so far (else it is zero, unwritten).
+  std::vector<char> written(static_cast<size_t>(local_experts_));
+  for (int le = 0; le < local_experts_; ++le)
+    written[static_cast<size_t>(le)] = !w_zero && !L.w1->expert_grad_unwritten(le);
   std::vector<Backend::GemmProblem> dact, dinput;
   // [source][0: writes, 1: adds]
   std::vector<std::array<std::vector<Backend::GemmProblem>, 2>> dw2(
@@ -698,11 +722,22 @@ void Model::moe_backward(int l, LayerActs& a, const Tensor& dy, Tensor& dhn) {
   }
   L.w1->grad_zero = L.w2->grad_zero = false;
   family(be_, OpFamily::kExpertGemm);
-  for (int le = 0; le < local_experts_; ++le) {  // experts no row reached: their zero gradient
-    if (written[static_cast<size_t>(le)]) continue;
-    Tensor g1 = L.w1->grad[le], g2 = L.w2->grad[le];
-    be_.fill(g1, 0.0);
-    be_.fill(g2, 0.0);
+  // Experts no row reached: their zero gradient, written, or flagged for an optimizer that reads
+  // the flags (backward's leave_unreached; on GPT-OSS-20b each is 99 MB of fills otherwise).
+  if (leave_unreached_) {
+    std::vector<char> unwritten(static_cast<size_t>(local_experts_));
+    for (int le = 0; le < local_experts_; ++le)
+      unwritten[static_cast<size_t>(le)] = !written[static_cast<size_t>(le)];
+    L.w1->grad_zero_experts = L.w2->grad_zero_experts = unwritten;
+  } else {
+    for (int le = 0; le < local_experts_; ++le) {
+      if (written[static_cast<size_t>(le)]) continue;
+      Tensor g1 = L.w1->grad[le], g2 = L.w2->grad[le];
+      be_.fill(g1, 0.0);
+      be_.fill(g2, 0.0);
+    }
+    L.w1->grad_zero_experts.clear();
+    L.w2->grad_zero_experts.clear();
   }
   auto run_dw = [&](const std::vector<std::array<std::vector<Backend::GemmProblem>, 2>>& groups) {
     for (const auto& g : groups) {

@@ -116,7 +116,12 @@ class Model {
   // accumulating into the parameters' grad tensors. After each layer's gradients are complete
   // it calls grad_ready->layer_ready(layer), so their reduction overlaps the backward of the
   // layers below; null: nothing to reduce (one rank). Releases what forward kept.
-  void backward(GradReadyHook* grad_ready = nullptr);
+  // leave_unreached (only without grad_ready): the expert matrices' gradients of experts that no
+  // row reached are left unwritten and flagged (Param::grad_zero_experts) instead of zero-filled,
+  // for an optimizer that reads the flags; fill_unreached_grads writes the zeros.
+  void backward(GradReadyHook* grad_ready = nullptr, bool leave_unreached = false);
+  // Zero-fills the gradient slices that backward left flagged, and clears the flags.
+  void fill_unreached_grads();
 
   // forward + loss + backward with no gradient reduction (tests, benchmarks). Returns the loss
   // sums, accumulated into `into` when its tensors are given.
@@ -174,6 +179,7 @@ class Model {
   std::shared_ptr<ExpertExchange> exchange_;
   ParamRegistry params_;
   std::vector<std::vector<Param*>> params_by_layer_;  // [layer + 1] (settle_grads)
+  bool leave_unreached_ = false;                      // during backward(.., leave_unreached)
   std::vector<std::unique_ptr<Layer>> layers_;
   Param* embed_ = nullptr;
   Param* final_norm_ = nullptr;

@@ -31,6 +31,16 @@ struct Param {
   // Set by Model::zero_grads: the gradient is zero but its memory is not (the first op of the
   // backward that touches it writes instead of accumulating; see Model::grad_beta / grad_acc).
   bool grad_zero = false;
+  // Expert matrices (w1, w2) after a backward that was allowed to leave zeros unwritten
+  // (Model::backward's leave_unreached): one flag per local expert, set where no row reached the
+  // expert, so that its slice of grad is zero but its memory was not written. Empty: none. The
+  // optimizer reads such slices as zeros (grad_sum_squares, AdamW::step); anything else that
+  // reads grad calls Model::fill_unreached_grads first.
+  std::vector<char> grad_zero_experts;
+  // Whether the local expert le's slice of grad is zero without its memory saying so.
+  bool expert_grad_unwritten(int64_t le) const {
+    return !grad_zero_experts.empty() && grad_zero_experts[static_cast<size_t>(le)] != 0;
+  }
   Tensor m, v;  // AdamW moments, master dtype
 
   // Optimizer-state sharding (optimizer_sharding=zero1): when sharded(), master, m and v hold

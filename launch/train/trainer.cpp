@@ -146,6 +146,7 @@ bool Trainer::update_is_finite(int64_t step, double lr, double clip) {
   Backend& be = *be_;
   FamilyScope scope(be, OpFamily::kOptimizer);
   be.fill(check_flag_, 0.0);
+  model_->fill_unreached_grads();  // adamw's check-only mode reads every gradient
   for (auto& p : model_->params().all()) {
     // zero1: this rank's rows and their reduced gradient, as Zero1::step updates them.
     const Tensor* shard = zero1_ ? zero1_->find_grad_shard(*p) : nullptr;
@@ -240,13 +241,16 @@ StepStats Trainer::step() {
   GradSync* grad_sync = grad_sync_.get();  // null on one rank: nothing to reduce
   {
     PhaseScope phase(be, StepPhase::kBackward);
-    model_->backward(grad_sync);
+    // One rank without zero1: the optimizer below reads the experts no row reached as zero
+    // gradients, so backward need not zero-fill them.
+    model_->backward(grad_sync, grad_sync == nullptr && !zero1_);
   }
   {
     PhaseScope phase(be, StepPhase::kGradSync);
     if (grad_sync) grad_sync->finish();  // compute now waits for the last reductions
   }
   if (nan_gradients_injected(ctx_.rank(), st.step)) {
+    model_->fill_unreached_grads();  // every slice now holds what it reads as
     for (auto& p : model_->params().all()) {
       be.fill(p->grad, std::nan(""));
       // zero1: the norm and the update read the reduced rows of this rank's shards.

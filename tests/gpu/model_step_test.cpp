@@ -11,6 +11,7 @@
 #include "framework/data/loader.h"
 #include "framework/model/model.h"
 #include "launch/train/trainer.h"
+#include "tests/common/unreached_experts.h"
 #include "tests/gpu/gpu_fixtures.h"
 
 namespace hp {
@@ -274,6 +275,19 @@ TEST(CudaModel, Fp8UnembeddingMatchesCpuFp8Reference) {
       EXPECT_NEAR(fp8, bf16, 2e-2 * bf16) << "tied=" << tied << " others=" << others;
     }
   }
+}
+
+// Unreached experts' gradients left unwritten on the GPU: the optimizer's bits are those of the
+// zero-filling backward (deterministic: the same bits for the same work twice).
+TEST(CudaModel, UnreachedExpertsLeftUnwrittenGiveTheBitsOfZeroFills) {
+  HP_REQUIRE_GPU();
+  CudaBackendOptions o;
+  o.deterministic = true;
+  auto be = make_cuda_backend(0, o);
+  ModelConfig c = gpu_moe_config();
+  c.n_experts = 32;
+  // 6 tokens a micro-batch, 2 experts each: at most 24 of 32 experts reached in a layer.
+  test::check_unreached_experts(*be, c, 6);
 }
 
 TEST(CudaModel, SyncBudgetCachedAndBaselines) {
