@@ -310,15 +310,40 @@ std::vector<std::unique_ptr<Fp8Operand>> fp8_quantize_group_data(
   const DType t = ps[0].a.dtype();
   const int64_t k = ps[0].a.dim(1);
   std::vector<std::unique_ptr<Fp8Operand>> out(ps.size());
-  std::vector<Fp8DataOperand> ops;
+  // Every operand's codes in one buffer and its scales in another, each at a 256-byte boundary
+  // (in 4-byte words: the buffers' i32 storage): two allocations a group, not two a product.
+  constexpr int64_t kAlignWords = 64;
+  auto words = [](int64_t bytes) {
+    return (bytes + 4 * kAlignWords - 1) / (4 * kAlignWords) * kAlignWords;
+  };
+  std::vector<Fp8Layout> layouts(ps.size());
+  int64_t code_words = 0, scale_words = 0;
   for (size_t i = 0; i < ps.size(); ++i) {
     const Backend::GemmProblem& p = ps[i];
     const int64_t m = p.a.dim(0), n = trans_b ? p.b.dim(0) : p.b.dim(1);
     if (p.a.dtype() != t || p.a.dim(1) != k) return none;
     if (m == 0 || n == 0 || k == 0) continue;  // fp8_gemm quantizes nothing for these
     if (ctx.lt->wide(product_shape(n, k, spec, spec.a, spec.b))) return none;
-    out[i] = std::make_unique<Fp8Operand>(
-        fp8_empty_operand(*ctx.alloc, fp8_layout(m, k, spec.recipe, spec.a, 4, 16)));
+    layouts[i] = fp8_layout(m, k, spec.recipe, spec.a, 4, 16);
+    code_words += words(layouts[i].code_bytes());
+    scale_words += words(layouts[i].scale_count() * 4);
+  }
+  if (code_words == 0) return none;
+  const Tensor codes = Tensor::empty(*ctx.alloc, {code_words}, DType::kI32);
+  const Tensor scales = Tensor::empty(*ctx.alloc, {scale_words}, DType::kI32);
+  std::vector<Fp8DataOperand> ops;
+  int64_t code_at = 0, scale_at = 0;
+  for (size_t i = 0; i < ps.size(); ++i) {
+    const Fp8Layout& l = layouts[i];
+    if (l.rows == 0) continue;
+    const int64_t cw = words(l.code_bytes()), sw = words(l.scale_count() * 4);
+    out[i] = std::make_unique<Fp8Operand>();
+    out[i]->layout = l;
+    out[i]->codes = codes.slice(code_at, code_at + cw);
+    out[i]->scales = scales.slice(scale_at, scale_at + sw);
+    code_at += cw;
+    scale_at += sw;
+    const Backend::GemmProblem& p = ps[i];
     Fp8DataOperand o;
     o.x = p.a.raw();
     o.ld = k;

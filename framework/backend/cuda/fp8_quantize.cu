@@ -605,7 +605,6 @@ __global__ void __launch_bounds__(kThreads)
 // go to `row_scales` [rows_pad, k_blocks] row-major, where a row's blocks are neighbours, and
 // transpose_scales_kernel moves them to the layout's [k_blocks, rows_pad]: written there
 // directly, a row's scales lie rows_pad floats apart, one memory sector each.
-
 __global__ void __launch_bounds__(kLossThreads)
     cross_entropy_fp8_kernel(bf16_t* __restrict__ logits, const int32_t* __restrict__ targets,
                              int64_t rows, int64_t v, float grad_scale,
@@ -751,7 +750,6 @@ bool launch_fp8_quantize_data_batch(const std::vector<Fp8DataOperand>& ops, DTyp
   if (col_groups > 65535) return false;
   // The batches first, so that nothing is issued unless every one fits the grid.
   std::vector<DataBatch> batches;
-  std::vector<int64_t> batch_groups;
   for (size_t at = 0; at < ops.size(); at += kDataJobs) {
     DataBatch batch{};
     int64_t groups = 0;
@@ -770,13 +768,15 @@ bool launch_fp8_quantize_data_batch(const std::vector<Fp8DataOperand>& ops, DTyp
     if (groups > 65535) return false;
     if (groups == 0) continue;
     batches.push_back(batch);
-    batch_groups.push_back(groups);
   }
-  for (size_t b = 0; b < batches.size(); ++b) {
-    const dim3 grid(static_cast<unsigned>(col_groups), static_cast<unsigned>(batch_groups[b]));
+  for (const DataBatch& batch : batches) {
+    // The row groups of a batch: its last job's first one plus that job's own.
+    const DataJob& last = batch.job[batch.n - 1];
+    const int64_t groups = last.first_group + (last.l.rows_pad + kDataRows - 1) / kDataRows;
+    const dim3 grid(static_cast<unsigned>(col_groups), static_cast<unsigned>(groups));
     dispatch_float(x_t, [&](auto tag) {
       using T = decltype(tag);
-      quantize_data_batch_kernel<T><<<grid, kThreads, 0, stream>>>(batches[b]);
+      quantize_data_batch_kernel<T><<<grid, kThreads, 0, stream>>>(batch);
     });
     CUDA_CHECK_LAUNCH();
   }
