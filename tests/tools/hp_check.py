@@ -7,6 +7,7 @@ files, `hotpath inspect` dataset digests and layout, checkpoint directories -- n
                   (runs CMD and checks its status; exits 77, "skipped", with fewer than N GPUs)
   hp_check.py losses RUN[,RUN...] REF [--rel R] [--steps N] [--first S] [--same-steps]
                      [--field NAME]   (another per-step number instead of loss, e.g. grad_norm)
+                     [--window W]     (with --rel: the means of every W consecutive steps)
   hp_check.py jsonl FILE [--lines N] [--all EXPR]... [--last EXPR]... [--first EXPR]...
   hp_check.py json FILE --expect EXPR...
   hp_check.py compare FILE_A FILE_B [--step N] --expect EXPR...
@@ -158,10 +159,22 @@ def cmd_losses(a):
         fail(f"{a.run}: first step {steps[:1]}, expected {a.first}")
     if a.same_steps and sorted(ref) != steps:
         fail(f"{a.run} has steps {steps}, {a.ref} {sorted(ref)}")
-    worst = 0.0
-    for s, loss in run:
+    for s, _ in run:
         if s not in ref:
             fail(f"step {s} of {a.run} is not in {a.ref}")
+    if a.window is not None:
+        if a.rel == 0 or a.window < 1 or a.window > len(run):
+            fail(f"--window {a.window} needs --rel and 1..{len(run)} steps of {a.run}")
+        # Windows of W consecutive steps, compared by their means: a change at the level of
+        # rounding moves single steps of a small model's loss by several percent, its means of
+        # a few steps far less (docs/testing.md, "Comparing losses").
+        w = a.window
+        vals = [l for _, l in run]
+        starts = range(len(run) - w + 1)
+        ref = {steps[i]: sum(ref[t] for t in steps[i:i + w]) / w for i in starts}
+        run = [(steps[i], sum(vals[i:i + w]) / w) for i in starts]
+    worst = 0.0
+    for s, loss in run:
         want = ref[s]
         if a.rel == 0:
             if loss != want:
@@ -170,9 +183,14 @@ def cmd_losses(a):
             rel = abs(loss - want) / max(abs(want), 1e-300)
             worst = max(worst, rel)
             if rel > a.rel:
-                fail(f"step {s}: {f} {loss!r} vs {want!r}: relative difference {rel:.3g} > {a.rel}")
+                where = f"step {s}" if a.window is None else f"steps {s}..{s + a.window - 1}"
+                what = f if a.window is None else f"mean {f}"
+                fail(f"{where}: {what} {loss!r} vs {want!r}: relative difference {rel:.3g} > "
+                     f"{a.rel}")
     how = "bitwise equal" if a.rel == 0 else f"max relative difference {worst:.3g} <= {a.rel}"
-    say(f"{len(run)} steps ({steps[0] if steps else '-'}..{steps[-1] if steps else '-'}): "
+    if a.window is not None:
+        how += f" (means of {a.window} steps)"
+    say(f"{len(steps)} steps ({steps[0] if steps else '-'}..{steps[-1] if steps else '-'}): "
         f"{f} {how} to {os.path.basename(a.ref)}")
 
 
@@ -557,6 +575,7 @@ def main():
     p.add_argument("--first", type=int)
     p.add_argument("--same-steps", action="store_true")
     p.add_argument("--field", default="loss")
+    p.add_argument("--window", type=int)
     p.add_argument("--need-gpus", type=int, default=0)
     p = sub.add_parser("jsonl")
     p.add_argument("file")
