@@ -1,7 +1,7 @@
 // What the CPU tests (tests/framework, tests/parallel) and the CUDA tests (tests/gpu, through
 // gpu_fixtures.h) share, defined once: a scratch directory, the GPT-OSS-like MoE variant of a model
-// shape, synthetic packed batches over a model's vocabulary and their comparison, and bitwise
-// records of losses and gradients with their comparison.
+// shape, synthetic packed batches over a model's vocabulary and their comparison, host f32 copies
+// of device tensors, and bitwise records of losses and gradients with their comparison.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "framework/backend/backend.h"
 #include "framework/core/tensor.h"
 #include "framework/data/loader.h"
 #include "framework/model/config.h"
@@ -95,6 +96,18 @@ inline void append_bits(const Tensor& host, std::vector<uint32_t>& out) {
   const size_t n = out.size();
   out.resize(n + host.nbytes() / 4);
   std::memcpy(out.data() + n, host.raw(), host.nbytes());
+}
+
+// A copy of t (f32 or bf16, on any device) in f32 on the host.
+inline Tensor host_f32(Backend& be, const Tensor& t) {
+  Tensor f = be.empty(t.shape(), DType::kF32);
+  if (t.dtype() == DType::kF32)
+    be.copy(t, f);
+  else
+    be.convert(t, f);
+  Tensor h = Tensor::host(t.shape(), DType::kF32);
+  be.read_to_host(f, h, SyncCause::kOther);
+  return h;
 }
 
 // Every word of `got` equals the one of `ref`; says how many differ, and whether the first one

@@ -29,15 +29,8 @@ namespace hp::test {
 
 // Host f32 words of t (f32 or bf16 on any device).
 inline std::vector<uint32_t> words_of(Backend& be, const Tensor& t) {
-  Tensor f = be.empty(t.shape(), DType::kF32);
-  if (t.dtype() == DType::kF32)
-    be.copy(t, f);
-  else
-    be.convert(t, f);
-  Tensor h = Tensor::host(t.shape(), DType::kF32);
-  be.read_to_host(f, h, SyncCause::kOther);
   std::vector<uint32_t> out;
-  append_bits(h, out);
+  append_bits(host_f32(be, t), out);
   return out;
 }
 

@@ -50,14 +50,7 @@ PackedBatch synthetic_batch(int64_t vocab, int64_t rows, int64_t seq_len) {
 }
 
 std::vector<double> host_values(Backend& be, const Tensor& t) {
-  Tensor f = be.empty(t.shape(), DType::kF32);
-  if (t.dtype() == DType::kF32)
-    be.copy(t, f);
-  else
-    be.convert(t, f);
-  Tensor h = Tensor::host(t.shape(), DType::kF32);
-  be.read_to_host(f, h, SyncCause::kOther);
-  return to_double_vector(h);
+  return to_double_vector(test::host_f32(be, t));
 }
 
 double rel_err(const std::vector<double>& a, const std::vector<double>& b) {
