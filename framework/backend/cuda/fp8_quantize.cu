@@ -421,6 +421,9 @@ __global__ void __launch_bounds__(kThreads)
 // run, two stores. Out as W: a word per thread and step, rows of the tile in order. Out as W^T:
 // each thread takes 4x4 blocks of codes, reads 4 words of consecutive rows, transposes them in
 // registers (__byte_perm) and writes 4 words to 4 consecutive rows of the W^T copy.
+// The kernel is bound by the bytes in flight, so by how many blocks an SM holds: indices inside
+// the tile are 32-bit and the tile's base pointers formed once, so that bf16 sources fit 64
+// registers, four blocks an SM.
 constexpr int kPairJobs = 16;
 struct PairJob {
   const void* x;
@@ -435,11 +438,13 @@ struct PairBatch {
 };
 
 template <typename T>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, sizeof(T) == 2 ? 4 : 1)
     quantize_weight_pair_kernel(const __grid_constant__ PairBatch batch) {
   constexpr int kPer = Vec16<T>::kN;
   constexpr int kRuns = kTile * kTile / 8 / kThreads;  // 8
   constexpr int kWords = kTile / 4 + 1;                // words per shared row (banks skewed)
+  constexpr int kRunsPerRow = kTile / 8;               // 16
+  constexpr int kRowStep = kThreads / kRunsPerRow;     // 16
   __shared__ unsigned tile[kTile * kWords];
   __shared__ unsigned warp_max[kThreads / 32];
   const int tid = threadIdx.x;
@@ -449,17 +454,22 @@ __global__ void __launch_bounds__(kThreads)
   const PairJob& job = batch.job[jn];  // read in place (__grid_constant__): no local copy
   const int64_t tt = t - job.first_tile;
   const int64_t i0 = tt / job.tiles_c * kTile, j0 = tt % job.tiles_c * kTile;
-  const T* x = static_cast<const T*>(job.x);
+  // The tile's rows and columns inside W (fewer at its edges); cols % 8 == 0: runs whole.
+  const int ri = static_cast<int>(std::min<int64_t>(kTile, job.rows - i0));
+  const int rj = static_cast<int>(std::min<int64_t>(kTile, job.cols - j0));
+  const T* x = static_cast<const T*>(job.x) + i0 * job.cols + j0;
+  const size_t cols = static_cast<size_t>(job.cols);
+  // Run r of thread tid: row tid / 16 + 16 r of the tile, columns (tid % 16) * 8 .. + 7.
+  const int i_first = tid / kRunsPerRow, j = (tid % kRunsPerRow) * 8;
   Vec16<T> q[kRuns][8 / kPer];
 #pragma unroll
   for (int r = 0; r < kRuns; ++r) {
-    const int run = tid + r * kThreads;
-    const int i = run / (kTile / 8), j = (run % (kTile / 8)) * 8;
-    const bool in = i0 + i < job.rows && j0 + j < job.cols;  // cols % 8 == 0: runs whole
+    const int i = i_first + kRowStep * r;
+    const bool in = i < ri && j < rj;
 #pragma unroll
     for (int h = 0; h < 8 / kPer; ++h)
-      q[r][h].raw = in ? reinterpret_cast<const uint4*>(x + (i0 + i) * job.cols + j0 + j)[h]
-                       : make_uint4(0, 0, 0, 0);
+      q[r][h].raw =
+          in ? reinterpret_cast<const uint4*>(x + i * cols + j)[h] : make_uint4(0, 0, 0, 0);
   }
   unsigned m = 0;
 #pragma unroll
@@ -480,20 +490,28 @@ __global__ void __launch_bounds__(kThreads)
   }
 #pragma unroll
   for (int r = 0; r < kRuns; ++r) {
-    const int run = tid + r * kThreads;
-    const int i = run / (kTile / 8), j = (run % (kTile / 8)) * 8;
-    const bool in = i0 + i < job.rows && j0 + j < job.cols;
-    const uint2 w = in ? quantize8<T>(q[r], sc) : make_uint2(0, 0);
+    const int i = i_first + kRowStep * r;
+    const uint2 w = i < ri && j < rj ? quantize8<T>(q[r], sc) : make_uint2(0, 0);
     tile[i * kWords + j / 4] = w.x;
     tile[i * kWords + j / 4 + 1] = w.y;
   }
   __syncthreads();
-  for (int w = tid; w < kTile * kTile / 4; w += kThreads) {
-    const int r = w / (kTile / 4), c = w % (kTile / 4);
-    if (i0 + r < job.ls.rows_pad && j0 + 4 * c < job.ls.ldk)
-      *reinterpret_cast<unsigned*>(job.codes_s + (i0 + r) * job.ls.ldk + j0 + 4 * c) =
-          tile[r * kWords + c];
+  {
+    // The rows and K columns of the W copy this tile writes (rows_pad and ldk bound them).
+    const int rows = static_cast<int>(std::min<int64_t>(kTile, job.ls.rows_pad - i0));
+    const int ks = static_cast<int>(std::min<int64_t>(kTile, job.ls.ldk - j0));
+    const size_t ldk = static_cast<size_t>(job.ls.ldk);
+    unsigned char* out = job.codes_s + i0 * job.ls.ldk + j0;
+    for (int w = tid; w < kTile * kTile / 4; w += kThreads) {
+      const int r = w / (kTile / 4), c = w % (kTile / 4);
+      if (r < rows && 4 * c < ks)
+        *reinterpret_cast<unsigned*>(out + r * ldk + 4 * c) = tile[r * kWords + c];
+    }
   }
+  const int rows = static_cast<int>(std::min<int64_t>(kTile, job.lt.rows_pad - j0));
+  const int ks = static_cast<int>(std::min<int64_t>(kTile, job.lt.ldk - i0));
+  const size_t ldk = static_cast<size_t>(job.lt.ldk);
+  unsigned char* out = job.codes_t + j0 * job.lt.ldk + i0;
   for (int b = tid; b < (kTile / 4) * (kTile / 4); b += kThreads) {
     const int bi = b % (kTile / 4), bj = b / (kTile / 4);  // rows 4 bi.., columns 4 bj.. of W
     const unsigned w0 = tile[(4 * bi) * kWords + bj], w1 = tile[(4 * bi + 1) * kWords + bj];
@@ -501,15 +519,12 @@ __global__ void __launch_bounds__(kThreads)
     const unsigned lo01 = __byte_perm(w0, w1, 0x5140), hi01 = __byte_perm(w0, w1, 0x7362);
     const unsigned lo23 = __byte_perm(w2, w3, 0x5140), hi23 = __byte_perm(w2, w3, 0x7362);
     // Row 4 bj + f of W^T: byte f of w0, w1, w2, w3.
-    const unsigned out[4] = {__byte_perm(lo01, lo23, 0x5410), __byte_perm(lo01, lo23, 0x7632),
-                             __byte_perm(hi01, hi23, 0x5410), __byte_perm(hi01, hi23, 0x7632)};
-    if (i0 + 4 * bi >= job.lt.ldk) continue;
+    const unsigned o[4] = {__byte_perm(lo01, lo23, 0x5410), __byte_perm(lo01, lo23, 0x7632),
+                           __byte_perm(hi01, hi23, 0x5410), __byte_perm(hi01, hi23, 0x7632)};
+    if (4 * bi >= ks) continue;
 #pragma unroll
-    for (int f = 0; f < 4; ++f) {
-      const int64_t row = j0 + 4 * bj + f;
-      if (row < job.lt.rows_pad)
-        *reinterpret_cast<unsigned*>(job.codes_t + row * job.lt.ldk + i0 + 4 * bi) = out[f];
-    }
+    for (int f = 0; f < 4; ++f)
+      if (4 * bj + f < rows) *reinterpret_cast<unsigned*>(out + (4 * bj + f) * ldk + 4 * bi) = o[f];
   }
 }
 
