@@ -51,6 +51,9 @@ std::vector<Gemm> products(const TrainOptions& o, int64_t div) {
     add_weight(g, "ffn_gate_up", s(t), s(d), s(2 * int64_t{m.ffn_dim}));
     add_weight(g, "ffn_down", s(t), s(m.ffn_dim), s(d));
   }
+  // The unembedding [d, vocab] over every token (ce_chunk_tokens at or above batch_tokens):
+  // GPT-OSS-20b's largest product.
+  add_weight(g, "unembedding", s(t), s(d), s(m.vocab_size));
   return g;
 }
 

@@ -2,7 +2,7 @@
 # gpu.bench.gemm: `hotpath bench gemm` on one GPU with tiny-moe's shapes (and the 8192^3 cube),
 # one timed sample each, then its --bench_json record checked: the device's FP8 recipe was
 # available, every product of the config is there (the cube, then forward, input and weight
-# gradient of attn_qkv, attn_out, expert_gate_up, expert_down) with positive times for the
+# gradient of attn_qkv, attn_out, expert_gate_up, expert_down, unembedding) with positive times for the
 # activation dtype, FP8 and the quantization alone. No timing is compared.
 #   bench_gemm_case.sh HOTPATH CONFIG WORKDIR PYTHON
 set -euo pipefail
@@ -20,7 +20,7 @@ if j.get("scenario") != "gemm":
     errors.append(f"scenario {j.get('scenario')!r}, expected 'gemm'")
 if not j.get("fp8_available"):
     errors.append(f"fp8 unavailable: {j.get('fp8_unavailable_reason')}")
-want = [("cube", "forward")] + [(w, p) for w in ("attn_qkv", "attn_out", "expert_gate_up", "expert_down")
+want = [("cube", "forward")] + [(w, p) for w in ("attn_qkv", "attn_out", "expert_gate_up", "expert_down", "unembedding")
                                for p in ("forward", "input_grad", "weight_grad")]
 got = [(r["weight"], r["product"]) for r in j.get("rows", [])]
 if got != want:
