@@ -221,7 +221,7 @@ TEST_F(CudaFp8, QuantizeMatchesReferenceBitwise) {
   // the others the general one: both, with and without whole blocks and tiles.
   const std::vector<std::pair<int64_t, int64_t>> shapes = {
       {128, 256}, {200, 300}, {5, 17}, {257, 129}, {64, 40}, {130, 200}, {37, 264}, {300, 136},
-      {45, 1032}};
+      {45, 1032}, {520, 264}};
   uint64_t seed = 100;
   for (const auto& [d0, d1] : shapes) {
     const Tensor x = random_host(d0, d1, ++seed);

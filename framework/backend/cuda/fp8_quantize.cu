@@ -10,8 +10,12 @@
 //  - weight operands (128x128 tiles) either way round: a thread block loads one source tile
 //    into registers, reduces its amax, quantizes into shared memory and writes the tile out
 //    K-contiguous, transposed where the source is.
-// Everything else (recipe mxfp8, data operands stored the other way, sources whose rows are not
-// a multiple of 16 bytes) takes the general kernel: one thread block per 128 x 128 tile of X
+//  - data operands (1x128 blocks) stored the other way, the weight gradients' operands blocked
+//    along the tokens: a thread block loads a 128x128 tile, reduces each source column's amax
+//    over the tile's 128 rows (one block of one row of X), quantizes into shared memory and
+//    writes the tile out K-contiguous, transposed.
+// Everything else (recipe mxfp8, sources whose rows are not a multiple of 16 bytes) takes the
+// general kernel: one thread block per 128 x 128 tile of X
 // [rows_pad, ldk] (fp8_layout.h), a tile holding one 128x128 weight block, 128 rows of one 1x128
 // data block each, or 128 rows of four 1x32 MX blocks. Its pass 1 reads the tile and takes the
 // magnitude maxima per row and 32 columns; the scales follow from them; pass 2 reads the tile
@@ -349,6 +353,27 @@ __device__ __forceinline__ Scale tile_scale(unsigned m, unsigned* warp_max) {
   return make_scale(block_scale_bits(m));
 }
 
+// A 128x128 tile of codes staged in shared memory (rows of kTile + 1 bytes, in the source's
+// orientation: X's tile as stored, or its transpose where `trans`) written out K-contiguous into
+// the codes of X's tile (r0, c0), a 4-byte word per thread and step, a warp one 128-byte row.
+__device__ __forceinline__ void store_tile_codes(const unsigned char* tile, bool trans, int64_t r0,
+                                                 int64_t c0, const Fp8Layout& l,
+                                                 unsigned char* __restrict__ codes) {
+  constexpr int kStride = kTile + 1;
+  for (int w = threadIdx.x; w < kTile * kTile / 4; w += kThreads) {
+    const int r = w / (kTile / 4), c = (w % (kTile / 4)) * 4;
+    const int64_t gr = r0 + r, gc = c0 + c;
+    if (gr >= l.rows_pad || gc >= l.ldk) continue;
+    unsigned word = 0;
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const unsigned char code = trans ? tile[(c + e) * kStride + r] : tile[r * kStride + c + e];
+      word |= static_cast<unsigned>(code) << (8 * e);
+    }
+    *reinterpret_cast<unsigned*>(codes + gr * l.ldk + gc) = word;
+  }
+}
+
 // Block128 weight operand: one thread block per 128x128 tile of X, read from the source S
 // (S[i][j] = x[i * ld + j], ld a multiple of 8, x 16-byte aligned) as X[r][c] = S[r][c], or
 // S[c][r] where `trans`. Each thread loads 8 runs of 8 source elements of the tile; the tile's
@@ -400,18 +425,130 @@ __global__ void __launch_bounds__(kThreads)
     for (int e = 0; e < 8; ++e) tile[i * kStride + j + e] = in ? quantize_one(v[q][e], sc) : 0;
   }
   __syncthreads();
-  for (int w = tid; w < kTile * kTile / 4; w += kThreads) {
-    const int r = w / (kTile / 4), c = (w % (kTile / 4)) * 4;
-    const int64_t gr = r0 + r, gc = c0 + c;
-    if (gr >= l.rows_pad || gc >= l.ldk) continue;
-    unsigned word = 0;
+  store_tile_codes(tile, trans, r0, c0, l, codes);
+}
+
+// Block128 data operand stored the other way: X[r][c] = S[c][r], S[i][j] = x[i * ld + j] (ld and
+// X's rows multiples of 8, x 16-byte aligned), one thread block per 128x128 tile of X; the grid's
+// x runs along X's rows (the source's columns), so that blocks launched together read
+// neighbouring bytes of the same source rows. Thread tid loads 8 runs of 8 source elements, raw
+// (16 bytes an access), source rows tid / 16 + 16 q of the tile and the same 8 columns
+// (tid % 16) * 8 .. + 7 in every run, so that it holds one partial amax per column; a column's
+// amax over the tile's 128 source rows (the 1x128 block of X's row) is the maximum of its 16
+// threads' (the two half-warps by a shuffle, the 8 warps through shared memory). Scales as the
+// data kernel's: rows in [rows, rows_pad) get 1 and zero codes, columns in [k, ldk) zeros. The
+// codes go to shared memory in the source's orientation (in pairs where both scales are numbers
+// with finite reciprocals, as quantize8) and out K-contiguous (store_tile_codes). The kernel is
+// bound by the bytes in flight: the raw words, not their f32 values, stay in registers, so that
+// bf16 sources fit 64 registers, four blocks an SM.
+template <typename T>
+__global__ void __launch_bounds__(kThreads, sizeof(T) == 2 ? 4 : 1)
+    quantize_data_t_kernel(const T* __restrict__ x, int64_t ld, Fp8Layout l,
+                           unsigned char* __restrict__ codes, float* __restrict__ scales) {
+  constexpr int kPer = Vec16<T>::kN;
+  constexpr int kRuns = kTile * kTile / 8 / kThreads;  // 8
+  constexpr int kStride = kTile + 1;  // bytes per row of the shared tile: transposed reads spread
+  constexpr int kWarps = kThreads / 32;
+  __shared__ unsigned char tile[kTile * kStride];
+  __shared__ unsigned col_max[kWarps][kTile];
+  __shared__ float col_s[kTile], col_r[kTile];
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const int64_t r0 = static_cast<int64_t>(blockIdx.x) * kTile;  // X's rows: source columns
+  const int64_t c0 = static_cast<int64_t>(blockIdx.y) * kTile;  // X's K: source rows
+  const int j = (tid % 16) * 8;
+  const bool col_in = r0 + j < l.rows;  // rows % 8 == 0: a run is all in or all out
+  const T* src = x + c0 * ld + r0 + j;
+  Vec16<T> q[kRuns][8 / kPer];
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const unsigned char code = trans ? tile[(c + e) * kStride + r] : tile[r * kStride + c + e];
-      word |= static_cast<unsigned>(code) << (8 * e);
+  for (int r = 0; r < kRuns; ++r) {
+    const int i = tid / 16 + 16 * r;
+    const bool in = col_in && c0 + i < l.k;
+#pragma unroll
+    for (int h = 0; h < 8 / kPer; ++h) {
+      q[r][h].raw = make_uint4(0, 0, 0, 0);
+      if (in) q[r][h].raw = reinterpret_cast<const uint4*>(src + i * ld)[h];
     }
-    *reinterpret_cast<unsigned*>(codes + gr * l.ldk + gc) = word;
   }
+  if constexpr (std::is_same_v<T, bf16_t>) {
+    // The maxima on the packed halves of the raw words (as amax8_bits): column 2h in the low
+    // half of m2[h], 2h + 1 in the high one.
+    constexpr unsigned kAbs = 0x7FFF7FFFu;
+    unsigned m2[4] = {0, 0, 0, 0};
+#pragma unroll
+    for (int r = 0; r < kRuns; ++r) {
+      const uint4 w = q[r][0].raw;
+      m2[0] = __vmaxu2(m2[0], w.x & kAbs);
+      m2[1] = __vmaxu2(m2[1], w.y & kAbs);
+      m2[2] = __vmaxu2(m2[2], w.z & kAbs);
+      m2[3] = __vmaxu2(m2[3], w.w & kAbs);
+    }
+#pragma unroll
+    for (int h = 0; h < 4; ++h) {
+      m2[h] = __vmaxu2(m2[h], __shfl_xor_sync(0xFFFFFFFFu, m2[h], 16));
+      if (lane < 16) {
+        col_max[warp][j + 2 * h] = (m2[h] & 0xFFFFu) << 16;
+        col_max[warp][j + 2 * h + 1] = (m2[h] >> 16) << 16;
+      }
+    }
+  } else {
+    unsigned m[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+#pragma unroll
+    for (int r = 0; r < kRuns; ++r)
+#pragma unroll
+      for (int e = 0; e < 8; ++e) m[e] = max(m[e], abs_bits(q[r][e / kPer].get(e % kPer)));
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      m[e] = max(m[e], __shfl_xor_sync(0xFFFFFFFFu, m[e], 16));
+      if (lane < 16) col_max[warp][j + e] = m[e];
+    }
+  }
+  __syncthreads();
+  if (tid < kTile) {
+    unsigned mm = 0;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) mm = max(mm, col_max[w][tid]);
+    const Scale sc = make_scale(block_scale_bits(mm));
+    col_s[tid] = sc.s;
+    col_r[tid] = sc.r;
+    const int64_t r = r0 + tid, b = c0 / kTile;
+    if (r < l.rows_pad && b < l.k_blocks()) scales[l.scale_index(r, b)] = sc.s;
+  }
+  __syncthreads();
+  // Every scale of the thread's columns a number with a finite reciprocal: conversions in pairs
+  // (outside X the loads left zeros, whose codes are zeros under such a scale).
+  bool plain = true;
+  float rcp[8];
+#pragma unroll
+  for (int e = 0; e < 8; ++e) {
+    rcp[e] = col_r[j + e];
+    plain = plain && !isnan(col_s[j + e]) && !isinf(rcp[e]);
+  }
+  if (plain) {
+#pragma unroll
+    for (int r = 0; r < kRuns; ++r) {
+      unsigned char* row = tile + (tid / 16 + 16 * r) * kStride + j;
+#pragma unroll
+      for (int e = 0; e < 8; e += 2) {
+        const __nv_fp8x2_storage_t two = __nv_cvt_float2_to_fp8x2(
+            make_float2(__fmul_rn(q[r][e / kPer].get(e % kPer), rcp[e]),
+                        __fmul_rn(q[r][(e + 1) / kPer].get((e + 1) % kPer), rcp[e + 1])),
+            __NV_SATFINITE, __NV_E4M3);
+        row[e] = static_cast<unsigned char>(two & 0xFF);
+        row[e + 1] = static_cast<unsigned char>(two >> 8);
+      }
+    }
+  } else {
+    for (int r = 0; r < kRuns; ++r) {
+      const int i = tid / 16 + 16 * r;
+      const bool in = col_in && c0 + i < l.k;
+      unsigned char* row = tile + i * kStride + j;
+      for (int e = 0; e < 8; ++e)
+        row[e] =
+            in ? quantize_one(q[r][e / kPer].get(e % kPer), Scale{col_s[j + e], col_r[j + e]}) : 0;
+    }
+  }
+  __syncthreads();
+  store_tile_codes(tile, true, r0, c0, l, codes);
 }
 
 // Block128 weights in both forms at once (fp8_gemm.h, Fp8WeightPair): thread block b takes tile
@@ -735,6 +872,12 @@ void launch_fp8_quantize(const void* x, DType x_t, int64_t row_stride, int64_t c
               : dim3(static_cast<unsigned>(row_groups), static_cast<unsigned>(col_groups));
       quantize_data_kernel<T><<<grid, kThreads, 0, stream>>>(
           src, ld, l, out, static_cast<float*>(scales), columns_along_x);
+    } else if (block128 && !l.weight && !k_contiguous && runs_of_8 &&
+               (l.ldk + kTile - 1) / kTile <= 65535) {
+      const dim3 grid(static_cast<unsigned>(l.row_tiles()),
+                      static_cast<unsigned>((l.ldk + kTile - 1) / kTile));
+      quantize_data_t_kernel<T>
+          <<<grid, kThreads, 0, stream>>>(src, ld, l, out, static_cast<float*>(scales));
     } else if (block128 && l.weight && runs_of_8) {
       const dim3 grid(static_cast<unsigned>((l.ldk + kTile - 1) / kTile),
                       static_cast<unsigned>(l.row_tiles()));
