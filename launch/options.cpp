@@ -47,12 +47,14 @@ const Names<Packing> kPackingNames = {{"stream", Packing::kStream}, {"whole", Pa
 const Names<GemmPrecision> kPrecisionNames = {{"bf16", GemmPrecision::kBF16},
                                               {"fp8", GemmPrecision::kFP8}};
 
-// fp8_gemms: a comma list of the classes dense, experts and unembedding, at least one.
+// fp8_gemms: a comma list of the classes dense, experts, unembedding and unembedding_wgrad, at
+// least one.
 Fp8GemmClasses parse_fp8_gemms(const std::string& text) {
   const char* rule =
-      "config key 'fp8_gemms': must be a comma list of dense, experts and unembedding";
+      "config key 'fp8_gemms': must be a comma list of dense, experts, unembedding and "
+      "unembedding_wgrad";
   Fp8GemmClasses c;
-  c.dense = c.experts = c.unembedding = false;
+  c.dense = c.experts = c.unembedding = c.unembedding_wgrad = false;
   std::stringstream list(text);
   std::string item;
   bool any = false;
@@ -63,6 +65,8 @@ Fp8GemmClasses parse_fp8_gemms(const std::string& text) {
       c.experts = true;
     } else if (item == "unembedding") {
       c.unembedding = true;
+    } else if (item == "unembedding_wgrad") {
+      c.unembedding_wgrad = true;
     } else {
       HP_USER_ERROR(ErrorKind::kConfig, rule, ", got '", text, "' ('", item, "' is none of them)");
     }
@@ -271,12 +275,14 @@ po::options_description describe_options(TrainOptions& o, RawEnums& raw) {
       "MoE routing: bincount (1 sync per layer) | per-expert (baseline)")(
       "precision", po::value(&raw.precision)->default_value(raw.precision),
       "GEMM precision: bf16 (the activation dtype) | fp8 (E4M3 with block scales for the forward "
-      "and input-gradient products of the classes fp8_gemms names, weight gradients in bf16; the "
-      "CPU backend's emulation, or CUDA on compute capability 9.x/10.x)")(
+      "and input-gradient products of the classes fp8_gemms names, weight gradients in bf16 but "
+      "the unembedding's under unembedding_wgrad; the CPU backend's emulation, or CUDA on compute "
+      "capability 9.x/10.x)")(
       "fp8_gemms", po::value(&raw.fp8_gemms)->default_value(raw.fp8_gemms),
       "precision=fp8: which products run in FP8, a comma list of dense (attention projections, "
-      "dense FFN), experts (MoE expert FFNs) and unembedding (logits and their input gradient; "
-      "off by default); router and attention stay bf16")(
+      "dense FFN), experts (MoE expert FFNs), unembedding (logits and their input gradient) and "
+      "unembedding_wgrad (the unembedding's weight gradient); the last two off by default; router "
+      "and attention stay bf16")(
       "ep_size", po::value(&o.parallel.ep_size)->default_value(o.parallel.ep_size),
       "expert-parallel ranks (world = dp x ep_size)")(
       "bootstrap", po::value(&raw.bootstrap)->default_value(raw.bootstrap),
@@ -710,9 +716,11 @@ void validate_train_options(const TrainOptions& o, int world) {
           str_cat("must be finite and >= 0 (0: no clipping), got ", opt.grad_clip));
   require(o.compute.ce_chunk_tokens >= 1, "ce_chunk_tokens", "must be >= 1");
   require(o.compute.precision != GemmPrecision::kFP8 || o.model.is_moe() ||
-              o.compute.fp8_gemms.dense || o.compute.fp8_gemms.unembedding,
+              o.compute.fp8_gemms.dense || o.compute.fp8_gemms.unembedding ||
+              o.compute.fp8_gemms.unembedding_wgrad,
           "fp8_gemms",
-          "a dense model has no expert GEMMs: with precision=fp8 include dense or unembedding");
+          "a dense model has no expert GEMMs: with precision=fp8 include dense, unembedding or "
+          "unembedding_wgrad");
   const ParallelOptions& par = o.parallel;
   require(par.ep_size >= 1 && world % par.ep_size == 0, "ep_size",
           str_cat("must divide the world size ", world, ", got ", par.ep_size));

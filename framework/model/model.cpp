@@ -104,7 +104,9 @@ Model::Model(const ModelConfig& cfg, const ModelOptions& opts, Backend& be,
   if (!exchange_) exchange_ = std::make_shared<LocalExpertExchange>();
   // precision=fp8 needs a backend with FP8 GEMMs (docs/design.md, "FP8 training"): one without
   // them (a GPU of another compute capability) is refused before any work, never run in bf16.
-  if ((opts_.fp8_dense() || opts_.fp8_experts() || opts_.fp8_unembedding()) && !be_.has_fp8_gemms())
+  if ((opts_.fp8_dense() || opts_.fp8_experts() || opts_.fp8_unembedding() ||
+       opts_.fp8_unembedding_wgrad()) &&
+      !be_.has_fp8_gemms())
     HP_USER_ERROR(ErrorKind::kConfig, "config key 'precision': fp8 needs block-scaled FP8 GEMMs "
                   "(the CPU backend's emulation, or a CUDA device of compute capability 9.x or "
                   "10.x); backend ", be_.name(), " has none; use precision=bf16");
@@ -304,6 +306,18 @@ void Model::head_gemm(const Tensor& a, bool ta, const Tensor& b, bool tb, Tensor
     be_.gemm_fp8(a, ta, b, tb, c, 0.0, Tensor(), Tensor(), fp8_spec());
   else
     be_.gemm(a, ta, b, tb, c, 1.0, 0.0);
+}
+
+void Model::head_weight_grad(const Tensor& a, const Tensor& b, Tensor& c, double beta) {
+  if (!opts_.fp8_unembedding_wgrad()) {
+    matmul(be_, a, b, c, true, false, beta);
+    return;
+  }
+  // Both operands blocked along the tokens, the contraction (Backend::gemm_fp8's weight-gradient
+  // form); neither is a weight.
+  Backend::Fp8Gemm spec = fp8_spec();
+  spec.a = spec.b = fp8::Role::kData;
+  be_.gemm_fp8(a, true, b, false, c, beta, Tensor(), Tensor(), spec);
 }
 
 void Model::expert_gemms(const std::vector<Backend::GemmProblem>& problems, bool ta, bool tb,
@@ -567,9 +581,9 @@ void Model::loss(double grad_scale, const Tensor& lm_sum) {
     Tensor dhc = st.d_hidden.slice(r0, r1);
     head_gemm(dlogits, false, head, static_cast<bool>(lm_head_), dhc);
     if (lm_head_)
-      matmul(be_, hc, dlogits, lm_head_->grad, true, false, grad_beta(*lm_head_));
+      head_weight_grad(hc, dlogits, lm_head_->grad, grad_beta(*lm_head_));
     else
-      matmul(be_, dlogits, hc, embed_->grad, true, false, grad_beta(*embed_));
+      head_weight_grad(dlogits, hc, embed_->grad, grad_beta(*embed_));
   }
   if (!train) be_.release_fp8_weights();
 }

@@ -28,8 +28,9 @@ enum class MetadataMode { kCached, kPerLayer };
 // precision=bf16|fp8 (docs/design.md, "FP8 training"): bf16 runs every GEMM in the backend's
 // activation dtype (bf16 on CUDA, cpu_dtype on the CPU); fp8 runs the forward and input-gradient
 // products of the classes fp8_gemms names through Backend::gemm_fp8 with the recipe fp8_recipe
-// (the backend's: Backend::fp8_recipe). Their weight-gradient products, the router, attention and
-// the classes fp8_gemms leaves out (by default the unembedding) stay in the activation dtype.
+// (the backend's: Backend::fp8_recipe). Their weight-gradient products (but the unembedding's
+// under unembedding_wgrad), the router, attention and the classes fp8_gemms leaves out (by
+// default the unembedding) stay in the activation dtype.
 enum class GemmPrecision { kBF16, kFP8 };
 // fp8_gemms: which classes of products precision=fp8 quantizes.
 struct Fp8GemmClasses {
@@ -39,6 +40,11 @@ struct Fp8GemmClasses {
   // or lm_head's products; their weight gradient stays in the activation dtype). Off by default:
   // its error reaches the logits directly (docs/design.md, "FP8 training").
   bool unembedding = false;
+  // The unembedding's weight gradient (lm_head's, or the tied embedding's share), both operands
+  // blocked 128 tokens at a time along the contraction. Off by default, and apart from
+  // `unembedding`: the one weight gradient that runs faster in FP8 (docs/design.md, "FP8
+  // training"); its error lands on that gradient alone.
+  bool unembedding_wgrad = false;
 };
 
 struct ModelOptions {
@@ -57,6 +63,9 @@ struct ModelOptions {
   bool fp8_dense() const { return precision == GemmPrecision::kFP8 && fp8_gemms.dense; }
   bool fp8_experts() const { return precision == GemmPrecision::kFP8 && fp8_gemms.experts; }
   bool fp8_unembedding() const { return precision == GemmPrecision::kFP8 && fp8_gemms.unembedding; }
+  bool fp8_unembedding_wgrad() const {
+    return precision == GemmPrecision::kFP8 && fp8_gemms.unembedding_wgrad;
+  }
 };
 
 // Scalars of one micro-batch, on the device (master dtype, shape [1]) until the trainer reads them.
@@ -160,6 +169,9 @@ class Model {
   // The unembedding's logits and input-gradient products, c = op(a) op(b): FP8 under
   // precision=fp8 with the unembedding class, else gemm.
   void head_gemm(const Tensor& a, bool ta, const Tensor& b, bool tb, Tensor& c);
+  // The unembedding's weight gradient c (+)= aᵀ b (a, b: [tokens, ·]): FP8 with both operands in
+  // the data role under precision=fp8 with the unembedding_wgrad class, else gemm.
+  void head_weight_grad(const Tensor& a, const Tensor& b, Tensor& c, double beta);
   // gemm_group, or gemm_fp8_group under precision=fp8 with the experts class unless weight_grad.
   void expert_gemms(const std::vector<Backend::GemmProblem>& problems, bool ta, bool tb,
                     double beta, bool weight_grad);

@@ -164,10 +164,11 @@ MemoryPlan plan_memory(const TrainOptions& o, const PlanLayout& layout, bool cud
     // product of an FP8 class quantizes both operands into scratch (the data operand, the
     // weight) and may write its product to an fp32 [m, n] scratch first; all of it is freed after
     // the product, so the peak is the largest product's. Weight gradients run in bf16 and take
-    // none. The experts' group quantizes the data operands of all its products first, so they
-    // live through the group: counted as one operand of the rank's routed rows (tokens x top_k,
-    // each expert's rows padded to 4), with one expert's weight and an fp32 scratch as large as
-    // all the rows' products, an upper bound however the group's products are run.
+    // none, but the unembedding's under unembedding_wgrad. The experts' group quantizes the data
+    // operands of all its products first, so they live through the group: counted as one operand of
+    // the rank's routed rows (tokens x top_k, each expert's rows padded to 4), with one expert's
+    // weight and an fp32 scratch as large as all the rows' products, an upper bound however the
+    // group's products are run.
     const int64_t d = c.d_model, hd = c.head_dim, qkv = (c.n_heads + 2 * c.n_kv_heads) * hd;
     const int64_t attn = c.n_heads * hd;
     int64_t best = 0;
@@ -176,9 +177,11 @@ MemoryPlan plan_memory(const TrainOptions& o, const PlanLayout& layout, bool cud
     // `scratch`: whether its fp32 [m, cols] scratch is counted.
     // `staged`: whether the data operand's scales are staged in a second buffer of their size
     // first (the cross-entropy's, "FP8 on the GPU").
+    // `b_data`: the second operand is a data operand too (a weight gradient's, blocked along the
+    // tokens).
     auto product = [&](int64_t m_rows, int64_t k, int64_t cols, bool scratch = true,
-                       bool staged = false) {
-      const Fp8Operand x = fp8_operand(m_rows, k, false), w = fp8_operand(cols, k, true);
+                       bool staged = false, bool b_data = false) {
+      const Fp8Operand x = fp8_operand(m_rows, k, false), w = fp8_operand(cols, k, !b_data);
       std::vector<int64_t> parts = {x.codes, x.scales, w.codes, w.scales};
       if (staged) parts.push_back(x.scales);
       if (scratch) parts.push_back(m_rows * cols * 4);
@@ -216,6 +219,15 @@ MemoryPlan plan_memory(const TrainOptions& o, const PlanLayout& layout, bool cud
       const bool rows_whole = chunk % 4 == 0 && last % 4 == 0;
       product(chunk, d, c.vocab_size, !(rows_whole && c.vocab_size % 8 == 0));
       product(chunk, c.vocab_size, d, !(rows_whole && d % 8 == 0), true);
+    }
+    if (o.compute.fp8_gemms.unembedding_wgrad) {
+      // A chunk's share of the unembedding's weight gradient, hᵀ dlogits into lm_head's [d, vocab]
+      // (dlogitsᵀ h into a tied embedding's [vocab, d]), fp32: both operands blocked along the
+      // chunk's tokens, straight into the gradient where its rows are a multiple of 4 and its
+      // columns of 8, else through an fp32 scratch of its size.
+      const int64_t rows = c.tie_embeddings ? c.vocab_size : d;
+      const int64_t cols = c.tie_embeddings ? d : c.vocab_size;
+      product(rows, chunk, cols, !(rows % 4 == 0 && cols % 8 == 0), false, true);
     }
     for (int64_t b : best_parts) p.fp8_scratch += count(b);
     // Held weights: a weight W [in, out] as X = W (in rows of K = out) and X = W^T.

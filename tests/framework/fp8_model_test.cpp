@@ -71,11 +71,12 @@ Result step(GemmPrecision precision, Fp8GemmClasses classes, bool checkpoint = f
   return r;
 }
 
-Fp8GemmClasses classes(bool dense, bool experts, bool unembedding = false) {
+Fp8GemmClasses classes(bool dense, bool experts, bool unembedding = false, bool wgrad = false) {
   Fp8GemmClasses c;
   c.dense = dense;
   c.experts = experts;
   c.unembedding = unembedding;
+  c.unembedding_wgrad = wgrad;
   return c;
 }
 
@@ -87,9 +88,10 @@ TEST(Fp8Model, EachClassQuantizesItsOwnProducts) {
   const Result both = step(GemmPrecision::kFP8, classes(true, true));
   const Result head = step(GemmPrecision::kFP8, classes(false, false, true));
   const Result all = step(GemmPrecision::kFP8, classes(true, true, true));
+  const Result wgrad = step(GemmPrecision::kFP8, classes(false, false, false, true));
   // precision=bf16 ignores fp8_gemms: its result is the classes-off one.
   const Result ref_off = step(GemmPrecision::kBF16, classes(false, false));
-  const Result ref_all = step(GemmPrecision::kBF16, classes(true, true, true));
+  const Result ref_all = step(GemmPrecision::kBF16, classes(true, true, true, true));
   EXPECT_EQ(ref.loss, ref_all.loss);
   EXPECT_EQ(ref.grads, ref_all.grads);
   EXPECT_EQ(ref.loss, ref_off.loss);
@@ -101,12 +103,26 @@ TEST(Fp8Model, EachClassQuantizesItsOwnProducts) {
   EXPECT_NE(both.loss, experts.loss);
   EXPECT_NE(head.loss, ref.loss);
   EXPECT_NE(all.loss, both.loss);
+  // The unembedding's weight gradient comes after the loss and feeds nothing else: the loss and
+  // every other gradient are bf16's bits, lm_head's gradient is not.
+  EXPECT_EQ(wgrad.loss, ref.loss);
+  ASSERT_EQ(wgrad.names, ref.names);
+  int64_t heads = 0;
+  for (size_t i = 0; i < ref.grads.size(); ++i) {
+    if (ref.names[i] == "lm_head") {
+      ++heads;
+      EXPECT_NE(wgrad.grads[i], ref.grads[i]);
+    } else {
+      EXPECT_EQ(wgrad.grads[i], ref.grads[i]) << ref.names[i];
+    }
+  }
+  EXPECT_EQ(heads, 1);
   // Close to the unquantized step: the loss within 1%; the whole gradient within 10% of its norm
   // (E4M3 carries about 5% rms error per product), and each parameter's gradient norm within
   // 10% where that norm is at least 1% of the largest (the router biases' gradients are sums
   // that nearly cancel, a thousandth of the others, where a small change is a large ratio).
   const double max_norm = *std::max_element(ref.grad_norms.begin(), ref.grad_norms.end());
-  for (const Result* r : {&dense, &experts, &both, &head, &all}) {
+  for (const Result* r : {&dense, &experts, &both, &head, &all, &wgrad}) {
     EXPECT_LT(std::fabs(r->loss - ref.loss) / ref.loss, 0.01);
     double diff2 = 0, ref2 = 0;
     for (size_t i = 0; i < ref.grads.size(); ++i) {
@@ -367,6 +383,73 @@ TEST(Fp8Model, UnembeddingClassQuantizesTheLogitsAndTheirInputGradient) {
   }
   EXPECT_GT(diff2, 0.0);
   EXPECT_LT(std::sqrt(diff2 / ref2), 0.1);
+}
+
+// fp8_gemms=unembedding_wgrad: the unembedding's weight gradient (lm_head's, or the tied
+// embedding's share) is an FP8 product with both operands in the data role (blocked along the
+// tokens), one per cross-entropy chunk, with no weight held for it; every other gradient comes
+// from the op bf16 runs, and the logits' products stay what the unembedding class says. Alone
+// and beside every other class, tied or not; an evaluation runs no weight gradient.
+TEST(Fp8Model, UnembeddingWgradClassQuantizesTheHeadsWeightGradient) {
+  OneThread one;
+  for (const bool tied : {false, true})
+    for (const bool others : {false, true}) {
+      const std::string what = std::string(tied ? "tied" : "lm_head") + (others ? " all" : "");
+      ModelConfig cfg = config();
+      cfg.tie_embeddings = tied;
+      const std::string head = tied ? "tok_embeddings" : "lm_head";
+      const Recorded without = record_step(cfg, GemmPrecision::kFP8,
+                                           classes(others, others, others), fp8::Recipe::kBlock128);
+      const Recorded with = record_step(
+          cfg, GemmPrecision::kFP8, classes(others, others, others, true), fp8::Recipe::kBlock128);
+      // One product more in FP8: the head's weight gradient, which the run without the class
+      // ran as gemm.
+      ASSERT_EQ(with.fp8.size(), without.fp8.size() + 1) << what;
+      EXPECT_EQ(with.other, without.other) << what;
+      EXPECT_EQ(with.holds, without.holds) << what;
+      EXPECT_EQ(with.held_after, 0) << what;
+      int64_t data_data = 0;
+      for (const auto& g : with.fp8) {
+        if (g.spec.b != fp8::Role::kData) continue;
+        ++data_data;
+        EXPECT_EQ(g.op, "gemm_fp8") << what;
+        EXPECT_EQ(g.spec.a, fp8::Role::kData) << what;
+        EXPECT_EQ(g.spec.recipe, fp8::Recipe::kBlock128) << what;
+        EXPECT_FALSE(g.b_held) << what;
+      }
+      EXPECT_EQ(data_data, 1) << what;
+      for (const auto& [name, ops] : without.grad_ops) {
+        const auto it = with.grad_ops.find(name);
+        ASSERT_NE(it, with.grad_ops.end()) << what << ": " << name;
+        if (name != head) {
+          EXPECT_EQ(it->second, ops) << what << ": " << name;
+          continue;
+        }
+        // The head's gradient: the same ops but its weight-gradient gemm, which is gemm_fp8.
+        std::vector<std::string> want = ops;
+        const auto gemm = std::find(want.begin(), want.end(), "gemm");
+        ASSERT_NE(gemm, want.end()) << what << ": " << name;
+        *gemm = "gemm_fp8";
+        EXPECT_EQ(it->second, want) << what << ": " << name;
+      }
+      EXPECT_EQ(with.grad_ops.size(), without.grad_ops.size()) << what;
+    }
+  // Under bf16 the class changes nothing.
+  const Recorded bf16 = record_step(config(), GemmPrecision::kBF16,
+                                    classes(false, false, false, true), fp8::Recipe::kBlock128);
+  EXPECT_TRUE(bf16.fp8.empty());
+  // An evaluation computes no gradient: no FP8 product under the class alone.
+  auto cpu = make_cpu_backend(DType::kF32);
+  test::Fp8ForwardingBackend be(*cpu);
+  ModelOptions opts;
+  opts.max_positions = 64;
+  opts.precision = GemmPrecision::kFP8;
+  opts.fp8_gemms = classes(false, false, false, true);
+  Model model(config(), opts, be);
+  model.init_params(11);
+  const PackedBatch batch = test::synthetic_batch(config(), 5, 64, 3, 20.0);
+  model.evaluate(be.upload_batch(batch));
+  for (const auto& g : be.gemms) EXPECT_NE(g.op, "gemm_fp8");
 }
 
 }  // namespace

@@ -245,7 +245,10 @@ TEST(CudaModel, Fp8DenseForwardBackwardMatchesCpuFp8Reference) {
 
 // fp8_gemms=unembedding on the GPU against the CPU emulation: the logits and their input gradient
 // as FP8 products, alone and with every class, for lm_head (a 97-word vocabulary, whose padded
-// rows take the fp32 scratch) and for a tied embedding of 128 words (straight into the logits).
+// rows take the fp32 scratch) and for a tied embedding of 128 words (straight into the logits);
+// and with unembedding_wgrad, the weight gradient too (its operands blocked along the tokens:
+// 97 rows of dlogitsᵀ take the general quantization kernel, 128 rows and the hidden states the
+// transposed data kernel).
 TEST(CudaModel, Fp8UnembeddingMatchesCpuFp8Reference) {
   HP_REQUIRE_GPU();
   fp8::Recipe recipe;
@@ -260,13 +263,18 @@ TEST(CudaModel, Fp8UnembeddingMatchesCpuFp8Reference) {
     const double bf16 = forward_backward_matches_cpu(opts, Agreement{}, cfg);
     opts.precision = GemmPrecision::kFP8;
     opts.fp8_recipe = recipe;
-    for (const bool others : {false, true}) {
-      opts.fp8_gemms.dense = opts.fp8_gemms.experts = others;
-      opts.fp8_gemms.unembedding = true;
-      const double fp8 = forward_backward_matches_cpu(opts, fp8_agreement(), cfg);
-      EXPECT_NE(fp8, bf16) << "tied=" << tied << " others=" << others;
-      EXPECT_NEAR(fp8, bf16, 2e-2 * bf16) << "tied=" << tied << " others=" << others;
-    }
+    for (const bool others : {false, true})
+      for (const bool wgrad : {false, true}) {
+        opts.fp8_gemms.dense = opts.fp8_gemms.experts = others;
+        opts.fp8_gemms.unembedding = true;
+        opts.fp8_gemms.unembedding_wgrad = wgrad;
+        const double fp8 = forward_backward_matches_cpu(opts, fp8_agreement(), cfg);
+        const std::string what = "tied=" + std::to_string(tied) +
+                                 " others=" + std::to_string(others) +
+                                 " wgrad=" + std::to_string(wgrad);
+        EXPECT_NE(fp8, bf16) << what;
+        EXPECT_NEAR(fp8, bf16, 2e-2 * bf16) << what;
+      }
   }
 }
 

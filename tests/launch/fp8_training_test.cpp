@@ -83,12 +83,15 @@ double mean_last(const std::vector<double>& v, size_t n) {
 // size moves a 60-step run's loss by a fraction of a percent (measured: 0.01% dense, 0.3% MoE,
 // from 2.80 at step 1 to about 1.88; the entropy floor is 1.23). 2% still catches a wrong
 // gradient product, which leaves the loss tens of percent behind.
-// With `unembedding` the FP8 run also quantizes the logits' products (fp8_gemms=...,unembedding).
-void expect_fp8_trains_like_bf16(bool moe, const std::string& name, bool unembedding = false) {
+// With `unembedding` the FP8 run also quantizes the logits' products (fp8_gemms=...,unembedding),
+// with `wgrad` the unembedding's weight gradient (...,unembedding_wgrad).
+void expect_fp8_trains_like_bf16(bool moe, const std::string& name, bool unembedding = false,
+                                 bool wgrad = false) {
   TrainOptions o = small_run(moe);
   const std::vector<double> bf16 = train(o, name + "_bf16");
   o.compute.precision = GemmPrecision::kFP8;
   o.compute.fp8_gemms.unembedding = unembedding;
+  o.compute.fp8_gemms.unembedding_wgrad = wgrad;
   const std::vector<double> fp8 = train(o, name + "_fp8");
   ASSERT_EQ(bf16.size(), 60u);
   ASSERT_EQ(fp8.size(), 60u);
@@ -113,6 +116,11 @@ TEST(Fp8Training, MoeTrainsLikeBf16) {
 TEST(Fp8Training, WithTheUnembeddingTrainsLikeBf16) {
   OneThread one;
   expect_fp8_trains_like_bf16(true, "moe_unembedding", true);
+}
+
+TEST(Fp8Training, WithTheUnembeddingsWeightGradientTrainsLikeBf16) {
+  OneThread one;
+  expect_fp8_trains_like_bf16(true, "moe_unembedding_wgrad", true, true);
 }
 
 // A run saved under one precision resumes under the other: the checkpoint (fp32 masters and
@@ -183,7 +191,14 @@ TEST(Fp8Options, ParsedTypedAndValidated) {
   const TrainOptions u = parsed({"--precision=fp8", "--fp8_gemms=dense,experts,unembedding"});
   EXPECT_TRUE(u.compute.fp8_gemms.dense && u.compute.fp8_gemms.experts);
   EXPECT_TRUE(make_model_options(u).fp8_unembedding());
+  EXPECT_FALSE(make_model_options(u).fp8_unembedding_wgrad());
   EXPECT_FALSE(make_model_options(parsed({"--fp8_gemms=unembedding"})).fp8_unembedding());
+  const TrainOptions w = parsed({"--precision=fp8", "--fp8_gemms=unembedding_wgrad"});
+  EXPECT_FALSE(w.compute.fp8_gemms.dense || w.compute.fp8_gemms.experts ||
+               w.compute.fp8_gemms.unembedding);
+  EXPECT_TRUE(make_model_options(w).fp8_unembedding_wgrad());
+  EXPECT_FALSE(
+      make_model_options(parsed({"--fp8_gemms=unembedding_wgrad"})).fp8_unembedding_wgrad());
 
   EXPECT_NE(parse_error({"--precision=fp16"}).find("config key 'precision': must be bf16 or fp8"),
             std::string::npos);
@@ -206,6 +221,9 @@ TEST(Fp8Options, ParsedTypedAndValidated) {
   dense.compute.fp8_gemms.unembedding = true;  // a class a dense model has
   EXPECT_EQ(test::validation_message(dense), "");
   dense.compute.fp8_gemms.unembedding = false;
+  dense.compute.fp8_gemms.unembedding_wgrad = true;  // so is this one
+  EXPECT_EQ(test::validation_message(dense), "");
+  dense.compute.fp8_gemms.unembedding_wgrad = false;
   dense.compute.precision = GemmPrecision::kBF16;  // fp8_gemms is read only under fp8
   EXPECT_EQ(test::validation_message(dense), "");
 }
@@ -286,6 +304,27 @@ TEST(Fp8Options, MemoryPlanCountsTheLargestProductsScratch) {
             256 * 64 + 256 * 4 + 24 * 64 + 512 + 256 * 20 * 4);
   o.model.vocab_size = 16;
   o.compute.fp8_gemms.unembedding = false;
+
+  // The unembedding_wgrad class alone: lm_head's weight gradient [64, 256] x [256, 16], both
+  // operands blocked along the 256 tokens: hᵀ as 64 rows (codes 64 x 256; scales mxfp8's 1 tile
+  // x 8 x 128 bytes, more than block128's 2 blocks x 64 rows x 4) and dlogitsᵀ as 16 rows (codes
+  // 16 x 256, scales the same 1,024 bytes), straight into the fp32 gradient (64 rows, 16
+  // columns); nothing held.
+  o.compute.fp8_gemms.unembedding_wgrad = true;
+  EXPECT_EQ(plan_memory(o, layout_of(o, 1), true).fp8_scratch, 64 * 256 + 1024 + 16 * 256 + 1024);
+  EXPECT_EQ(plan_memory(o, layout_of(o, 1), true).fp8_weights, 0);
+  // Tied, with a vocabulary of 18: the gradient [18, 64] takes the fp32 scratch (18 rows are no
+  // multiple of 4); dlogitsᵀ's 18 rows are counted padded to 24.
+  o.model.tie_embeddings = true;
+  o.model.vocab_size = 18;
+  EXPECT_EQ(plan_memory(o, layout_of(o, 1), true).fp8_scratch,
+            24 * 256 + 1024 + 64 * 256 + 1024 + 18 * 64 * 4);
+  // With 20 words the gradient's rows are whole multiples of 4 again: no scratch.
+  o.model.vocab_size = 20;
+  EXPECT_EQ(plan_memory(o, layout_of(o, 1), true).fp8_scratch, 24 * 256 + 1024 + 64 * 256 + 1024);
+  o.model.tie_embeddings = false;
+  o.model.vocab_size = 16;
+  o.compute.fp8_gemms.unembedding_wgrad = false;
   o.compute.fp8_gemms.experts = true;
 
   // A CPU plan shows it but holds none of it.
