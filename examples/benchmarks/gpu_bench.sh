@@ -30,7 +30,8 @@
 # Environment: GPU_BIN (default .gpu/bin), LOG_DIR, ANCHOR_DIR (default .gpu/anchors: the
 # anchor's torch_ref.py and make_uniform_docs.py), MODELS (default "gptoss llama qwen"),
 # PACKINGS (default "stream whole"), PRECISIONS (the step section's; default "bf16", e.g.
-# "bf16 fp8 fp8+unembedding": fp8+CLASS adds CLASS to the default fp8_gemms), STEP_ARGS (extra
+# "bf16 fp8 fp8+unembedding fp8+unembedding,unembedding_wgrad": fp8+CLASSES adds the comma list
+# CLASSES to the default fp8_gemms), STEP_ARGS (extra
 # flags for every bench step), STEP_STEPS (the step section's timed
 # steps on both sides, medians over them; default 20: medians of 6 moved by about 2% between
 # identical runs, and the anchor's step times spread by 4% within one), BENCH_GPUS
