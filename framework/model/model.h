@@ -37,8 +37,8 @@ struct Fp8GemmClasses {
   bool dense = true;    // the attention projections (qkv, out) and the dense FFN
   bool experts = true;  // the experts' FFN products of a MoE layer
   // The unembedding's logits and the input gradient of the hidden states (the tied embedding's
-  // or lm_head's products; their weight gradient stays in the activation dtype). Off by default:
-  // its error reaches the logits directly (docs/design.md, "FP8 training").
+  // or lm_head's products; their weight gradient is unembedding_wgrad's). Off by default: its
+  // error reaches the logits directly (docs/design.md, "FP8 training").
   bool unembedding = false;
   // The unembedding's weight gradient (lm_head's, or the tied embedding's share), both operands
   // blocked 128 tokens at a time along the contraction. Off by default, and apart from
