@@ -2,8 +2,8 @@
 # gpu.bench.gemm: `hotpath bench gemm` on one GPU with tiny-moe's shapes (and the 8192^3 cube),
 # one timed sample each, then its --bench_json record checked: the device's FP8 recipe was
 # available, every product of the config is there (the cube, then forward, input and weight
-# gradient of attn_qkv, attn_out, expert_gate_up, expert_down, unembedding) with positive times for the
-# activation dtype, FP8 and the quantization alone. No timing is compared.
+# gradient of attn_qkv, attn_out, expert_gate_up, expert_down, unembedding) with positive times
+# for the activation dtype, FP8 and the quantization alone. No timing is compared.
 #   bench_gemm_case.sh HOTPATH CONFIG WORKDIR PYTHON
 set -euo pipefail
 hp=$1 cfg=$2 work=$3 py=$4
@@ -20,7 +20,8 @@ if j.get("scenario") != "gemm":
     errors.append(f"scenario {j.get('scenario')!r}, expected 'gemm'")
 if not j.get("fp8_available"):
     errors.append(f"fp8 unavailable: {j.get('fp8_unavailable_reason')}")
-want = [("cube", "forward")] + [(w, p) for w in ("attn_qkv", "attn_out", "expert_gate_up", "expert_down", "unembedding")
+weights = ("attn_qkv", "attn_out", "expert_gate_up", "expert_down", "unembedding")
+want = [("cube", "forward")] + [(w, p) for w in weights
                                for p in ("forward", "input_grad", "weight_grad")]
 got = [(r["weight"], r["product"]) for r in j.get("rows", [])]
 if got != want:

@@ -15,9 +15,9 @@
 //    over the tile's 128 rows (one block of one row of X), quantizes into shared memory and
 //    writes the tile out K-contiguous, transposed.
 // Everything else (recipe mxfp8, sources whose rows are not a multiple of 16 bytes) takes the
-// general kernel: one thread block per 128 x 128 tile of X
-// [rows_pad, ldk] (fp8_layout.h), a tile holding one 128x128 weight block, 128 rows of one 1x128
-// data block each, or 128 rows of four 1x32 MX blocks. Its pass 1 reads the tile and takes the
+// general kernel: one thread block per 128 x 128 tile of X [rows_pad, ldk] (fp8_layout.h), a
+// tile holding one 128x128 weight block, 128 rows of one 1x128 data block each, or 128 rows of
+// four 1x32 MX blocks. Its pass 1 reads the tile and takes the
 // magnitude maxima per row and 32 columns; the scales follow from them; pass 2 reads the tile
 // again (from L2), quantizes into shared memory and writes the codes K-contiguous in 4-byte
 // words. A source stored K-contiguous is read along K; a source stored the other way is read

@@ -1,7 +1,7 @@
 # precision=fp8 on the GPU: tiny-moe trained 100 steps with bf16 GEMMs, with FP8 GEMMs (dense and
 # experts, the default classes), with the unembedding's logits and input gradient in FP8 as well,
-# and with every class, the unembedding's weight gradient included; same seed and data; the mean loss of every 10 consecutive steps of each FP8 run is within 5% of the bf16
-# run's. Single steps are not compared: a change at the level of rounding (the gradient norm
+# and with every class, the unembedding's weight gradient included; same seed and data; the mean
+# loss of every 10 consecutive steps of each FP8 run is within 5% of the bf16 run's. Single steps are not compared: a change at the level of rounding (the gradient norm
 # summed in another order) moved one step of the bf16 run by 6.6% and its 10-step means by at
 # most 1.7% (docs/testing.md, "Comparing losses"). The products' agreement
 # with the CPU emulation is CudaModel.Fp8* and CudaFp8.* in gpu_tests. Read by
